@@ -1,0 +1,5 @@
+"""``python -m ctxengine``."""
+
+from ctxengine.cli.main import main
+
+main()

@@ -1,0 +1,1 @@
+"""The ``ctxengine`` command line (click). Nothing in the library imports this package."""

@@ -1,0 +1,280 @@
+"""Configuration: ``config.yaml`` loaded into pydantic models, unknown keys rejected.
+
+Keys and defaults follow the seed system so its users can bring their file::
+
+    context:
+      engine: compressor            # compressor | rules | lcm | a plugin's name
+    compression:                    # the compressor engine (seed 000/003 defaults)
+      enabled: true
+      threshold: 0.50               # fire at 50 % of the context window
+      target_ratio: 0.20            # tail budget = threshold_tokens × target_ratio
+      protect_last_n: 20            # never fewer recent messages kept verbatim
+      summary_model: null           # older alias of auxiliary.compression.model
+    auxiliary:
+      compression:                  # the summarizer model (seed 003)
+        provider: auto              # auto | openai | openrouter | anthropic | custom …
+        model: null                 # null: no LLM, the extractive summarizer
+        base_url: null              # any OpenAI-compatible endpoint
+    prompt_caching:
+      cache_ttl: 5m                 # 5m | 1h
+    compaction:                     # the rules engine (seed 004 defaults)
+      trigger_threshold: 0.60
+      protect_last_n_turns: 5
+      max_tool_output_chars: 500
+      keep_tool_summary: true
+      drop_system_after_turn: 1
+      collapse_consecutive_assistant: true
+
+API keys are never read from the file: they come from the environment
+(``CTXENGINE_API_KEY``, or the provider's own variable such as ``OPENAI_API_KEY``,
+``OPENROUTER_API_KEY``, ``ANTHROPIC_API_KEY``; ``auxiliary.compression.api_key_env`` names
+another). A key named ``api_key`` in the file is rejected with that advice.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ctxengine.errors import ConfigError
+
+__all__ = [
+    "AuxiliaryConfig",
+    "CompactionConfig",
+    "CompressionConfig",
+    "Config",
+    "ContextConfig",
+    "LcmConfig",
+    "ModelConfig",
+    "PromptCachingConfig",
+    "StoreConfig",
+    "SummarizerConfig",
+    "api_key_from_env",
+    "load_config",
+]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ContextConfig(_Section):
+    engine: str = Field("compressor", description="Active engine: compressor, rules, lcm, or a plugin name.")
+    token_counter: str = Field("estimate", description="estimate | exact | exact:cl100k_base")
+
+
+class CompressionConfig(_Section):
+    """The compressor engine (seed defaults)."""
+
+    enabled: bool = True
+    threshold: float = Field(0.50, gt=0.0, le=1.0)
+    target_ratio: float = Field(0.20, ge=0.05, le=0.95)
+    protect_last_n: int = Field(20, ge=1)
+    protect_first_n: int = Field(3, ge=1)
+    summary_model: str | None = None
+    user_quote_budget_tokens: int = Field(20_000, ge=0, description="Older user messages quoted verbatim in the summary, most recent first.")
+    backoff_turns: int = Field(3, ge=0, description="Turns to wait after a compression that could not get below the threshold.")
+
+
+class SummarizerConfig(_Section):
+    """``auxiliary.compression``: the model that writes summaries."""
+
+    provider: str = "auto"
+    model: str | None = None
+    base_url: str | None = None
+    api_key_env: str | None = None
+    timeout: float = Field(60.0, gt=0)
+    max_retries: int = Field(2, ge=0)
+    context_length: int | None = Field(None, gt=0, description="The summarizer's own window; looked up from the model table when unset.")
+
+
+class AuxiliaryConfig(_Section):
+    compression: SummarizerConfig = Field(default_factory=SummarizerConfig)
+
+
+class PromptCachingConfig(_Section):
+    enabled: bool | Literal["auto"] = "auto"
+    cache_ttl: Literal["5m", "1h"] | None = None
+    strategy: Literal["system_and_3", "planner"] = "system_and_3"
+    pressure_warnings: bool = False
+
+
+class ModelConfig(_Section):
+    """``model:``; ``cache_ttl`` is the older seed's place for the TTL."""
+
+    default: str | None = None
+    context_length: int | None = Field(None, gt=0)
+    default_context_length: int = Field(128_000, gt=0)
+    cache_ttl: Literal["5m", "1h"] | None = None
+
+
+class CompactionConfig(_Section):
+    """The rules engine (seed 004)."""
+
+    enabled: bool = True
+    trigger_threshold: float = Field(0.60, gt=0.0, le=1.0)
+    protect_last_n_turns: int = Field(5, ge=0)
+    max_tool_output_chars: int = Field(500, ge=0)
+    keep_tool_summary: bool = True
+    drop_system_after_turn: int = Field(1, ge=0, description="0 disables the rule.")
+    collapse_consecutive_assistant: bool = True
+    head_lines: int = Field(10, ge=0)
+    tail_lines: int = Field(5, ge=0)
+    target_ratio: float = Field(0.35, gt=0.0, lt=1.0, description="Compact down to this fraction of the window, so compactions come in batches.")
+
+
+class LcmConfig(_Section):
+    """The lossless engine."""
+
+    threshold: float = Field(0.75, gt=0.0, le=1.0)
+    fresh_tail_messages: int = Field(16, ge=2)
+    fresh_tail_ratio: float = Field(0.25, gt=0.0, lt=1.0)
+    condense_after: int = Field(4, ge=2)
+    leaf_target_tokens: int = Field(1200, ge=100)
+
+
+class StoreConfig(_Section):
+    enabled: bool = True
+    backend: Literal["sqlite", "postgres"] = "sqlite"
+    path: str | None = Field(None, description="SQLite file; default: <user data dir>/ctxengine/sessions.db")
+    dsn_env: str = Field("CTXENGINE_STORE_DSN", description="Environment variable holding the PostgreSQL DSN.")
+
+
+class PluginsConfig(_Section):
+    dirs: list[str] = Field(default_factory=list)
+    entry_points: bool = True
+
+
+class Config(_Section):
+    """The whole configuration. Every section has the seeds' defaults."""
+
+    context: ContextConfig = Field(default_factory=ContextConfig)
+    compression: CompressionConfig = Field(default_factory=CompressionConfig)
+    auxiliary: AuxiliaryConfig = Field(default_factory=AuxiliaryConfig)
+    prompt_caching: PromptCachingConfig = Field(default_factory=PromptCachingConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    models: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    compaction: CompactionConfig = Field(default_factory=CompactionConfig)
+    lcm: LcmConfig = Field(default_factory=LcmConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    plugins: PluginsConfig = Field(default_factory=PluginsConfig)
+    source: str | None = Field(None, exclude=True, description="File the config was read from.")
+
+    @field_validator("models")
+    @classmethod
+    def _models_are_mappings(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for key, val in v.items():
+            if not isinstance(val, dict):
+                raise ValueError(f"models.{key} must be a mapping of profile fields")
+        return v
+
+    @model_validator(mode="after")
+    def _aliases(self) -> Config:
+        # seed 000 put the summarizer model under compression.summary_model
+        if self.compression.summary_model and not self.auxiliary.compression.model:
+            self.auxiliary.compression.model = self.compression.summary_model
+        return self
+
+    @property
+    def cache_ttl(self) -> Literal["5m", "1h"]:
+        """``prompt_caching.cache_ttl``, else the older ``model.cache_ttl``, else ``5m``."""
+        return self.prompt_caching.cache_ttl or self.model.cache_ttl or "5m"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None, source: str = "<config>") -> Config:
+        """Validate a config mapping; errors name the key and the source."""
+        data = dict(data or {})
+        _reject_secrets(data, source, ())
+        try:
+            cfg = cls.model_validate(data)
+        except ValidationError as exc:
+            raise ConfigError(_explain(exc, source)) from exc
+        cfg.source = source
+        return cfg
+
+    def with_overrides(self, **sections: Mapping[str, Any]) -> Config:
+        """A copy with some sections' keys replaced: ``cfg.with_overrides(context={"engine": "rules"})``."""
+        data = self.model_dump()
+        for name, values in sections.items():
+            if name not in data or not isinstance(data[name], dict):
+                raise ConfigError(f"unknown config section {name!r}")
+            data[name].update(values)
+        return Config.from_dict(data, self.source or "<config>")
+
+
+def _reject_secrets(data: Mapping[str, Any], source: str, path: tuple[str, ...]) -> None:
+    for key, val in data.items():
+        if key in ("api_key", "apikey", "password") and val:
+            dotted = ".".join((*path, key))
+            raise ConfigError(
+                f"{source}: '{dotted}' must not hold a secret; set it in the environment "
+                "(CTXENGINE_API_KEY, OPENAI_API_KEY, OPENROUTER_API_KEY, ANTHROPIC_API_KEY, or the "
+                "variable named by auxiliary.compression.api_key_env)"
+            )
+        if isinstance(val, Mapping):
+            _reject_secrets(val, source, (*path, str(key)))
+
+
+def _explain(exc: ValidationError, source: str) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"])
+        if err["type"] == "extra_forbidden":
+            parts.append(f"unknown key '{loc}'")
+        else:
+            parts.append(f"'{loc}': {err['msg']} (got {err.get('input')!r})")
+    return f"{source}: " + "; ".join(parts)
+
+
+def load_config(path: str | Path | None = None) -> Config:
+    """Load ``path`` (YAML). ``None`` gives the defaults (or ``$CTXENGINE_CONFIG`` if set)."""
+    if path is None:
+        env = os.environ.get("CTXENGINE_CONFIG")
+        if not env:
+            return Config()
+        path = env
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{p}: config file not found") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: cannot read config: {exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{p}: invalid YAML{where}: {problem}") from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping, not {type(data).__name__}")
+    return Config.from_dict(data, str(p))
+
+
+_PROVIDER_KEYS = {
+    "openai": "OPENAI_API_KEY",
+    "openrouter": "OPENROUTER_API_KEY",
+    "anthropic": "ANTHROPIC_API_KEY",
+    "nous": "NOUS_API_KEY",
+    "deepseek": "DEEPSEEK_API_KEY",
+}
+
+
+def api_key_from_env(summarizer: SummarizerConfig, environ: Mapping[str, str] | None = None) -> str | None:
+    """The API key for the summarizer: ``api_key_env`` if set, else ``CTXENGINE_API_KEY``, else
+    the provider's conventional variable. ``None`` when none is set (local servers need none)."""
+    env = os.environ if environ is None else environ
+    if summarizer.api_key_env:
+        return env.get(summarizer.api_key_env) or None
+    if env.get("CTXENGINE_API_KEY"):
+        return env["CTXENGINE_API_KEY"]
+    var = _PROVIDER_KEYS.get(summarizer.provider.lower())
+    return (env.get(var) or None) if var else None

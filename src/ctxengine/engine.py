@@ -1,0 +1,240 @@
+"""The context-engine contract: one ABC every engine implements, name for name with the seed.
+
+Lifecycle (driven by :class:`ctxengine.ContextManager` or by your own loop)::
+
+    1. engine instantiated (built-in, plugin directory, or registered plugin)
+    2. on_session_start(session_id)          conversation begins
+    3. update_from_response(usage)           after each API call
+    4. should_compress()                     checked each turn
+    5. compress(messages)                    when should_compress() is True
+    6. on_session_end(session_id, messages)  CLI exit, /reset, gateway expiry
+
+``on_session_reset()`` clears per-session state on ``/new`` or ``/reset``.
+
+Engines transform and never mutate: ``compress`` returns a new list and leaves the caller's
+list and dicts untouched. The invariants every engine keeps (DESIGN §3.3) are checked for any
+engine by :func:`ctxengine.testing.check_engine_contract`.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ctxengine.messages import Message
+from ctxengine.models import DEFAULT_CONTEXT_LENGTH
+
+__all__ = ["CompactionReport", "ContextEngine", "Usage", "normalize_usage"]
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token usage of one response, normalised from OpenAI or Anthropic shapes.
+
+    ``prompt_tokens`` is the whole prompt, cached parts included (Anthropic reports
+    ``input_tokens`` without them, so they are added back).
+    """
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+
+
+def _as_mapping(usage: Any) -> Mapping[str, Any]:
+    if usage is None:
+        return {}
+    if isinstance(usage, Mapping):
+        return usage
+    dump = getattr(usage, "model_dump", None)
+    if callable(dump):
+        data = dump()
+        if isinstance(data, Mapping):
+            return data
+    if hasattr(usage, "__dict__"):
+        return {k: v for k, v in vars(usage).items() if not k.startswith("_")}
+    raise TypeError(f"usage must be a mapping or an SDK usage object, not {type(usage).__name__}")
+
+
+def _int(value: Any) -> int:
+    if value is None or isinstance(value, bool):
+        return 0
+    if isinstance(value, int | float):
+        return max(0, int(value))
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return 0
+
+
+def normalize_usage(usage: Any) -> Usage:
+    """Read a usage dict or SDK object of either provider into :class:`Usage`.
+
+    OpenAI: ``prompt_tokens``, ``completion_tokens``, ``total_tokens``,
+    ``prompt_tokens_details.cached_tokens``. Anthropic: ``input_tokens``, ``output_tokens``,
+    ``cache_read_input_tokens``, ``cache_creation_input_tokens``.
+    """
+    u = _as_mapping(usage)
+    if "input_tokens" in u and "prompt_tokens" not in u:
+        read = _int(u.get("cache_read_input_tokens"))
+        write = _int(u.get("cache_creation_input_tokens"))
+        prompt = _int(u.get("input_tokens")) + read + write
+        completion = _int(u.get("output_tokens"))
+        return Usage(prompt, completion, prompt + completion, read, write)
+    prompt = _int(u.get("prompt_tokens"))
+    completion = _int(u.get("completion_tokens"))
+    total = _int(u.get("total_tokens")) or prompt + completion
+    details = u.get("prompt_tokens_details")
+    details_map = _as_mapping(details) if details is not None else {}
+    read = _int(details_map.get("cached_tokens")) or _int(u.get("cache_read_input_tokens"))
+    write = _int(u.get("cache_creation_input_tokens"))
+    return Usage(prompt, completion, total, read, write)
+
+
+@dataclass(slots=True)
+class CompactionReport:
+    """What one ``compress`` call did, for status lines, logs and the session store.
+
+    ``replaced`` holds the indices (in the input list) of messages that no longer appear
+    verbatim in the output; ``notes`` explain fallbacks and last-resort cuts.
+    """
+
+    engine: str
+    messages_before: int
+    messages_after: int
+    tokens_before: int
+    tokens_after: int
+    replaced: list[int] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    fallback: str | None = None
+    elapsed_ms: float = 0.0
+
+    @property
+    def reduction(self) -> float:
+        """Fraction of tokens removed (0.0 when nothing changed)."""
+        if self.tokens_before <= 0:
+            return 0.0
+        return max(0.0, 1.0 - self.tokens_after / self.tokens_before)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["reduction"] = round(self.reduction, 4)
+        return d
+
+
+class ContextEngine(ABC):
+    """Base class of every context engine (the seed's contract, kept name for name).
+
+    Subclasses implement :attr:`name`, :meth:`update_from_response`, :meth:`should_compress`
+    and :meth:`compress`, and keep the six public counters below current. Optional methods have
+    the seed's defaults.
+    """
+
+    last_prompt_tokens: int = 0
+    last_completion_tokens: int = 0
+    last_total_tokens: int = 0
+    threshold_tokens: int = 0
+    context_length: int = 0
+    compression_count: int = 0
+
+    #: Fraction of ``context_length`` at which compaction fires (engines set their default).
+    threshold_ratio: float = 0.5
+    #: True when ``compress`` is a pure function of its input (no LLM, no clock).
+    deterministic: bool = False
+    #: The report of the most recent ``compress`` call, if any.
+    last_report: CompactionReport | None = None
+
+    def __init__(self, *, context_length: int = DEFAULT_CONTEXT_LENGTH, threshold: float | None = None) -> None:
+        if threshold is not None:
+            self.threshold_ratio = float(threshold)
+        self.context_length = int(context_length)
+        self.threshold_tokens = int(self.context_length * self.threshold_ratio)
+        self.last_prompt_tokens = 0
+        self.last_completion_tokens = 0
+        self.last_total_tokens = 0
+        self.compression_count = 0
+        self.last_report = None
+
+    # -- required -------------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def name(self) -> str:
+        """Short identifier; must match the ``context.engine`` value that selects it."""
+
+    @abstractmethod
+    def update_from_response(self, usage: Any) -> None:
+        """Record the usage of the last API call (updates the ``last_*_tokens`` counters)."""
+
+    @abstractmethod
+    def should_compress(self, prompt_tokens: int | None = None) -> bool:
+        """True when compaction should fire this turn."""
+
+    @abstractmethod
+    def compress(
+        self,
+        messages: list[Message],
+        current_tokens: int | None = None,
+        focus_topic: str | None = None,
+    ) -> list[Message]:
+        """Compact ``messages`` and return a new, valid OpenAI-format list (never mutate)."""
+
+    # -- optional, with the seed's defaults ------------------------------------------------
+    def on_session_start(self, session_id: str, **kwargs: Any) -> None:  # noqa: B027
+        """A conversation begins (load persisted state here). Default: no-op."""
+
+    def on_session_end(self, session_id: str, messages: list[Message]) -> None:  # noqa: B027
+        """A session ends (flush state, close connections here). Default: no-op."""
+
+    def on_session_reset(self) -> None:
+        """``/new`` or ``/reset``: clear per-session state. Default: reset the token counters."""
+        self.last_prompt_tokens = 0
+        self.last_completion_tokens = 0
+        self.last_total_tokens = 0
+        self.compression_count = 0
+        self.last_report = None
+
+    def update_model(self, model: str, context_length: int, **kwargs: Any) -> None:
+        """The model changed: update ``context_length`` and recompute ``threshold_tokens``."""
+        self.context_length = int(context_length)
+        self.threshold_tokens = int(self.context_length * self.threshold_ratio)
+
+    def get_tool_schemas(self) -> list[dict[str, Any]]:
+        """Tools the agent may call (e.g. ``lcm_grep``). Default: none."""
+        return []
+
+    def handle_tool_call(self, name: str, args: Mapping[str, Any], **kwargs: Any) -> str:
+        """Run one of this engine's tools and return its result as a JSON string."""
+        return json.dumps({"error": f"Unknown tool: {name}"})
+
+    def should_compress_preflight(self, messages: list[Message]) -> bool:
+        """A cheap estimate before the API call. Default: False."""
+        return False
+
+    def get_status(self) -> dict[str, Any]:
+        """The standard token/threshold dict shown in status lines."""
+        usage = self.last_prompt_tokens / self.context_length if self.context_length else 0.0
+        status: dict[str, Any] = {
+            "engine": self.name,
+            "last_prompt_tokens": self.last_prompt_tokens,
+            "last_completion_tokens": self.last_completion_tokens,
+            "last_total_tokens": self.last_total_tokens,
+            "threshold_tokens": self.threshold_tokens,
+            "context_length": self.context_length,
+            "compression_count": self.compression_count,
+            "usage_percent": round(100.0 * usage, 1),
+        }
+        if self.last_report is not None:
+            status["last_compaction"] = self.last_report.to_dict()
+        return status
+
+    # -- helpers for subclasses -------------------------------------------------------------
+    def _record_usage(self, usage: Any) -> Usage:
+        """Store a response's usage in the public counters; returns the normalised form."""
+        u = normalize_usage(usage)
+        self.last_prompt_tokens = u.prompt_tokens
+        self.last_completion_tokens = u.completion_tokens
+        self.last_total_tokens = u.total_tokens
+        return u

@@ -1,0 +1,1 @@
+"""Built-in engines: ``compressor`` (default), ``rules`` and ``lcm``."""

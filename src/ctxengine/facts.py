@@ -1,0 +1,196 @@
+"""The facts the preservation guarantee protects (seed 004), and how to find them.
+
+"File paths, URLs, tool names and error messages are never dropped." This module defines each
+of those precisely, so engines that keep them, the fact ledger that checks summaries, and the
+benchmark that measures retention all agree:
+
+* **paths**: tokens with a ``/`` that end in a file name with an extension
+  (``src/app/main.py``, ``/etc/hosts.conf``), plus absolute paths of at least two segments
+  (``/usr/lib/jvm``); dotted Java/Python module names and URLs are not paths.
+* **urls**: ``http(s)://`` and ``file://`` addresses, trailing punctuation stripped.
+* **tools**: names of called tools.
+* **errors**: lines of tool output or assistant text that report a failure (``error``,
+  ``exception``, ``traceback``, ``failed``, ``fatal``, ``panic``, ``denied``, ``not found``,
+  Java/Python exception class names), stripped and cut to :data:`MAX_ERROR_LINE` characters.
+* **users**: user message texts (kept verbatim; engines never edit them).
+
+A fact is *kept* when its exact text appears in the text of the context (or, for engines with a
+store, can be retrieved verbatim from it).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ctxengine.messages import content_text, message_text, tool_call_name, tool_calls
+
+__all__ = [
+    "FACT_KINDS",
+    "MAX_ERROR_LINE",
+    "Facts",
+    "error_lines",
+    "extract_facts",
+    "missing_facts",
+    "paths_in",
+    "urls_in",
+]
+
+FACT_KINDS = ("users", "paths", "urls", "tools", "errors")
+
+MAX_ERROR_LINE = 240
+"""Error lines longer than this are kept by their first MAX_ERROR_LINE characters: enough to
+identify the error; stack-dump lines of several KB would otherwise dominate the context."""
+
+_URL_RE = re.compile(r"""(?:https?|file)://[^\s<>"'`\\|^{}\[\]]+""")
+_URL_TRAIL = ".,;:!?)]}'\""
+# a path: optional leading ./ ../ ~/ or /, segments of path chars, at least one '/', ending in
+# name.ext (ext 1-10 alnum chars), or an absolute path of >= 2 segments.
+_PATH_RE = re.compile(
+    r"""(?<![\w.:/~-])"""
+    r"""((?:~|\.{1,2})?/?(?:[\w@+-][\w.@+-]*/)+[\w@+-][\w.@+-]*\.[A-Za-z][A-Za-z0-9]{0,9}"""
+    r"""|/(?:[\w@+-][\w.@+-]*/)+[\w@+-][\w.@+-]*)"""
+    r"""(?![\w/])"""
+)
+_ERROR_RE = re.compile(
+    r"""(?i)(?:\berror\b|\berrors\b|\bexception\b|\btraceback\b|\bfailed\b|\bfailure\b|\bfatal\b|\bpanic\b"""
+    r"""|permission denied|not found|no such file|cannot find symbol|\bsegmentation fault\b)"""
+    r"""|\b[A-Z]\w*(?:Error|Exception)\b"""
+)
+# lines that merely mention the words without reporting a failure
+_ERROR_NOISE_RE = re.compile(r"""(?i)^\W*(?:0 errors?|errors?: 0|failures: 0, errors: 0|tests run: \d+, failures: 0, errors: 0\b.*)\W*$""")
+
+
+def urls_in(text: str) -> list[str]:
+    """URLs in ``text``, in order, without duplicates."""
+    out: dict[str, None] = {}
+    if "://" not in text:
+        return []
+    for m in _URL_RE.finditer(text):
+        u = m.group(0).rstrip(_URL_TRAIL)
+        if len(u) > 10:
+            out[u] = None
+    return list(out)
+
+
+def paths_in(text: str) -> list[str]:
+    """File paths in ``text``, in order, without duplicates (URLs excluded)."""
+    if "/" not in text:
+        return []
+    out: dict[str, None] = {}
+    for m in _PATH_RE.finditer(text):
+        p = m.group(1)
+        start = m.start(1)
+        # skip the path part of a URL
+        if start >= 3 and text[max(0, start - 3) : start] == "://":
+            continue
+        if "://" in p or p.startswith("//"):
+            continue
+        p = p.rstrip(".")
+        if p.count("/") == 0 or len(p) < 4:
+            continue
+        out[p] = None
+    if "://" in text and out:
+        # drop paths that are only pieces of a URL in the same text
+        urls = urls_in(text)
+        if urls:
+            joined = "\n".join(urls)
+            for p in list(out):
+                if p in joined and p not in _strip_urls(text, urls):
+                    del out[p]
+    return list(out)
+
+
+def _strip_urls(text: str, urls: Sequence[str]) -> str:
+    for u in urls:
+        text = text.replace(u, " ")
+    return text
+
+
+def error_lines(text: str) -> list[str]:
+    """Lines of ``text`` that report an error, stripped and cut to MAX_ERROR_LINE chars."""
+    out: dict[str, None] = {}
+    for line in text.splitlines():
+        s = line.strip()
+        if not s or len(s) < 4 or not _ERROR_RE.search(s):
+            continue
+        if _ERROR_NOISE_RE.match(s):
+            continue
+        out[s[:MAX_ERROR_LINE].rstrip()] = None
+    return list(out)
+
+
+@dataclass(slots=True)
+class Facts:
+    """Preservation-guarantee facts of a span of messages, by kind (ordered, unique)."""
+
+    users: list[str] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
+    urls: list[str] = field(default_factory=list)
+    tools: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def by_kind(self) -> dict[str, list[str]]:
+        return {k: list(getattr(self, k)) for k in FACT_KINDS}
+
+    def all(self) -> list[str]:
+        return [f for k in FACT_KINDS for f in getattr(self, k)]
+
+    def __len__(self) -> int:
+        return sum(len(getattr(self, k)) for k in FACT_KINDS)
+
+    def merge(self, other: Facts) -> Facts:
+        merged = Facts()
+        for k in FACT_KINDS:
+            seen = dict.fromkeys(getattr(self, k))
+            seen.update(dict.fromkeys(getattr(other, k)))
+            setattr(merged, k, list(seen))
+        return merged
+
+
+def extract_facts(messages: Iterable[Mapping[str, Any]], *, include_users: bool = True) -> Facts:
+    """Facts of ``messages``: paths and URLs from every text and tool argument, tool names from
+    tool calls, error lines from tool results and assistant text, user texts verbatim.
+
+    System messages contribute nothing: they are configuration, not session facts.
+    """
+    users: dict[str, None] = {}
+    paths: dict[str, None] = {}
+    urls: dict[str, None] = {}
+    tools: dict[str, None] = {}
+    errors: dict[str, None] = {}
+    for m in messages:
+        role = m.get("role")
+        if role in ("system", "developer"):
+            continue
+        if role == "user":
+            t = content_text(m.get("content"))
+            if include_users and t.strip():
+                users[t] = None
+            text = t
+        else:
+            text = message_text(m)
+            for c in tool_calls(m):
+                tools[tool_call_name(c)] = None
+        if not text:
+            continue
+        paths.update(dict.fromkeys(paths_in(text)))
+        urls.update(dict.fromkeys(urls_in(text)))
+        if role in ("tool", "function", "assistant"):
+            errors.update(dict.fromkeys(error_lines(content_text(m.get("content")))))
+    return Facts(list(users), list(paths), list(urls), list(tools), list(errors))
+
+
+def missing_facts(facts: Facts, text: str) -> Facts:
+    """The facts of ``facts`` whose exact text does not occur in ``text``."""
+    out = Facts()
+    for k in FACT_KINDS:
+        setattr(out, k, [f for f in getattr(facts, k) if f not in text])
+    return out
+
+
+def context_text(messages: Iterable[Mapping[str, Any]]) -> str:
+    """All text of ``messages`` (system included) joined, for fact lookups."""
+    return "\n".join(message_text(m) for m in messages)

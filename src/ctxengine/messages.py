@@ -1,0 +1,288 @@
+"""The canonical message form and its checks.
+
+ctxengine speaks OpenAI chat-completions messages: dicts with ``role``, ``content`` (a string,
+a list of parts, or ``None``), and for assistants optionally ``tool_calls``; tool results carry
+``tool_call_id``. Unknown keys (``reasoning_content``, thinking blocks, ``name``, provider
+extras) are preserved untouched by every function here and by every engine.
+
+Nothing in this module mutates its arguments.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ctxengine.errors import InvalidMessages
+
+__all__ = [
+    "ROLES",
+    "Message",
+    "Violation",
+    "check",
+    "content_text",
+    "copy_messages",
+    "is_summary",
+    "message_text",
+    "tool_call_args",
+    "tool_call_id",
+    "tool_call_name",
+    "tool_calls",
+    "validate",
+]
+
+Message = dict[str, Any]
+"""One chat message in OpenAI chat-completions form."""
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+Severity = Literal["error", "warning"]
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """One problem found in a message list.
+
+    ``code`` is stable and machine-readable (``tool_call_without_result``,
+    ``result_without_call``, ``duplicate_tool_call_id``, ``bad_role``, ``missing_role``,
+    ``not_a_dict``, ``bad_content``, ``bad_tool_calls``, ``missing_tool_call_id``,
+    ``result_not_adjacent``, ``duplicate_result``, and the warnings ``non_json_arguments`` and
+    ``reused_tool_call_id``); ``severity`` is ``"warning"`` for things providers accept and
+    ``"error"`` otherwise.
+    """
+
+    index: int
+    code: str
+    detail: str
+    severity: Severity = "error"
+
+    def __str__(self) -> str:
+        return f"[{self.index}] {self.code}: {self.detail}"
+
+
+def _part_ok(part: Any) -> bool:
+    return isinstance(part, dict) and isinstance(part.get("type", "text"), str)
+
+
+def validate(messages: Any, *, allow_pending_calls: bool = False) -> list[Violation]:
+    """Return every violation in ``messages`` (empty list when valid).
+
+    Checks: the list and each message have the right types; roles are known; content is a
+    string, a list of part dicts, or ``None``; every assistant tool call has exactly one result
+    that follows it before the next assistant or user message; every tool result answers a
+    call; tool call ids are unique. Non-JSON tool arguments are reported as warnings.
+
+    ``allow_pending_calls`` accepts tool calls of the *last* assistant message that have no
+    result yet (an agent loop about to run them); a request to a provider never has those.
+    """
+    out: list[Violation] = []
+    if not isinstance(messages, list | tuple):
+        return [Violation(-1, "not_a_list", f"expected a list of messages, got {type(messages).__name__}")]
+    seen_ids: dict[str, int] = {}
+    # ids of calls still waiting for a result, in the currently open tool group
+    open_calls: dict[str, int] = {}
+    answered: set[str] = set()
+    last_assistant_with_calls = -1
+
+    def close_group(at: int) -> None:
+        for cid, idx in open_calls.items():
+            out.append(Violation(idx, "tool_call_without_result", f"tool call {cid!r} has no result before message {at}"))
+        open_calls.clear()
+
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            out.append(Violation(i, "not_a_dict", f"message is a {type(m).__name__}, not a dict"))
+            continue
+        role = m.get("role")
+        if role is None:
+            out.append(Violation(i, "missing_role", "message has no 'role'"))
+            continue
+        if not isinstance(role, str) or role not in ROLES:
+            out.append(Violation(i, "bad_role", f"unknown role {role!r} (expected one of {sorted(ROLES)})"))
+            continue
+        content = m.get("content")
+        if content is not None and not isinstance(content, str):
+            if not isinstance(content, list):
+                out.append(Violation(i, "bad_content", f"content is a {type(content).__name__}; expected str, list of parts or null"))
+            elif not all(_part_ok(p) for p in content):
+                out.append(Violation(i, "bad_content", "content list holds an item that is not a part dict"))
+        if role == "tool":
+            cid = m.get("tool_call_id")
+            if not isinstance(cid, str) or not cid:
+                out.append(Violation(i, "missing_tool_call_id", "tool message without a string 'tool_call_id'"))
+                continue
+            if cid in open_calls:
+                del open_calls[cid]
+                answered.add(cid)
+            elif cid in answered:
+                out.append(Violation(i, "duplicate_result", f"second result for tool call {cid!r}"))
+            elif cid in seen_ids:
+                out.append(Violation(i, "result_not_adjacent", f"result for tool call {cid!r} (message {seen_ids[cid]}) comes after another turn"))
+            else:
+                out.append(Violation(i, "result_without_call", f"tool result {cid!r} answers no earlier tool call"))
+            continue
+        # any non-tool message closes the open tool group
+        if open_calls:
+            close_group(i)
+        if role == "assistant" and "tool_calls" in m and m["tool_calls"] is not None:
+            calls = m["tool_calls"]
+            if not isinstance(calls, list):
+                out.append(Violation(i, "bad_tool_calls", "'tool_calls' is not a list"))
+                continue
+            if calls:
+                last_assistant_with_calls = i
+            for c in calls:
+                if not isinstance(c, dict):
+                    out.append(Violation(i, "bad_tool_calls", "a tool call is not a dict"))
+                    continue
+                cid = c.get("id")
+                if not isinstance(cid, str) or not cid:
+                    out.append(Violation(i, "bad_tool_calls", "a tool call has no string 'id'"))
+                    continue
+                if cid in open_calls:
+                    out.append(Violation(i, "duplicate_tool_call_id", f"tool call id {cid!r} used twice in one tool group"))
+                    continue
+                if cid in seen_ids:
+                    # OpenAI-compatible providers accept an id reused in a later, separate group
+                    # (real trajectories contain this); results are matched by position.
+                    out.append(Violation(i, "reused_tool_call_id", f"tool call id {cid!r} already used at message {seen_ids[cid]}", "warning"))
+                    answered.discard(cid)
+                seen_ids[cid] = i
+                open_calls[cid] = i
+                fn = c.get("function")
+                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                    out.append(Violation(i, "bad_tool_calls", f"tool call {cid!r} has no function name"))
+                    continue
+                args = fn.get("arguments")
+                if isinstance(args, str) and args.strip():
+                    try:
+                        json.loads(args)
+                    except ValueError:
+                        out.append(Violation(i, "non_json_arguments", f"arguments of tool call {cid!r} are not JSON", "warning"))
+                elif args is not None and not isinstance(args, str | dict):
+                    out.append(Violation(i, "bad_tool_calls", f"arguments of tool call {cid!r} are a {type(args).__name__}"))
+    if open_calls:
+        if allow_pending_calls and all(idx == last_assistant_with_calls for idx in open_calls.values()):
+            open_calls.clear()
+        else:
+            close_group(len(messages))
+    out.sort(key=lambda v: v.index)
+    return out
+
+
+def check(messages: Any, *, context: str = "messages", allow_pending_calls: bool = False) -> list[Message]:
+    """Raise :class:`InvalidMessages` listing every error in ``messages``; return them.
+
+    Warnings (non-JSON tool arguments) do not raise.
+    """
+    violations = [v for v in validate(messages, allow_pending_calls=allow_pending_calls) if v.severity == "error"]
+    if violations:
+        raise InvalidMessages(violations, context)
+    return list(messages)
+
+
+def copy_messages(messages: Iterable[Message]) -> list[Message]:
+    """A deep copy, so the result can be edited without touching the caller's data."""
+    return copy.deepcopy(list(messages))
+
+
+def content_text(content: Any) -> str:
+    """The text of a ``content`` value: the string itself, or text parts joined by newlines.
+
+    Non-text parts (images, audio) contribute nothing; thinking blocks contribute their text.
+    """
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts: list[str] = []
+        for p in content:
+            if isinstance(p, str):
+                texts.append(p)
+            elif isinstance(p, dict):
+                t = p.get("text")
+                if t is None:
+                    t = p.get("thinking")
+                if isinstance(t, str):
+                    texts.append(t)
+        return "\n".join(texts)
+    return str(content)
+
+
+def message_text(message: Mapping[str, Any]) -> str:
+    """The text a message carries: its content plus, for assistants, its tool calls' names and
+    arguments (one ``name(arguments)`` line each)."""
+    text = content_text(message.get("content"))
+    calls = message.get("tool_calls")
+    if calls:
+        lines = [text] if text else []
+        for c in calls:
+            if isinstance(c, dict):
+                lines.append(f"{tool_call_name(c)}({_args_str(c)})")
+        return "\n".join(lines)
+    return text
+
+
+def tool_calls(message: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The tool calls of an assistant message (empty list when it has none)."""
+    calls = message.get("tool_calls")
+    return [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+
+
+def tool_call_id(call: Mapping[str, Any]) -> str:
+    cid = call.get("id")
+    return cid if isinstance(cid, str) else ""
+
+
+def tool_call_name(call: Mapping[str, Any]) -> str:
+    fn = call.get("function")
+    if isinstance(fn, dict):
+        name = fn.get("name")
+        if isinstance(name, str):
+            return name
+    return "?"
+
+
+def _args_str(call: Mapping[str, Any]) -> str:
+    fn = call.get("function")
+    args = fn.get("arguments") if isinstance(fn, dict) else None
+    if args is None:
+        return ""
+    if isinstance(args, str):
+        return args
+    return json.dumps(args, ensure_ascii=False, sort_keys=True)
+
+
+def tool_call_args(call: Mapping[str, Any]) -> dict[str, Any] | str:
+    """Parsed arguments of a tool call: a dict when they are a JSON object, else the raw string."""
+    raw = _args_str(call)
+    if not raw.strip():
+        return {}
+    try:
+        val = json.loads(raw)
+    except ValueError:
+        return raw
+    return val if isinstance(val, dict) else raw
+
+
+SUMMARY_MARKERS = ("[CONTEXT COMPACTION]", "[ctxengine:")
+
+
+def is_summary(message: Mapping[str, Any]) -> bool:
+    """True for messages an engine created to stand in for compacted ones.
+
+    Engines mark such messages with a text prefix: the
+    compressor's ``[CONTEXT COMPACTION]`` and the ``[ctxengine:...]`` markers of the other
+    engines, so they stay recognisable after a JSON round trip.
+    """
+    text = content_text(message.get("content"))
+    return text.startswith(SUMMARY_MARKERS)
+
+
+def roles(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The roles of ``messages`` in order (handy in tests and tables)."""
+    return [str(m.get("role")) for m in messages]

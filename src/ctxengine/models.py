@@ -1,0 +1,131 @@
+"""Model profiles: context length, provider, caching rules and prices.
+
+The table lives in ``data/models.json`` (data, not code). A model name is looked up without its
+``provider/`` prefix (``anthropic/claude-sonnet-4.5`` → ``claude-sonnet-4.5``) by longest
+matching prefix, so dated ids (``claude-sonnet-4-5-20250929``) resolve too. Config overrides
+(``models:`` in config.yaml, or ``overrides=`` here) win over the table. An unknown model gets
+``default_context_length`` and a warning, never an exception.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from importlib import resources
+from typing import Any
+
+from ctxengine.errors import ConfigError
+
+__all__ = ["DEFAULT_CONTEXT_LENGTH", "ModelProfile", "UnknownModelWarning", "known_models", "resolve_model"]
+
+log = logging.getLogger("ctxengine.models")
+
+DEFAULT_CONTEXT_LENGTH = 128_000
+"""Context length assumed for a model missing from the table: the common window of current
+mid-size models, small enough that compaction fires before most providers would reject."""
+
+
+class UnknownModelWarning(UserWarning):
+    """A model is not in the profile table; defaults were used."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelProfile:
+    """What ctxengine needs to know about a model.
+
+    Prices are USD per million input/output tokens. ``anthropic_cache`` says whether
+    Anthropic ``cache_control`` breakpoints apply; ``min_cache_tokens`` is the shortest
+    prefix the provider caches; ``openai_cached_discount`` is the fraction of the input price
+    billed for cached tokens under OpenAI's automatic prefix caching.
+    """
+
+    name: str
+    provider: str = "unknown"
+    context_length: int = DEFAULT_CONTEXT_LENGTH
+    anthropic_cache: bool = False
+    min_cache_tokens: int = 1024
+    input: float = 0.0
+    output: float = 0.0
+    openai_cached_discount: float = 0.5
+    known: bool = True
+
+    @property
+    def is_claude(self) -> bool:
+        return self.anthropic_cache or "claude" in self.name.lower()
+
+
+@functools.cache
+def _table() -> dict[str, dict[str, Any]]:
+    raw = resources.files("ctxengine").joinpath("data/models.json").read_text(encoding="utf-8")
+    data = json.loads(raw)
+    models: dict[str, dict[str, Any]] = data["models"]
+    return models
+
+
+def known_models() -> list[str]:
+    """Names in the built-in profile table."""
+    return sorted(_table())
+
+
+_FIELDS = {f.name for f in fields(ModelProfile)} - {"name", "known"}
+
+
+def _apply(profile: ModelProfile, values: Mapping[str, Any], where: str) -> ModelProfile:
+    unknown = set(values) - _FIELDS
+    if unknown:
+        raise ConfigError(f"{where}: unknown model profile key(s) {sorted(unknown)}; allowed: {sorted(_FIELDS)}")
+    try:
+        return replace(profile, **dict(values))
+    except TypeError as exc:  # pragma: no cover - dataclass replace is lenient on types
+        raise ConfigError(f"{where}: {exc}") from exc
+
+
+def _bare(model: str) -> str:
+    return model.rsplit("/", 1)[-1].strip().lower()
+
+
+def resolve_model(
+    model: str | None,
+    *,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    default_context_length: int = DEFAULT_CONTEXT_LENGTH,
+    context_length: int | None = None,
+) -> ModelProfile:
+    """The profile of ``model``.
+
+    ``overrides`` maps model names (bare or with prefix) to profile fields; ``context_length``
+    overrides the window outright (CLI ``--context-length``). Unknown models warn once with
+    :class:`UnknownModelWarning` and get ``default_context_length``.
+    """
+    name = (model or "").strip()
+    bare = _bare(name)
+    table = _table()
+    best = ""
+    for key in table:
+        if bare.startswith(key) and len(key) > len(best):
+            best = key
+    if best:
+        profile = ModelProfile(name=name, **table[best])
+    else:
+        profile = ModelProfile(name=name or "unknown", context_length=default_context_length, known=False)
+        if "claude" in bare:
+            profile = replace(profile, provider="anthropic", anthropic_cache=True)
+        if name:
+            warnings.warn(
+                f"model {name!r} is not in the profile table; assuming a {default_context_length:,}-token "
+                "context window (set models.<name>.context_length in config to override)",
+                UnknownModelWarning,
+                stacklevel=2,
+            )
+    for key, values in (overrides or {}).items():
+        if _bare(key) == bare or key == name:
+            profile = _apply(profile, values, f"models.{key}")
+    if context_length is not None:
+        if context_length <= 0:
+            raise ConfigError(f"context length must be positive, got {context_length}")
+        profile = replace(profile, context_length=int(context_length))
+    return profile

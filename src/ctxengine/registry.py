@@ -1,0 +1,296 @@
+"""Finding engines: built-ins, plugin directories and registered plugins.
+
+Resolution order for ``context.engine: NAME`` (seed 003):
+
+1. a plugin directory ``plugins/context_engine/NAME/`` (``plugin.yaml`` + ``__init__.py``
+   exporting a :class:`ContextEngine` subclass), searched in ``./plugins``, the user config
+   directory, and each ``plugins.dirs`` entry;
+2. engines registered by general plugins: entry points in the group ``ctxengine.plugins``
+   whose ``register(ctx)`` calls ``ctx.register_context_engine(engine)`` (or, for code that
+   never ships as a package, :func:`EngineRegistry.register_plugin` in-process); entry points
+   in ``ctxengine.engines`` may also point straight at an engine class;
+3. the built-ins: ``compressor``, ``rules``, ``lcm``.
+
+Only one engine is active at a time and plugins are never auto-activated: registering makes an
+engine *selectable*, the config selects it. A second plugin registering a context engine is
+rejected with a warning. A broken plugin is reported with its path and error and does not take
+the others down. An unknown name raises :class:`ConfigError` listing the known ones.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import logging
+import sys
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ctxengine.config import Config
+from ctxengine.engine import ContextEngine
+from ctxengine.errors import ConfigError, PluginError
+
+__all__ = ["BUILTIN_ENGINES", "EngineRegistry", "PluginContext", "PluginProblem", "create_engine", "default_registry"]
+
+log = logging.getLogger("ctxengine.registry")
+
+BUILTIN_ENGINES: dict[str, str] = {
+    "compressor": "ctxengine.engines.compressor:ContextCompressor",
+    "rules": "ctxengine.engines.rules:RulesEngine",
+    "lcm": "ctxengine.engines.lcm:LcmEngine",
+}
+
+PLUGIN_GROUP = "ctxengine.plugins"
+ENGINE_GROUP = "ctxengine.engines"
+
+
+@dataclass(frozen=True, slots=True)
+class PluginProblem:
+    """A plugin that failed to load: where it lives and what went wrong."""
+
+    source: str
+    error: str
+
+    def __str__(self) -> str:
+        return f"{self.source}: {self.error}"
+
+
+class PluginContext:
+    """What a general plugin's ``register(ctx)`` receives."""
+
+    def __init__(self, registry: EngineRegistry, source: str) -> None:
+        self._registry = registry
+        self.source = source
+
+    def register_context_engine(self, engine: ContextEngine) -> None:
+        """Offer ``engine`` for selection by its ``name``. Only one plugin engine is accepted."""
+        self._registry._accept_plugin_engine(engine, self.source)
+
+
+def _instantiate(factory: Any, config: Config, context_length: int, services: dict[str, Any]) -> ContextEngine:
+    """Build an engine from a class or callable: ``from_config`` when it has one, else the
+    seed's ``cls(context_length=...)``."""
+    from_config = getattr(factory, "from_config", None)
+    if callable(from_config):
+        engine = from_config(config, context_length=context_length, **services)
+    else:
+        params = inspect.signature(factory).parameters
+        kwargs: dict[str, Any] = {}
+        if "context_length" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            kwargs["context_length"] = context_length
+        engine = factory(**kwargs)
+    if not isinstance(engine, ContextEngine):
+        raise PluginError(f"{factory!r} produced a {type(engine).__name__}, not a ContextEngine")
+    return engine
+
+
+class EngineRegistry:
+    """Knows every selectable engine and builds the configured one."""
+
+    def __init__(self, *, plugin_dirs: Iterable[str | Path] = (), entry_points: bool = True) -> None:
+        self._builtins: dict[str, Any] = dict(BUILTIN_ENGINES)
+        self._plugin_engine: tuple[ContextEngine, str] | None = None
+        self._engine_classes: dict[str, tuple[Any, str]] = {}
+        self.problems: list[PluginProblem] = []
+        self._plugin_dirs = [Path(d) for d in plugin_dirs]
+        self._entry_points_loaded = not entry_points
+
+    # -- registration ------------------------------------------------------------------------
+    def register_plugin(self, register: Callable[[PluginContext], Any], source: str = "<in-process>") -> None:
+        """Run a general plugin's ``register(ctx)`` in-process (what entry points do)."""
+        try:
+            register(PluginContext(self, source))
+        except Exception as exc:  # a broken plugin must not take the others down
+            self._problem(source, exc)
+
+    def register_engine_class(self, name: str, factory: Any, source: str = "<in-process>") -> None:
+        """Make an engine class selectable under ``name`` (plugins; built-ins use the same path)."""
+        if name in self._engine_classes:
+            warnings.warn(f"context engine {name!r} from {source} rejected: already registered by {self._engine_classes[name][1]}", stacklevel=2)
+            return
+        self._engine_classes[name] = (factory, source)
+
+    def _accept_plugin_engine(self, engine: ContextEngine, source: str) -> None:
+        if not isinstance(engine, ContextEngine):
+            raise PluginError(f"{source}: register_context_engine() needs a ContextEngine, got {type(engine).__name__}")
+        if self._plugin_engine is not None:
+            other = self._plugin_engine[1]
+            msg = f"context engine {engine.name!r} from {source} rejected: only one plugin engine may register ({self._plugin_engine[0].name!r} from {other} already did)"
+            log.warning(msg)
+            warnings.warn(msg, stacklevel=3)
+            return
+        self._plugin_engine = (engine, source)
+
+    def _problem(self, source: str, exc: BaseException) -> None:
+        problem = PluginProblem(source, f"{type(exc).__name__}: {exc}")
+        self.problems.append(problem)
+        log.warning("plugin failed to load: %s", problem)
+
+    # -- discovery ------------------------------------------------------------------------------
+    def _load_entry_points(self) -> None:
+        if self._entry_points_loaded:
+            return
+        self._entry_points_loaded = True
+        for group in (PLUGIN_GROUP, ENGINE_GROUP):
+            for ep in metadata.entry_points(group=group):
+                source = f"entry point {ep.name} ({ep.value})"
+                try:
+                    obj = ep.load()
+                except Exception as exc:
+                    self._problem(source, exc)
+                    continue
+                if group == ENGINE_GROUP:
+                    self.register_engine_class(ep.name, obj, source)
+                    continue
+                register = getattr(obj, "register", obj)
+                if not callable(register):
+                    self._problem(source, PluginError("has no register(ctx) function"))
+                    continue
+                self.register_plugin(register, source)
+
+    def plugin_dirs(self) -> list[Path]:
+        """Directories searched for ``context_engine/<name>/`` plugins, in order."""
+        dirs = [*self._plugin_dirs, Path.cwd() / "plugins"]
+        try:
+            import platformdirs
+
+            dirs.append(Path(platformdirs.user_config_dir("ctxengine")) / "plugins")
+        except ImportError:  # pragma: no cover - platformdirs is a core dependency
+            pass
+        return dirs
+
+    def _dir_plugin(self, name: str) -> Any | None:
+        for base in self.plugin_dirs():
+            d = base / "context_engine" / name
+            if not (d / "__init__.py").is_file():
+                continue
+            try:
+                return self._load_dir_plugin(d, name)
+            except Exception as exc:
+                self._problem(str(d), exc)
+                raise PluginError(f"plugin {name!r} at {d} failed to load: {type(exc).__name__}: {exc}") from exc
+        return None
+
+    def _load_dir_plugin(self, d: Path, name: str) -> Any:
+        manifest = d / "plugin.yaml"
+        if manifest.is_file():
+            meta = yaml.safe_load(manifest.read_text(encoding="utf-8")) or {}
+            if not isinstance(meta, dict):
+                raise PluginError(f"{manifest}: must be a mapping")
+        modname = f"ctxengine_plugin_{name.replace('-', '_')}"
+        spec = importlib.util.spec_from_file_location(modname, d / "__init__.py", submodule_search_locations=[str(d)])
+        if spec is None or spec.loader is None:
+            raise PluginError(f"{d}: cannot import")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[modname] = module
+        spec.loader.exec_module(module)
+        classes = [
+            obj
+            for obj in vars(module).values()
+            if inspect.isclass(obj) and issubclass(obj, ContextEngine) and obj is not ContextEngine and not inspect.isabstract(obj)
+        ]
+        if not classes:
+            raise PluginError(f"{d / '__init__.py'} exports no ContextEngine subclass")
+        return classes[0]
+
+    def _dir_plugin_names(self) -> list[str]:
+        names = []
+        for base in self.plugin_dirs():
+            root = base / "context_engine"
+            if root.is_dir():
+                names += [p.name for p in root.iterdir() if (p / "__init__.py").is_file()]
+        return names
+
+    def names(self) -> list[str]:
+        """Every selectable engine name (plugin directories, registered plugins, built-ins)."""
+        self._load_entry_points()
+        names = set(self._builtins) | set(self._engine_classes) | set(self._dir_plugin_names())
+        if self._plugin_engine is not None:
+            names.add(self._plugin_engine[0].name)
+        return sorted(names)
+
+    def describe(self) -> list[dict[str, str]]:
+        """One row per engine: name and where it comes from (for ``ctxengine engines``)."""
+        self._load_entry_points()
+        rows: dict[str, str] = {n: "built-in" for n in self._builtins}
+        for n, (_, src) in self._engine_classes.items():
+            rows[n] = src
+        if self._plugin_engine is not None:
+            rows[self._plugin_engine[0].name] = self._plugin_engine[1]
+        for n in self._dir_plugin_names():
+            rows[n] = "plugin directory"
+        return [{"name": n, "source": rows[n]} for n in sorted(rows)]
+
+    # -- creation ---------------------------------------------------------------------------------
+    def create(self, name: str, config: Config | None = None, *, context_length: int | None = None, **services: Any) -> ContextEngine:
+        """Build the engine ``name`` following the resolution order.
+
+        ``services`` (``store=``, ``summarizer=``, ``counter=``) are passed to engines whose
+        ``from_config`` accepts them.
+        """
+        config = config or Config()
+        n = context_length or config.model.context_length or config.model.default_context_length
+        factory = self._dir_plugin(name)
+        if factory is None:
+            self._load_entry_points()
+            if self._plugin_engine is not None and self._plugin_engine[0].name == name:
+                engine = self._plugin_engine[0]
+                if context_length is not None:
+                    engine.update_model(config.model.default or "", n)
+                return engine
+            if name in self._engine_classes:
+                factory = self._engine_classes[name][0]
+            elif name in self._builtins:
+                target = self._builtins[name]
+                if isinstance(target, str):
+                    modname, _, attr = target.partition(":")
+                    try:
+                        factory = getattr(importlib.import_module(modname), attr)
+                    except (ImportError, AttributeError) as exc:
+                        raise ConfigError(f"built-in engine {name!r} is not available: {exc}") from exc
+                else:
+                    factory = target
+        if factory is None:
+            raise ConfigError(f"unknown context engine {name!r}; known engines: {', '.join(self.names())}")
+        accepted = _accepted_services(factory, services)
+        try:
+            return _instantiate(factory, config, n, accepted)
+        except (ConfigError, PluginError):
+            raise
+        except Exception as exc:
+            raise PluginError(f"engine {name!r} failed to start: {type(exc).__name__}: {exc}") from exc
+
+
+def _accepted_services(factory: Any, services: dict[str, Any]) -> dict[str, Any]:
+    target = getattr(factory, "from_config", None)
+    if not callable(target):
+        return {}
+    params = inspect.signature(target).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return services
+    return {k: v for k, v in services.items() if k in params}
+
+
+_DEFAULT: EngineRegistry | None = None
+
+
+def default_registry() -> EngineRegistry:
+    """The process-wide registry (entry points loaded on first use)."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = EngineRegistry()
+    return _DEFAULT
+
+
+def create_engine(config: Config | None = None, *, name: str | None = None, context_length: int | None = None, registry: EngineRegistry | None = None, **services: Any) -> ContextEngine:
+    """Build the engine selected by ``config.context.engine`` (or ``name``)."""
+    config = config or Config()
+    reg = registry or EngineRegistry(plugin_dirs=config.plugins.dirs, entry_points=config.plugins.entry_points)
+    return reg.create(name or config.context.engine, config, context_length=context_length, **services)
