@@ -19,7 +19,6 @@ the messages added since (:class:`AnchoredCounter`).
 from __future__ import annotations
 
 import json
-import math
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -80,7 +79,9 @@ def estimate(text: str) -> int:
     hi_bytes = len(raw.translate(None, _ASCII_BYTES))
     non_ascii = len(text) - (nbytes - hi_bytes)
     ascii_part = nbytes - hi_bytes + 2 * heavy - 3 * indent
-    return math.ceil(ascii_part / 5 + 0.3 * non_ascii + 0.42 * (hi_bytes - 2 * non_ascii))
+    # in hundredths of a token, so the rounding is exact (no float ceil surprises)
+    hundredths = 20 * ascii_part + 30 * non_ascii + 42 * (hi_bytes - 2 * non_ascii)
+    return -(-hundredths // 100)
 
 
 def _value_tokens(value: Any, count: Any) -> int:
