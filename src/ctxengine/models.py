@@ -78,10 +78,17 @@ def _apply(profile: ModelProfile, values: Mapping[str, Any], where: str) -> Mode
     unknown = set(values) - _FIELDS
     if unknown:
         raise ConfigError(f"{where}: unknown model profile key(s) {sorted(unknown)}; allowed: {sorted(_FIELDS)}")
-    try:
-        return replace(profile, **dict(values))
-    except TypeError as exc:  # pragma: no cover - dataclass replace is lenient on types
-        raise ConfigError(f"{where}: {exc}") from exc
+    checked: dict[str, Any] = {}
+    for key, value in values.items():
+        # dataclasses.replace does not check types: a string context length would only fail
+        # later, deep inside an engine, so check against the field's current type here.
+        expected = type(getattr(profile, key))
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, expected) or (expected is not bool and isinstance(value, bool)):
+            raise ConfigError(f"{where}.{key}: expected {expected.__name__}, got {value!r}")
+        checked[key] = value
+    return replace(profile, **checked)
 
 
 def _bare(model: str) -> str:
@@ -98,8 +105,9 @@ def resolve_model(
     """The profile of ``model``.
 
     ``overrides`` maps model names (bare or with prefix) to profile fields; ``context_length``
-    overrides the window outright (CLI ``--context-length``). Unknown models warn once with
-    :class:`UnknownModelWarning` and get ``default_context_length``.
+    overrides the window outright (CLI ``--context-length``). Unknown models get
+    ``default_context_length`` and an :class:`UnknownModelWarning`, unless an override or
+    ``context_length`` gives their window. Override values are type-checked (``ConfigError``).
     """
     name = (model or "").strip()
     bare = _bare(name)
@@ -114,18 +122,22 @@ def resolve_model(
         profile = ModelProfile(name=name or "unknown", context_length=default_context_length, known=False)
         if "claude" in bare:
             profile = replace(profile, provider="anthropic", anthropic_cache=True)
-        if name:
-            warnings.warn(
-                f"model {name!r} is not in the profile table; assuming a {default_context_length:,}-token "
-                "context window (set models.<name>.context_length in config to override)",
-                UnknownModelWarning,
-                stacklevel=2,
-            )
+    configured = False
     for key, values in (overrides or {}).items():
         if _bare(key) == bare or key == name:
             profile = _apply(profile, values, f"models.{key}")
+            configured = configured or "context_length" in values
     if context_length is not None:
         if context_length <= 0:
             raise ConfigError(f"context length must be positive, got {context_length}")
         profile = replace(profile, context_length=int(context_length))
+        configured = True
+    if not profile.known and name and not configured:
+        # only when nothing told us the window: following the advice below silences it
+        warnings.warn(
+            f"model {name!r} is not in the profile table; assuming a {default_context_length:,}-token "
+            "context window (set models.<name>.context_length in config to override)",
+            UnknownModelWarning,
+            stacklevel=2,
+        )
     return profile
