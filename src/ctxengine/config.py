@@ -111,6 +111,10 @@ class ModelConfig(_Section):
     context_length: int | None = Field(None, gt=0)
     default_context_length: int = Field(128_000, gt=0)
     cache_ttl: Literal["5m", "1h"] | None = None
+    provider: str | None = Field(
+        None,
+        description="Where requests go (anthropic, openrouter, openai, …); decides cache markers. Default: inferred from the model name.",
+    )
 
 
 class CompactionConfig(_Section):
@@ -198,13 +202,26 @@ class Config(_Section):
         return cfg
 
     def with_overrides(self, **sections: Mapping[str, Any]) -> Config:
-        """A copy with some sections' keys replaced: ``cfg.with_overrides(context={"engine": "rules"})``."""
+        """A copy with some sections' keys replaced: ``cfg.with_overrides(context={"engine": "rules"})``.
+
+        Nested mappings are merged, not replaced, so
+        ``with_overrides(auxiliary={"compression": {"model": "m"}})`` keeps the file's
+        ``provider`` and ``base_url``. The result is validated like a loaded file.
+        """
         data = self.model_dump()
         for name, values in sections.items():
             if name not in data or not isinstance(data[name], dict):
                 raise ConfigError(f"unknown config section {name!r}")
-            data[name].update(values)
+            _merge(data[name], values)
         return Config.from_dict(data, self.source or "<config>")
+
+
+def _merge(into: dict[str, Any], values: Mapping[str, Any]) -> None:
+    for key, val in values.items():
+        if isinstance(val, Mapping) and isinstance(into.get(key), dict):
+            _merge(into[key], val)
+        else:
+            into[key] = val
 
 
 def _reject_secrets(data: Mapping[str, Any], source: str, path: tuple[str, ...]) -> None:
