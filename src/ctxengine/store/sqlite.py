@@ -1,0 +1,229 @@
+"""The embedded default store: one SQLite file, WAL mode, FTS5 full-text search.
+
+* The file is created on first use (parent directories too); the default location is
+  ``<user data dir>/ctxengine/sessions.db`` (``platformdirs``), overridable by ``store.path``.
+* WAL lets readers run while one writer writes, across threads and processes. Every write is
+  one ``BEGIN IMMEDIATE`` transaction, so a writer takes the lock before reading what it will
+  change (no lost updates between processes); ``busy_timeout`` makes waiting writers queue
+  instead of failing.
+* ``synchronous=NORMAL``: in WAL mode a process crash (even SIGKILL) never loses a committed
+  transaction; only a power cut may lose the last few. ``durable=True`` selects ``FULL`` for
+  machines where that matters.
+* Each thread gets its own connection (SQLite connections must not be shared across threads
+  while in use); a forked child opens fresh ones. ``":memory:"`` gives a private in-memory
+  store with one connection guarded by a lock (tests, the ``lcm`` engine without a store).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from ctxengine.errors import StoreError
+from ctxengine.store.base import SqlStore
+from ctxengine.store.migrations import Backend
+
+__all__ = ["SqliteStore", "default_path"]
+
+_FTS_TOKEN = re.compile(r"\w+")
+
+
+def default_path() -> Path:
+    """``<user data dir>/ctxengine/sessions.db`` (e.g. ``~/.local/share/ctxengine/sessions.db``)."""
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("ctxengine")) / "sessions.db"
+
+
+def fts5_query(needle: str) -> str | None:
+    """An FTS5 query whose matches include every text containing ``needle`` as a substring.
+
+    Words of the needle become quoted terms joined by AND. The first word may be the tail of a
+    longer word in the text, so it is left out (when others remain); the last may be the head of
+    one, so it is a prefix term. ``None`` when no word is left: the caller scans instead.
+    """
+    words = _FTS_TOKEN.findall(needle)
+    if not words:
+        return None
+    if len(words) == 1:
+        return f'"{words[0]}"*'
+    first_cut = needle[0].isalnum() or needle[0] == "_"
+    middle = words[1:-1] if first_cut else words[:-1]
+    # the longest words are the most selective; 16 terms are plenty to narrow the candidates
+    chosen = sorted(dict.fromkeys(middle), key=len, reverse=True)[:16]
+    terms = [f'"{w}"' for w in chosen] + [f'"{words[-1]}"*']
+    return " AND ".join(terms)
+
+
+class SqliteStore(SqlStore):
+    """Session store in one SQLite file (or ``":memory:"``)."""
+
+    backend: ClassVar[Backend] = "sqlite"
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, timeout: float = 30.0, durable: bool = False, migrate: bool = True, target_version: int | None = None) -> None:
+        """Open (creating if needed) the store at ``path`` (default: :func:`default_path`).
+
+        ``timeout``: seconds a writer waits for the lock before failing (30 s: longer than any
+        single write, short enough to surface a stuck process). ``target_version`` stops the
+        migrations at that schema version (tests of the migrations).
+        """
+        super().__init__()
+        self.memory = str(path) == ":memory:"
+        self.path = ":memory:" if self.memory else str(Path(path) if path is not None else default_path())
+        self.timeout = float(timeout)
+        self.durable = durable
+        self._pid = os.getpid()
+        self._lock = threading.RLock()
+        self._all_conns: list[sqlite3.Connection] = []
+        self._shared: sqlite3.Connection | None = None
+        if not self.memory:
+            try:
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"cannot create the store directory for {self.path}: {exc}") from exc
+        if migrate:
+            with self._write() as cur:
+                self._migrate(cur, target_version)
+
+    # -- connections ---------------------------------------------------------------------------
+    def _open(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False)
+            conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
+            if not self.memory:
+                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+                if mode is None or str(mode[0]).lower() != "wal":
+                    raise StoreError(f"{self.path}: cannot switch the store to WAL mode (got {mode})")
+            conn.execute(f"PRAGMA synchronous = {'FULL' if self.durable else 'NORMAL'}")
+            conn.execute("PRAGMA foreign_keys = ON")
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the session store {self.path}: {exc}") from exc
+        with self._lock:
+            self._all_conns.append(conn)
+        return conn
+
+    def _conn(self) -> sqlite3.Connection:
+        if self._closed:
+            raise StoreError(f"the session store {self.path} is closed")
+        if self.memory:
+            if self._shared is None:
+                self._shared = self._open()
+            return self._shared
+        if os.getpid() != self._pid:  # forked: never reuse the parent's connections
+            self._pid = os.getpid()
+            self._local = threading.local()
+            self._all_conns = []
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._open()
+            self._local.conn = conn
+        return conn
+
+    @contextmanager
+    def _tx(self, begin: str) -> Iterator[sqlite3.Cursor]:
+        guard = self._lock if self.memory else _NULL_LOCK
+        with guard:
+            conn = self._conn()
+            cur = conn.cursor()
+            try:
+                cur.execute(begin)
+            except sqlite3.Error as exc:
+                raise StoreError(f"session store {self.path}: {exc}") from exc
+            try:
+                yield cur
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                _rollback(conn)
+                raise StoreError(f"session store {self.path}: {exc}") from exc
+            except BaseException:
+                _rollback(conn)
+                raise
+            finally:
+                cur.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Cursor]:
+        with self._tx("BEGIN IMMEDIATE") as cur:
+            yield cur
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Cursor]:
+        with self._tx("BEGIN") as cur:
+            yield cur
+
+    def _sql(self, sql: str) -> str:
+        return sql
+
+    # -- full-text search ----------------------------------------------------------------------
+    def _index_blobs(self, cur: Any, rows: Sequence[tuple[int, str]]) -> None:
+        if rows:
+            cur.executemany("INSERT INTO blobs_fts (rowid, text) VALUES (?, ?)", rows)
+
+    def _index_node(self, cur: Any, pk: int, text: str) -> None:
+        cur.execute("INSERT INTO nodes_fts (rowid, text) VALUES (?, ?)", (pk, text))
+
+    def _fts_candidates(self, cur: Any, table: Literal["blobs", "nodes"], needle: str, limit: int) -> list[tuple[Any, ...]] | None:
+        query = fts5_query(needle)
+        if query is None:
+            return None
+        role = "b.role" if table == "blobs" else "'summary'"
+        sql = (
+            f"SELECT b.pk, {role}, b.text FROM {table}_fts f JOIN {table} b ON b.pk = f.rowid"
+            f" WHERE {table}_fts MATCH ? AND instr(lower(b.text), lower(?)) > 0 ORDER BY f.rowid DESC LIMIT ?"
+        )
+        try:
+            cur.execute(sql, (query, needle, limit))
+        except sqlite3.OperationalError:
+            return None  # a term FTS5 cannot parse: the caller scans instead
+        return [tuple(r) for r in cur.fetchall()]
+
+    # -- maintenance -------------------------------------------------------------------------------
+    def integrity_check(self) -> list[str]:
+        """``PRAGMA integrity_check`` plus the FTS index check; ``["ok"]`` when healthy."""
+        with self._read() as cur:
+            rows = [str(r[0]) for r in cur.execute("PRAGMA integrity_check").fetchall()]
+        try:
+            with self._write() as cur:
+                cur.execute("INSERT INTO blobs_fts (blobs_fts) VALUES ('integrity-check')")
+        except StoreError as exc:
+            rows.append(f"full-text index: {exc}")
+        return rows
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            conns, self._all_conns = self._all_conns, []
+            self._shared = None
+        for conn in conns:
+            try:
+                conn.close()
+            except sqlite3.Error:
+                pass
+        self._local = threading.local()
+
+    def __repr__(self) -> str:
+        return f"SqliteStore({self.path!r})"
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    try:
+        conn.execute("ROLLBACK")
+    except sqlite3.Error:
+        pass  # no transaction left to roll back (the error already ended it)
+
+
+class _NullLock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NULL_LOCK = _NullLock()
