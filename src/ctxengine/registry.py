@@ -45,6 +45,7 @@ BUILTIN_ENGINES: dict[str, str] = {
     "compressor": "ctxengine.engines.compressor:ContextCompressor",
     "rules": "ctxengine.engines.rules:RulesEngine",
     "lcm": "ctxengine.engines.lcm:LcmEngine",
+    "cacheaware": "ctxengine.engines.cacheaware:CacheAwareEngine",
 }
 
 PLUGIN_GROUP = "ctxengine.plugins"

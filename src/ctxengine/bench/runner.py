@@ -1,0 +1,442 @@
+"""The benchmark loop: recorded sessions through engines, with caching and cost simulated.
+
+For each session and engine a :class:`~ctxengine.ContextManager` (its engine built fresh per
+session) runs a simulated agent loop: before every recorded assistant message the working
+context goes through ``prepare`` (hygiene, the engine's trigger and compaction) and the
+request's cache breakpoints come from the configured placement; the request is checked (valid
+chat format, inside the window), billed by the Anthropic and OpenAI cache models of
+:mod:`ctxengine.cost`, and its size reported back through ``update_from_response``; then the
+recorded assistant message and what followed it are appended to the *compacted* context, as
+an agent carries its history forward.
+
+At the end, the preservation-guarantee facts of everything the agent saw are looked up in the
+last request; a fact missing there counts as kept when the engine can give it back verbatim
+(an engine method ``retrievable(text) -> bool``, or its ``lcm_grep``/``ctx_grep`` tool).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ctxengine.bench.baselines import MaskingBaseline, NoCompaction
+from ctxengine.bench.replay import percentile
+from ctxengine.config import Config
+from ctxengine.cost import AnthropicCache, CostReport, OpenAICache, PrefixHasher
+from ctxengine.engine import ContextEngine
+from ctxengine.facts import FACT_KINDS, context_text, extract_facts, missing_facts
+from ctxengine.io import Session
+from ctxengine.manager import ContextManager
+from ctxengine.messages import Message, validate
+from ctxengine.models import ModelProfile, UnknownModelWarning, resolve_model
+from ctxengine.registry import EngineRegistry
+from ctxengine.tokens import estimate_message_tokens
+
+__all__ = [
+    "BASELINES",
+    "BenchResult",
+    "EngineTotals",
+    "SessionRun",
+    "engine_retrievable",
+    "make_engine_factory",
+    "run_bench",
+    "run_session",
+]
+
+BASELINES: dict[str, Callable[[int], ContextEngine]] = {
+    "none": lambda n: NoCompaction(context_length=n),
+    "mask10": lambda n: MaskingBaseline(context_length=n, keep=10),
+}
+
+Placement = Literal["system_and_3", "planner"]
+
+
+def make_engine_factory(
+    name: str, config: Config, context_length: int, registry: EngineRegistry | None = None
+) -> Callable[[], ContextEngine]:
+    """A factory building a fresh engine ``name`` (a baseline, or any registered engine)."""
+    if name in BASELINES:
+        base = BASELINES[name]
+        return lambda: base(context_length)
+    reg = registry or EngineRegistry(plugin_dirs=config.plugins.dirs, entry_points=config.plugins.entry_points)
+    reg.create(name, config, context_length=context_length)  # fail early on unknown names
+    return lambda: reg.create(name, config, context_length=context_length)
+
+
+def engine_retrievable(engine: ContextEngine) -> Callable[[str], bool] | None:
+    """How to ask ``engine`` whether a fact is retrievable verbatim, or ``None``.
+
+    Engines may define ``retrievable(text) -> bool``; otherwise an ``lcm_grep`` or ``ctx_grep``
+    tool is called with the fact as query and the fact must appear in its answer.
+    """
+    hook = getattr(engine, "retrievable", None)
+    if callable(hook):
+        return lambda text: bool(hook(text))
+    names = {str(s.get("name") or (s.get("function") or {}).get("name")) for s in engine.get_tool_schemas()}
+    for tool in ("lcm_grep", "ctx_grep"):
+        if tool in names:
+
+            def grep(text: str, tool: str = tool) -> bool:
+                try:
+                    answer = engine.handle_tool_call(tool, {"query": text})
+                except Exception:
+                    return False
+                if text in answer:
+                    return True
+                try:
+                    decoded = json.dumps(json.loads(answer), ensure_ascii=False)
+                except ValueError:
+                    return False
+                return text in decoded or json.dumps(text, ensure_ascii=False)[1:-1] in decoded
+
+            return grep
+    return None
+
+
+@dataclass(slots=True)
+class SessionRun:
+    """One session replayed through one engine."""
+
+    session_id: str
+    engine: str
+    context_length: int
+    calls: int = 0
+    request_tokens: list[int] = field(default_factory=list)
+    compaction_calls: list[int] = field(default_factory=list)
+    latencies_ms: list[float] = field(default_factory=list)
+    invalid_requests: int = 0
+    invalid_details: list[str] = field(default_factory=list)
+    over_window: int = 0
+    hygiene_fired: int = 0
+    facts_total: dict[str, int] = field(default_factory=dict)
+    facts_kept: dict[str, int] = field(default_factory=dict)
+    facts_missing: dict[str, list[str]] = field(default_factory=dict)
+    anthropic: CostReport | None = None
+    openai: CostReport | None = None
+    elapsed_s: float = 0.0
+
+    @property
+    def peak_tokens(self) -> int:
+        return max(self.request_tokens, default=0)
+
+    @property
+    def compactions(self) -> int:
+        return len(self.compaction_calls)
+
+    @property
+    def retention(self) -> float:
+        total = sum(self.facts_total.values())
+        return 1.0 if total == 0 else sum(self.facts_kept.values()) / total
+
+    def to_dict(self, *, per_call: bool = False) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "session": self.session_id,
+            "engine": self.engine,
+            "calls": self.calls,
+            "peak_tokens": self.peak_tokens,
+            "compactions": self.compactions,
+            "compaction_calls": self.compaction_calls,
+            "latency_p50_ms": round(percentile(self.latencies_ms, 50), 3),
+            "latency_p95_ms": round(percentile(self.latencies_ms, 95), 3),
+            "invalid_requests": self.invalid_requests,
+            "invalid_details": self.invalid_details,
+            "over_window": self.over_window,
+            "hygiene_fired": self.hygiene_fired,
+            "retention": round(self.retention, 4),
+            "facts_total": self.facts_total,
+            "facts_kept": self.facts_kept,
+            "facts_missing": self.facts_missing,
+            "anthropic": self.anthropic.to_dict(per_call=per_call) if self.anthropic else None,
+            "openai": self.openai.to_dict(per_call=per_call) if self.openai else None,
+        }
+        if per_call:
+            d["request_tokens"] = self.request_tokens
+        return d
+
+
+class _TokenMemo:
+    def __init__(self) -> None:
+        self._memo: dict[int, tuple[Mapping[str, Any], int]] = {}
+
+    def __call__(self, m: Mapping[str, Any]) -> int:
+        hit = self._memo.get(id(m))
+        if hit is not None and hit[0] is m:
+            return hit[1]
+        t = estimate_message_tokens(m)
+        self._memo[id(m)] = (m, t)
+        return t
+
+
+def run_session(
+    session: Session,
+    engine_name: str,
+    factory: Callable[[], ContextEngine],
+    *,
+    config: Config,
+    context_length: int,
+    anthropic_model: ModelProfile,
+    openai_model: ModelProfile,
+    placement: Placement = "system_and_3",
+) -> SessionRun:
+    """Replay one session through one engine (see the module docstring)."""
+    t_start = time.perf_counter()
+    cfg = config.with_overrides(prompt_caching={"enabled": True, "strategy": placement})
+    mgr = ContextManager(
+        cfg,
+        model=anthropic_model.name,
+        provider="anthropic",
+        store=None,
+        context_length=context_length,
+        engine_factory=factory,
+        strict=False,
+    )
+    sid = session.id
+    engine = mgr.engine(sid)
+    run = SessionRun(sid, engine_name, context_length)
+    hasher = PrefixHasher()
+    anth = AnthropicCache(
+        input_price=anthropic_model.input,
+        min_cache_tokens=anthropic_model.min_cache_tokens,
+        ttl=cfg.cache_ttl,
+        hasher=hasher,
+    )
+    oai = OpenAICache(input_price=openai_model.input, cached_discount=openai_model.openai_cached_discount, hasher=hasher)
+    run.anthropic = CostReport("anthropic", anthropic_model.name)
+    run.openai = CostReport("openai", openai_model.name)
+    count = _TokenMemo()
+    msgs = session.messages
+    first = next((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), len(msgs))
+    working: list[Message] = list(msgs[:first])
+    last_request: list[Message] = working
+    seen = first
+    i = first
+    while i < len(msgs):
+        before = mgr.status(sid)["compactions"]
+        t0 = time.perf_counter()
+        working = mgr.prepare(working, session_id=sid)
+        elapsed = (time.perf_counter() - t0) * 1000.0
+        if mgr.status(sid)["compactions"] != before:
+            run.compaction_calls.append(run.calls)
+            report = engine.last_report
+            run.latencies_ms.append(report.elapsed_ms if report is not None and report.elapsed_ms > 0 else elapsed)
+        toks = [count(m) for m in working]
+        tokens = sum(toks)
+        errors = [v for v in validate(working) if v.severity == "error"]
+        if errors:
+            run.invalid_requests += 1
+            if len(run.invalid_details) < 20:
+                run.invalid_details.append(f"call {run.calls}: {errors[0]}")
+        if tokens > context_length:
+            run.over_window += 1
+        bps = mgr.breakpoints(working, session_id=sid)
+        run.anthropic.calls.append(anth.call(working, bps, tokens=toks))
+        run.openai.calls.append(oai.call(working, tokens=toks))
+        run.request_tokens.append(tokens)
+        last_request = working
+        seen = i
+        run.calls += 1
+        j = i + 1
+        while j < len(msgs) and msgs[j].get("role") != "assistant":
+            j += 1
+        completion = count(msgs[i])
+        mgr.update_from_response({"prompt_tokens": tokens, "completion_tokens": completion, "total_tokens": tokens + completion}, session_id=sid)
+        working = [*working, *msgs[i:j]]
+        i = j
+    run.hygiene_fired = int(mgr.status(sid)["hygiene_fired"])
+    facts = extract_facts(msgs[:seen])
+    missing = missing_facts(facts, context_text(last_request))
+    recall = engine_retrievable(engine)
+    if recall is not None:
+        for k in FACT_KINDS:
+            setattr(missing, k, [f for f in getattr(missing, k) if not recall(f)])
+    for k in FACT_KINDS:
+        total = len(getattr(facts, k))
+        miss = getattr(missing, k)
+        run.facts_total[k] = total
+        run.facts_kept[k] = total - len(miss)
+        if miss:
+            run.facts_missing[k] = miss[:10]
+    mgr.end_session(sid, working)
+    run.elapsed_s = time.perf_counter() - t_start
+    return run
+
+
+@dataclass(slots=True)
+class EngineTotals:
+    """One engine's runs over every session, summed."""
+
+    engine: str
+    runs: list[SessionRun] = field(default_factory=list)
+
+    def _sum(self, provider: str, attr: str) -> float:
+        total = 0.0
+        for r in self.runs:
+            rep = getattr(r, provider)
+            if rep is not None:
+                total += getattr(rep, attr)
+        return total
+
+    @property
+    def anthropic_cost(self) -> float:
+        return self._sum("anthropic", "total")
+
+    @property
+    def anthropic_no_cache(self) -> float:
+        return self._sum("anthropic", "total_no_cache")
+
+    @property
+    def openai_cost(self) -> float:
+        return self._sum("openai", "total")
+
+    @property
+    def openai_no_cache(self) -> float:
+        return self._sum("openai", "total_no_cache")
+
+    @property
+    def calls(self) -> int:
+        return sum(r.calls for r in self.runs)
+
+    @property
+    def peak_tokens(self) -> int:
+        return max((r.peak_tokens for r in self.runs), default=0)
+
+    @property
+    def compactions(self) -> int:
+        return sum(r.compactions for r in self.runs)
+
+    @property
+    def latencies_ms(self) -> list[float]:
+        return [x for r in self.runs for x in r.latencies_ms]
+
+    @property
+    def invalid_requests(self) -> int:
+        return sum(r.invalid_requests for r in self.runs)
+
+    @property
+    def over_window(self) -> int:
+        return sum(r.over_window for r in self.runs)
+
+    def facts(self) -> tuple[dict[str, int], dict[str, int]]:
+        total = {k: sum(r.facts_total.get(k, 0) for r in self.runs) for k in FACT_KINDS}
+        kept = {k: sum(r.facts_kept.get(k, 0) for r in self.runs) for k in FACT_KINDS}
+        return total, kept
+
+    def retention(self, kind: str | None = None) -> float:
+        total, kept = self.facts()
+        if kind is not None:
+            return 1.0 if total[kind] == 0 else kept[kind] / total[kind]
+        t = sum(total.values())
+        return 1.0 if t == 0 else sum(kept.values()) / t
+
+    @property
+    def min_session_retention(self) -> float:
+        return min((r.retention for r in self.runs), default=1.0)
+
+    def to_dict(self, baseline: EngineTotals | None = None) -> dict[str, Any]:
+        total, kept = self.facts()
+        lat = self.latencies_ms
+        d: dict[str, Any] = {
+            "engine": self.engine,
+            "sessions": len(self.runs),
+            "calls": self.calls,
+            "anthropic_cost": round(self.anthropic_cost, 6),
+            "anthropic_cost_no_cache": round(self.anthropic_no_cache, 6),
+            "openai_cost": round(self.openai_cost, 6),
+            "openai_cost_no_cache": round(self.openai_no_cache, 6),
+            "peak_tokens": self.peak_tokens,
+            "compactions": self.compactions,
+            "latency_p50_ms": round(percentile(lat, 50), 3),
+            "latency_p95_ms": round(percentile(lat, 95), 3),
+            "latency_median_ms": round(statistics.median(lat), 3) if lat else 0.0,
+            "invalid_requests": self.invalid_requests,
+            "over_window": self.over_window,
+            "retention": round(self.retention(), 4),
+            "retention_by_kind": {k: round(self.retention(k), 4) for k in FACT_KINDS},
+            "min_session_retention": round(self.min_session_retention, 4),
+            "facts_total": total,
+            "facts_kept": kept,
+        }
+        if baseline is not None and baseline.anthropic_cost > 0:
+            d["anthropic_vs_none"] = round(self.anthropic_cost / baseline.anthropic_cost, 4)
+        if baseline is not None and baseline.openai_cost > 0:
+            d["openai_vs_none"] = round(self.openai_cost / baseline.openai_cost, 4)
+        return d
+
+
+@dataclass(slots=True)
+class BenchResult:
+    """Everything one ``ctxengine bench`` run measured."""
+
+    context_length: int
+    placement: str
+    anthropic_model: str
+    openai_model: str
+    sessions: list[str]
+    engines: dict[str, EngineTotals]
+    elapsed_s: float = 0.0
+
+    def to_dict(self, *, per_call: bool = False) -> dict[str, Any]:
+        base = self.engines.get("none")
+        return {
+            "context_length": self.context_length,
+            "placement": self.placement,
+            "anthropic_model": self.anthropic_model,
+            "openai_model": self.openai_model,
+            "sessions": self.sessions,
+            "elapsed_s": round(self.elapsed_s, 2),
+            "engines": {name: t.to_dict(base) for name, t in self.engines.items()},
+            "runs": [r.to_dict(per_call=per_call) for t in self.engines.values() for r in t.runs],
+        }
+
+
+def _profile(name: str) -> ModelProfile:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnknownModelWarning)
+        return resolve_model(name)
+
+
+def run_bench(
+    sessions: Sequence[Session],
+    engines: Sequence[str],
+    *,
+    config: Config | None = None,
+    context_length: int = 128_000,
+    anthropic_model: str = "claude-sonnet-4.5",
+    openai_model: str = "gpt-4o",
+    placement: Placement = "system_and_3",
+    registry: EngineRegistry | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> BenchResult:
+    """Replay every session through every engine; the ``none`` baseline is always included so
+    costs can be given relative to it."""
+    cfg = config or Config()
+    names = list(dict.fromkeys(["none", *engines]))
+    amodel = _profile(anthropic_model)
+    omodel = _profile(openai_model)
+    factories = {n: make_engine_factory(n, cfg, context_length, registry) for n in names}
+    t0 = time.perf_counter()
+    result = BenchResult(context_length, placement, amodel.name, omodel.name, [s.id for s in sessions], {})
+    for n in names:
+        totals = EngineTotals(n)
+        for s in sessions:
+            run = run_session(
+                s,
+                n,
+                factories[n],
+                config=cfg,
+                context_length=context_length,
+                anthropic_model=amodel,
+                openai_model=omodel,
+                placement=placement,
+            )
+            totals.runs.append(run)
+        result.engines[n] = totals
+        if progress is not None:
+            progress(f"{n}: {len(sessions)} sessions, {totals.calls} calls")
+    result.elapsed_s = time.perf_counter() - t0
+    return result

@@ -1,0 +1,272 @@
+"""Anthropic prompt caching: where ``cache_control`` breakpoints go, and whether to place any.
+
+Two placements, both returning a deep copy with markers (the caller's list is never touched):
+
+``system_and_3`` (the seed's strategy)
+    Breakpoint 1 on the system prompt, breakpoints 2–4 on the last three non-system messages:
+    a rolling window that re-establishes caching within a turn or two after any change.
+
+``planner`` (beyond the seed)
+    Spends the four breakpoints where they pay under Anthropic's rules: a prefix shorter than
+    the model's minimum cacheable length is never marked (it would not be cached), the end of
+    the request is marked (the next call reads it), so is the end of the previous request (the
+    message before the last assistant turn, found without state), and the end of the
+    *stable prefix* — the last compaction summary/placeholder — so a compaction that rewrites
+    only the tail keeps the compacted prefix warm. When the stable prefix grew by more than the
+    20-block lookback since the previous stable point, that point gets the last slot instead of
+    the system prompt, because Anthropic only looks 20 blocks back from each breakpoint.
+
+Markers are placed as the seed's table says: string content becomes one text part carrying
+``cache_control``; list content gets it on its last part; ``None``/empty content gets it on the
+message; tool messages are marked (on the message) only for native Anthropic, as OpenRouter
+drops unknown keys there.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ctxengine.messages import Message, is_summary, tool_calls
+from ctxengine.models import ModelProfile, resolve_model
+from ctxengine.tokens import estimate_message_tokens
+
+__all__ = [
+    "LOOKBACK_BLOCKS",
+    "MAX_BREAKPOINTS",
+    "CachingStatus",
+    "Placement",
+    "apply_anthropic_cache_control",
+    "apply_breakpoints",
+    "cache_marker",
+    "caching_status",
+    "infer_provider",
+    "message_blocks",
+    "plan_breakpoints",
+    "system_and_3_breakpoints",
+]
+
+MAX_BREAKPOINTS = 4
+"""Anthropic accepts at most four ``cache_control`` breakpoints per request."""
+
+LOOKBACK_BLOCKS = 20
+"""Anthropic checks for cache hits at block boundaries up to about 20 blocks before each
+explicit breakpoint, and no further."""
+
+Placement = Literal["system_and_3", "planner"]
+CacheTTL = Literal["5m", "1h"]
+
+
+def cache_marker(cache_ttl: str = "5m") -> dict[str, str]:
+    """The ``cache_control`` value: ``{"type": "ephemeral"}``, plus ``"ttl": "1h"`` for the hour TTL."""
+    if cache_ttl == "1h":
+        return {"type": "ephemeral", "ttl": "1h"}
+    if cache_ttl != "5m":
+        raise ValueError(f"cache_ttl must be '5m' or '1h', not {cache_ttl!r}")
+    return {"type": "ephemeral"}
+
+
+def _mark(msg: Message, marker: Mapping[str, str], native_anthropic: bool) -> None:
+    """Put ``marker`` on ``msg`` (a copy we own) following the seed's placement table."""
+    if msg.get("role") == "tool":
+        if native_anthropic:
+            msg["cache_control"] = dict(marker)
+        return
+    content = msg.get("content")
+    if isinstance(content, str) and content:
+        msg["content"] = [{"type": "text", "text": content, "cache_control": dict(marker)}]
+    elif isinstance(content, list) and content and isinstance(content[-1], dict):
+        content[-1]["cache_control"] = dict(marker)
+    else:
+        msg["cache_control"] = dict(marker)
+
+
+def system_and_3_breakpoints(messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    """Indices the seed's ``system_and_3`` marks: the first system message and the last three
+    non-system messages (at most four)."""
+    out: list[int] = []
+    if messages and messages[0].get("role") == "system":
+        out.append(0)
+    rest = [i for i, m in enumerate(messages) if m.get("role") != "system"]
+    out.extend(rest[-(MAX_BREAKPOINTS - len(out)) :] if rest else [])
+    return sorted(set(out))
+
+
+def apply_breakpoints(
+    messages: Sequence[Message],
+    indices: Sequence[int],
+    *,
+    cache_ttl: str = "5m",
+    native_anthropic: bool = False,
+) -> list[Message]:
+    """A deep copy of ``messages`` with the cache marker on each message of ``indices``."""
+    if len(set(indices)) > MAX_BREAKPOINTS:
+        raise ValueError(f"at most {MAX_BREAKPOINTS} cache breakpoints, got {len(set(indices))}")
+    marker = cache_marker(cache_ttl)
+    out = copy.deepcopy(list(messages))
+    for i in sorted(set(indices)):
+        _mark(out[i], marker, native_anthropic)
+    return out
+
+
+def apply_anthropic_cache_control(
+    messages: Sequence[Message],
+    cache_ttl: str = "5m",
+    native_anthropic: bool = False,
+) -> list[Message]:
+    """The seed's function: deep-copy ``messages`` and apply ``system_and_3``.
+
+    The marker is ``{"type": "ephemeral"}`` (``"ttl": "1h"`` added for the hour TTL); see the
+    module docstring for where it goes on each kind of message.
+    """
+    return apply_breakpoints(
+        messages, system_and_3_breakpoints(messages), cache_ttl=cache_ttl, native_anthropic=native_anthropic
+    )
+
+
+def message_blocks(message: Mapping[str, Any]) -> int:
+    """How many Anthropic content blocks a message becomes (for the 20-block lookback):
+    one per content part (a string is one text part), one per tool call, at least one."""
+    content = message.get("content")
+    n = 0
+    if isinstance(content, str):
+        n = 1 if content else 0
+    elif isinstance(content, list):
+        n = len(content)
+    n += len(tool_calls(message))
+    return max(1, n)
+
+
+def plan_breakpoints(
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    min_cache_tokens: int = 1024,
+    tokens: Sequence[int] | None = None,
+    lookback: int = LOOKBACK_BLOCKS,
+    native_anthropic: bool = True,
+    previous: Sequence[Mapping[str, Any]] | None = None,
+) -> list[int]:
+    """The ``planner`` placement (see the module docstring): sorted message indices, at most four.
+
+    ``tokens`` are per-message token counts (estimated when omitted); they decide which
+    prefixes reach ``min_cache_tokens``. Without ``native_anthropic`` tool messages cannot
+    carry a marker, so a wanted tool message moves back to the closest message that can.
+    ``previous`` is the request sent before this one in the same conversation; without it the
+    end of the previous request is taken to be the message before the last assistant turn (true
+    in an agent loop that only appends).
+    """
+    n = len(messages)
+    if n == 0:
+        return []
+    toks = list(tokens) if tokens is not None else [estimate_message_tokens(m) for m in messages]
+    prefix: list[int] = []
+    acc = 0
+    for t in toks:
+        acc += t
+        prefix.append(acc)
+
+    def cacheable(i: int) -> bool:
+        return 0 <= i < n and prefix[i] >= min_cache_tokens
+
+    wanted: list[int] = [n - 1]
+    bridge = -1
+    if previous is not None:
+        # the end of what this request shares with the previous one: its cache entries (or
+        # those within the lookback of it) are what this request can still read
+        k = 0
+        limit = min(len(previous), n)
+        while k < limit and (previous[k] is messages[k] or previous[k] == messages[k]):
+            k += 1
+        bridge = k - 1
+    else:
+        last_assistant = next((i for i in range(n - 1, -1, -1) if messages[i].get("role") == "assistant"), -1)
+        bridge = last_assistant - 1 if last_assistant > 0 else -1
+    if bridge >= 0:
+        wanted.append(bridge)
+    stable = next((i for i in range(n - 1, -1, -1) if is_summary(messages[i])), -1)
+    if stable >= 0:
+        wanted.append(stable)
+    if messages[0].get("role") == "system":
+        wanted.append(0)
+    out: list[int] = []
+    for i in wanted:
+        if not native_anthropic:
+            while i > 0 and messages[i].get("role") == "tool":
+                i -= 1
+        if i not in out and cacheable(i):
+            out.append(i)
+        if len(out) == MAX_BREAKPOINTS:
+            break
+    return sorted(out)
+
+
+@dataclass(frozen=True, slots=True)
+class CachingStatus:
+    """Whether prompt caching applies, and the status line shown at startup."""
+
+    enabled: bool
+    reason: str
+    cache_ttl: str = "5m"
+    native_anthropic: bool = False
+
+    @property
+    def line(self) -> str:
+        if self.enabled:
+            return f"Prompt caching: ENABLED ({self.reason}, {self.cache_ttl} TTL)"
+        return f"Prompt caching: disabled ({self.reason})"
+
+    def __str__(self) -> str:
+        return self.line
+
+
+_PROVIDER_LABELS = {"anthropic": "Anthropic", "openrouter": "OpenRouter"}
+
+
+def infer_provider(model: str) -> str:
+    """The provider a model name implies: ``anthropic/claude-…`` style slugs are OpenRouter's,
+    a bare ``claude-…`` name is the native Anthropic API, others by the model table."""
+    if "/" in model:
+        head = model.split("/", 1)[0].lower()
+        return "openrouter" if head in ("anthropic", "openai", "google", "meta-llama", "deepseek", "qwen", "nousresearch", "openrouter") else head
+    profile = _profile(model)
+    return profile.provider
+
+
+def _profile(model: str) -> ModelProfile:
+    import warnings
+
+    from ctxengine.models import UnknownModelWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnknownModelWarning)
+        return resolve_model(model)
+
+
+def caching_status(
+    model: str,
+    provider: str | None = None,
+    *,
+    cache_ttl: str = "5m",
+    enabled: bool | Literal["auto"] = "auto",
+) -> CachingStatus:
+    """Whether ``cache_control`` markers should be sent for ``model`` through ``provider``.
+
+    ``auto`` (the seed's behaviour): on for Claude models on native Anthropic or OpenRouter,
+    off otherwise (other providers ignore or reject the markers). ``True``/``False`` force it.
+    """
+    cache_marker(cache_ttl)  # validates the TTL
+    prov = (provider or infer_provider(model)).lower()
+    claude = "claude" in model.lower() or _profile(model).anthropic_cache
+    native = prov == "anthropic"
+    label = f"Claude via {_PROVIDER_LABELS.get(prov, prov)}" if claude else f"{model} via {prov}"
+    if enabled is False:
+        return CachingStatus(False, "turned off in config", cache_ttl, native)
+    if enabled is True:
+        return CachingStatus(True, label, cache_ttl, native)
+    if not claude:
+        return CachingStatus(False, f"{model} is not a Claude model", cache_ttl, native)
+    if prov not in _PROVIDER_LABELS:
+        return CachingStatus(False, f"provider {prov!r} does not support cache_control", cache_ttl, native)
+    return CachingStatus(True, label, cache_ttl, native)
