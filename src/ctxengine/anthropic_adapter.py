@@ -1,0 +1,603 @@
+"""A lossless adapter between Anthropic Messages payloads and OpenAI chat messages.
+
+ctxengine works on OpenAI chat-completions messages (DESIGN §3.1). Claude users and the proxy
+speak the Anthropic Messages format. :func:`anthropic_to_openai` and
+:func:`openai_to_anthropic` translate between the two so that a round trip is exact:
+
+* Anthropic → OpenAI → Anthropic gives back an identical ``(system, messages)`` payload;
+* OpenAI messages made by :func:`anthropic_to_openai` → Anthropic → OpenAI are identical too.
+
+How each Anthropic construct is carried (OpenAI side in brackets):
+
+* ``system`` string or list of text blocks → a leading ``system`` message whose content is the
+  same string or list (text blocks are already valid OpenAI text parts).
+* text blocks → identical ``{"type": "text", ...}`` parts (``cache_control``, ``citations`` and
+  any other key stay on the part).
+* image blocks with a ``base64`` or ``url`` source → ``image_url`` parts (base64 becomes a
+  ``data:<media type>;base64,...`` URL); every other key of the block stays on the part.
+  Images whose source cannot be written as a URL (e.g. a Files-API ``file`` source) and every
+  block type OpenAI has no name for (``document``, ``search_result``, server tool blocks …)
+  are kept verbatim as parts.
+* ``tool_use`` blocks → ``tool_calls`` (``input`` serialized as JSON ``arguments``; other keys
+  such as ``cache_control`` on the tool call itself).
+* each ``tool_result`` block → its own ``tool`` message (content string, list of parts, or
+  ``None`` when the block had no content; ``is_error``, ``cache_control`` and other keys as
+  keys of the tool message). Other blocks of the same user message (text, images) follow as one
+  ``user`` message.
+* ``thinking`` and ``redacted_thinking`` blocks → the ``thinking_blocks`` list of the
+  assistant message, verbatim with their signatures (engines must not edit them: a changed
+  thinking block fails Anthropic's signature check).
+
+What OpenAI cannot express lives in one extra key, ``"anthropic"`` (:data:`META_KEY`), that
+every part of ctxengine preserves like any unknown key:
+
+* ``order``: the original block order of a message when it differs from the default
+  (assistant: thinking, content, tool calls; user: tool results, then content);
+* ``joins_previous``: this user message is the text/images of the Anthropic user message whose
+  tool results are the ``tool`` messages right before it;
+* ``new_message``: this ``tool`` message starts a new Anthropic user message although the
+  message before it is a ``tool`` message too (tool results split over two user messages);
+* ``message_keys``: unknown top-level keys of an Anthropic user message that was split into
+  several OpenAI messages (unknown keys of other messages stay on the message itself).
+
+When an engine rewrites a message so that its ``order`` no longer matches (e.g. it replaced a
+content list by a string), the default order is used. Keys with no counterpart on the other
+side are carried over unchanged, so nothing is lost; a provider may reject such keys.
+
+The reverse direction also accepts plain OpenAI conversations (not made by this adapter):
+consecutive tool messages become one user message of ``tool_result`` blocks, an assistant
+string content next to tool calls becomes a text block, a message-level ``cache_control``
+(as the seed's ``apply_anthropic_cache_control`` writes it) moves onto the message's last
+block, and an image part's ``detail`` is dropped (Anthropic has no such setting). Round trips
+of such conversations are not exact (e.g. ``'{"a":1}'`` comes back as ``'{"a": 1}'``).
+
+Neither function mutates its arguments; results share no mutable objects with them.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ctxengine.errors import InputError
+from ctxengine.messages import Message
+
+__all__ = [
+    "META_KEY",
+    "THINKING_KEY",
+    "AnthropicMessage",
+    "AnthropicSystem",
+    "anthropic_to_openai",
+    "openai_to_anthropic",
+]
+
+AnthropicMessage = dict[str, Any]
+"""One Anthropic Messages API message: ``{"role": "user"|"assistant", "content": ...}``."""
+
+AnthropicSystem = str | list[dict[str, Any]] | None
+"""The ``system`` parameter: a string, a list of text blocks, or absent (``None``)."""
+
+META_KEY = "anthropic"
+"""Key of the OpenAI-side dict holding what OpenAI cannot express (block order, grouping)."""
+
+THINKING_KEY = "thinking_blocks"
+"""Key of the OpenAI assistant message holding its thinking / redacted_thinking blocks."""
+
+_THINKING_TYPES = frozenset({"thinking", "redacted_thinking"})
+_DATA_URL_RE = re.compile(r"data:([^;,]*);base64,(.*)", re.DOTALL)
+
+# block kinds used in META_KEY["order"]
+_THINKING = "thinking"
+_CONTENT = "content"
+_TOOL_USE = "tool_use"
+_TOOL_RESULT = "tool_result"
+_ASSISTANT_RANK = {_THINKING: 0, _CONTENT: 1, _TOOL_USE: 2}
+_USER_RANK = {_TOOL_RESULT: 0, _CONTENT: 1}
+
+# OpenAI message keys the adapter itself writes: an Anthropic message may not carry them
+_RESERVED_OPENAI_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id", THINKING_KEY, META_KEY})
+
+
+# ---------------------------------------------------------------------------------------------
+# blocks ⇄ parts
+
+
+def _check_block(block: Any, where: str) -> dict[str, Any]:
+    if not isinstance(block, dict):
+        raise InputError(f"{where}: a content block is a {type(block).__name__}, not an object")
+    if not isinstance(block.get("type"), str):
+        raise InputError(f"{where}: a content block has no string 'type'")
+    return block
+
+
+def _image_block_to_part(block: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ``image_url`` part for an image block, or None when it cannot be written as a URL
+    that maps back to the same block."""
+    source = block.get("source")
+    if "image_url" in block or not isinstance(source, dict):
+        return None
+    kind = source.get("type")
+    if kind == "base64" and set(source) == {"type", "media_type", "data"}:
+        media_type, data = source["media_type"], source["data"]
+        if not isinstance(media_type, str) or not isinstance(data, str) or ";" in media_type or "," in media_type:
+            return None
+        url = f"data:{media_type};base64,{data}"
+    elif kind == "url" and set(source) == {"type", "url"}:
+        url = source["url"]
+        if not isinstance(url, str) or url.startswith("data:"):
+            return None
+    else:
+        return None
+    part: dict[str, Any] = {"type": "image_url", "image_url": {"url": url}}
+    for key, value in block.items():
+        if key not in ("type", "source"):
+            part[key] = copy.deepcopy(value)
+    return part
+
+
+def _block_to_part(block: Any, where: str) -> dict[str, Any]:
+    block = _check_block(block, where)
+    btype = block["type"]
+    if btype == "image_url":
+        raise InputError(f"{where}: 'image_url' is an OpenAI part type, not an Anthropic block type (use an 'image' block)")
+    if btype == "image":
+        part = _image_block_to_part(block)
+        if part is not None:
+            return part
+    return copy.deepcopy(block)
+
+
+def _part_to_block(part: Any, where: str) -> dict[str, Any]:
+    if not isinstance(part, dict):
+        raise InputError(f"{where}: a content part is a {type(part).__name__}, not an object")
+    if part.get("type") != "image_url":
+        return copy.deepcopy(part)
+    image = part.get("image_url")
+    if isinstance(image, str):
+        url: Any = image
+    elif isinstance(image, dict):
+        unknown = set(image) - {"url", "detail"}
+        if unknown:
+            raise InputError(f"{where}: image_url has keys with no Anthropic counterpart: {sorted(unknown)}")
+        url = image.get("url")
+    else:
+        url = None
+    if not isinstance(url, str):
+        raise InputError(f"{where}: an image_url part has no string 'url'")
+    m = _DATA_URL_RE.fullmatch(url)
+    source: dict[str, Any]
+    if m:
+        source = {"type": "base64", "media_type": m.group(1), "data": m.group(2)}
+    else:
+        source = {"type": "url", "url": url}
+    block: dict[str, Any] = {"type": "image", "source": source}
+    for key, value in part.items():
+        if key in ("type", "image_url"):
+            continue
+        if key == "source":
+            raise InputError(f"{where}: an image_url part has a 'source' key, which would clash with the Anthropic image source")
+        block[key] = copy.deepcopy(value)
+    return block
+
+
+def _blocks_to_parts(blocks: Sequence[Any], where: str) -> list[dict[str, Any]]:
+    return [_block_to_part(b, f"{where}, block {j}") for j, b in enumerate(blocks)]
+
+
+def _parts_to_blocks(parts: Sequence[Any], where: str) -> list[dict[str, Any]]:
+    return [_part_to_block(p, f"{where}, part {j}") for j, p in enumerate(parts)]
+
+
+# ---------------------------------------------------------------------------------------------
+# tool_use ⇄ tool call, tool_result ⇄ tool message
+
+
+def _tool_use_to_call(block: Mapping[str, Any], where: str) -> dict[str, Any]:
+    cid, name = block.get("id"), block.get("name")
+    if not isinstance(cid, str) or not cid:
+        raise InputError(f"{where}: tool_use block without a string 'id'")
+    if not isinstance(name, str):
+        raise InputError(f"{where}: tool_use block {cid!r} without a string 'name'")
+    if "input" not in block:
+        raise InputError(f"{where}: tool_use block {cid!r} has no 'input'")
+    if "function" in block:
+        raise InputError(f"{where}: tool_use block {cid!r} has a 'function' key, which would clash with the OpenAI tool call")
+    try:
+        arguments = json.dumps(block["input"], ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{where}: input of tool_use block {cid!r} is not JSON: {exc}") from exc
+    call: dict[str, Any] = {"id": cid, "type": "function", "function": {"name": name, "arguments": arguments}}
+    for key, value in block.items():
+        if key not in ("type", "id", "name", "input"):
+            call[key] = copy.deepcopy(value)
+    return call
+
+
+def _call_to_tool_use(call: Any, where: str) -> dict[str, Any]:
+    if not isinstance(call, dict):
+        raise InputError(f"{where}: a tool call is a {type(call).__name__}, not an object")
+    cid = call.get("id")
+    if not isinstance(cid, str) or not cid:
+        raise InputError(f"{where}: a tool call has no string 'id'")
+    ctype = call.get("type", "function")
+    if ctype != "function":
+        raise InputError(f"{where}: tool call {cid!r} has type {ctype!r}; only 'function' calls map to tool_use")
+    fn = call.get("function")
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise InputError(f"{where}: tool call {cid!r} has no function name")
+    unknown = set(fn) - {"name", "arguments"}
+    if unknown:
+        raise InputError(f"{where}: function of tool call {cid!r} has keys with no Anthropic counterpart: {sorted(unknown)}")
+    args = fn.get("arguments")
+    tool_input: Any
+    if args is None or (isinstance(args, str) and not args.strip()):
+        tool_input = {}
+    elif isinstance(args, str):
+        try:
+            tool_input = json.loads(args)
+        except ValueError as exc:
+            raise InputError(f"{where}: arguments of tool call {cid!r} are not JSON, and tool_use input must be: {exc}") from exc
+    elif isinstance(args, dict):
+        tool_input = copy.deepcopy(args)
+    else:
+        raise InputError(f"{where}: arguments of tool call {cid!r} are a {type(args).__name__}")
+    block: dict[str, Any] = {"type": "tool_use", "id": cid, "name": fn["name"], "input": tool_input}
+    for key, value in call.items():
+        if key in ("id", "type", "function"):
+            continue
+        if key in block:
+            raise InputError(f"{where}: tool call {cid!r} has a {key!r} key, which would clash with the tool_use block")
+        block[key] = copy.deepcopy(value)
+    return block
+
+
+def _result_to_tool(block: Mapping[str, Any], where: str) -> Message:
+    cid = block.get("tool_use_id")
+    if not isinstance(cid, str) or not cid:
+        raise InputError(f"{where}: tool_result block without a string 'tool_use_id'")
+    msg: Message = {"role": "tool", "tool_call_id": cid}
+    if "content" in block:
+        content = block["content"]
+        if isinstance(content, str):
+            msg["content"] = content
+        elif isinstance(content, list):
+            msg["content"] = _blocks_to_parts(content, f"{where}, tool_result {cid!r}")
+        else:
+            raise InputError(f"{where}: content of tool_result {cid!r} is a {type(content).__name__}; expected a string or a list of blocks")
+    else:
+        msg["content"] = None
+    for key, value in block.items():
+        if key in ("type", "tool_use_id", "content"):
+            continue
+        if key in _RESERVED_OPENAI_KEYS:
+            raise InputError(f"{where}: tool_result {cid!r} has a {key!r} key, which would clash with the OpenAI tool message")
+        msg[key] = copy.deepcopy(value)
+    return msg
+
+
+def _tool_to_result(msg: Mapping[str, Any], where: str) -> dict[str, Any]:
+    cid = msg.get("tool_call_id")
+    if not isinstance(cid, str) or not cid:
+        raise InputError(f"{where}: tool message without a string 'tool_call_id'")
+    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": cid}
+    content = msg.get("content")
+    if isinstance(content, str):
+        block["content"] = content
+    elif isinstance(content, list):
+        block["content"] = _parts_to_blocks(content, where)
+    elif content is not None:
+        raise InputError(f"{where}: tool message content is a {type(content).__name__}")
+    for key, value in msg.items():
+        if key in ("role", "tool_call_id", "content", META_KEY):
+            continue
+        if key in ("type", "tool_use_id"):
+            raise InputError(f"{where}: tool message has a {key!r} key, which would clash with the tool_result block")
+        block[key] = copy.deepcopy(value)
+    return block
+
+
+# ---------------------------------------------------------------------------------------------
+# Anthropic → OpenAI
+
+
+def _message_extras(m: Mapping[str, Any], where: str) -> dict[str, Any]:
+    extras = {k: copy.deepcopy(v) for k, v in m.items() if k not in ("role", "content")}
+    if "cache_control" in extras:
+        raise InputError(f"{where}: 'cache_control' belongs on a content block in the Anthropic format, not on the message")
+    clash = sorted(set(extras) & _RESERVED_OPENAI_KEYS)
+    if clash:
+        raise InputError(f"{where}: message has keys the OpenAI form uses for itself: {clash}")
+    return extras
+
+
+def _default_order(kinds: list[str], rank: Mapping[str, int]) -> bool:
+    return kinds == sorted(kinds, key=lambda k: rank[k])
+
+
+def _convert_system(system: Any) -> Message | None:
+    if system is None:
+        return None
+    if isinstance(system, str):
+        return {"role": "system", "content": system}
+    if isinstance(system, list):
+        return {"role": "system", "content": _blocks_to_parts(system, "system")}
+    raise InputError(f"system is a {type(system).__name__}; expected a string, a list of text blocks, or None")
+
+
+def anthropic_to_openai(system: AnthropicSystem, messages: Sequence[AnthropicMessage]) -> list[Message]:
+    """Translate an Anthropic Messages payload into OpenAI chat messages.
+
+    ``system`` is the request's ``system`` parameter (string, list of text blocks, or ``None``
+    when absent); ``messages`` its ``messages`` list. Returns a new list (a leading ``system``
+    message when ``system`` is not ``None``), sharing nothing with the arguments. Raises
+    :class:`InputError` naming the message and block for anything malformed.
+    """
+    if not isinstance(messages, list | tuple):
+        raise InputError(f"messages is a {type(messages).__name__}; expected a list")
+    out: list[Message] = []
+    sys_msg = _convert_system(system)
+    if sys_msg is not None:
+        out.append(sys_msg)
+    for i, m in enumerate(messages):
+        where = f"message {i}"
+        if not isinstance(m, dict):
+            raise InputError(f"{where}: a {type(m).__name__}, not an object")
+        role = m.get("role")
+        if role not in ("user", "assistant"):
+            raise InputError(f"{where}: role {role!r}; Anthropic messages are 'user' or 'assistant'")
+        if "content" not in m:
+            raise InputError(f"{where}: no 'content'")
+        content = m["content"]
+        extras = _message_extras(m, where)
+        if isinstance(content, str):
+            out.append({"role": role, "content": content, **extras})
+        elif not isinstance(content, list):
+            raise InputError(f"{where}: content is a {type(content).__name__}; expected a string or a list of blocks")
+        elif role == "assistant":
+            out.append(_assistant_to_openai(content, extras, where))
+        else:
+            out.extend(_user_to_openai(content, extras, where, previous=out[-1] if out else None))
+    return out
+
+
+def _assistant_to_openai(content: list[Any], extras: dict[str, Any], where: str) -> Message:
+    parts: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
+    thinking: list[dict[str, Any]] = []
+    kinds: list[str] = []
+    for j, raw in enumerate(content):
+        bwhere = f"{where}, block {j}"
+        block = _check_block(raw, bwhere)
+        btype = block["type"]
+        if btype in _THINKING_TYPES:
+            thinking.append(copy.deepcopy(block))
+            kinds.append(_THINKING)
+        elif btype == "tool_use":
+            calls.append(_tool_use_to_call(block, bwhere))
+            kinds.append(_TOOL_USE)
+        elif btype == "tool_result":
+            raise InputError(f"{bwhere}: tool_result block in an assistant message (tool results go in user messages)")
+        else:
+            parts.append(_block_to_part(block, bwhere))
+            kinds.append(_CONTENT)
+    msg: Message = {"role": "assistant", "content": parts or None}
+    if calls:
+        msg["tool_calls"] = calls
+    if thinking:
+        msg[THINKING_KEY] = thinking
+    msg.update(extras)
+    if not _default_order(kinds, _ASSISTANT_RANK):
+        msg[META_KEY] = {"order": kinds}
+    return msg
+
+
+def _user_to_openai(content: list[Any], extras: dict[str, Any], where: str, previous: Message | None) -> list[Message]:
+    parts: list[dict[str, Any]] = []
+    results: list[Message] = []
+    kinds: list[str] = []
+    for j, raw in enumerate(content):
+        bwhere = f"{where}, block {j}"
+        block = _check_block(raw, bwhere)
+        btype = block["type"]
+        if btype == "tool_result":
+            results.append(_result_to_tool(block, bwhere))
+            kinds.append(_TOOL_RESULT)
+        elif btype == "tool_use":
+            raise InputError(f"{bwhere}: tool_use block in a user message (tool calls come from the assistant)")
+        else:
+            parts.append(_block_to_part(block, bwhere))
+            kinds.append(_CONTENT)
+    if not results:
+        return [{"role": "user", "content": parts, **extras}]
+    first_meta: dict[str, Any] = {}
+    if previous is not None and previous.get("role") == "tool":
+        first_meta["new_message"] = True
+    if extras:
+        first_meta["message_keys"] = extras
+    if first_meta:
+        results[0][META_KEY] = first_meta
+    if not parts:
+        return results
+    user_meta: dict[str, Any] = {"joins_previous": True}
+    if not _default_order(kinds, _USER_RANK):
+        user_meta["order"] = kinds
+    return [*results, {"role": "user", "content": parts, META_KEY: user_meta}]
+
+
+# ---------------------------------------------------------------------------------------------
+# OpenAI → Anthropic
+
+
+def _meta(m: Mapping[str, Any], where: str) -> dict[str, Any]:
+    meta = m.get(META_KEY)
+    if meta is None:
+        return {}
+    if not isinstance(meta, dict):
+        raise InputError(f"{where}: {META_KEY!r} is a {type(meta).__name__}; expected an object written by anthropic_to_openai")
+    return meta
+
+
+def _interleave(order: Any, lists: Mapping[str, list[dict[str, Any]]], default: Sequence[str]) -> list[dict[str, Any]]:
+    """Blocks in ``order`` when it names exactly as many blocks of each kind as there are;
+    otherwise in the default kind order (an engine changed the message)."""
+    if isinstance(order, list) and all(isinstance(k, str) and k in lists for k in order):
+        counts = {k: order.count(k) for k in lists}
+        if all(counts[k] == len(v) for k, v in lists.items()):
+            cursors = dict.fromkeys(lists, 0)
+            out = []
+            for k in order:
+                out.append(lists[k][cursors[k]])
+                cursors[k] += 1
+            return out
+    return [b for k in default for b in lists[k]]
+
+
+def _place_cache_control(content: Any, cache_control: Any) -> Any:
+    """Put a message-level ``cache_control`` onto the last block (the seed writes it on the
+    message for empty or tool content; Anthropic wants it on a block)."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content, "cache_control": copy.deepcopy(cache_control)}]
+    if isinstance(content, list) and content:
+        last = content[-1]
+        if "cache_control" not in last:
+            content[-1] = {**last, "cache_control": copy.deepcopy(cache_control)}
+        return content
+    return None
+
+
+def _outgoing_extras(m: Mapping[str, Any], skip: frozenset[str]) -> dict[str, Any]:
+    return {k: copy.deepcopy(v) for k, v in m.items() if k not in skip}
+
+
+_USER_SKIP = frozenset({"role", "content", META_KEY})
+_ASSISTANT_SKIP = frozenset({"role", "content", "tool_calls", THINKING_KEY, META_KEY})
+
+
+def _finish_message(role: str, content: Any, extras: dict[str, Any]) -> AnthropicMessage:
+    if "cache_control" in extras:
+        placed = _place_cache_control(content, extras["cache_control"])
+        if placed is not None:
+            content = placed
+            del extras["cache_control"]
+    return {"role": role, "content": content, **extras}
+
+
+@dataclass(slots=True)
+class _Group:
+    """An Anthropic user message being assembled from consecutive tool messages."""
+
+    results: list[dict[str, Any]] = field(default_factory=list)
+    parts: list[dict[str, Any]] = field(default_factory=list)
+    order: Any = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def message(self) -> AnthropicMessage:
+        blocks = _interleave(self.order, {_TOOL_RESULT: self.results, _CONTENT: self.parts}, (_TOOL_RESULT, _CONTENT))
+        return _finish_message("user", blocks, self.extras)
+
+
+def _content_blocks(content: Any, where: str) -> list[dict[str, Any]]:
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    if isinstance(content, list):
+        return _parts_to_blocks(content, where)
+    raise InputError(f"{where}: content is a {type(content).__name__}; expected a string, a list of parts or null")
+
+
+def openai_to_anthropic(messages: Sequence[Message]) -> tuple[AnthropicSystem, list[AnthropicMessage]]:
+    """Translate OpenAI chat messages into an Anthropic ``(system, messages)`` payload.
+
+    A leading ``system`` (or ``developer``) message becomes ``system`` (``None`` when there is
+    none); a system message anywhere else has no Anthropic equivalent and raises
+    :class:`InputError`, as does any malformed message, naming its index. Inverse of
+    :func:`anthropic_to_openai` (see the module docstring for what is kept where).
+    """
+    if not isinstance(messages, list | tuple):
+        raise InputError(f"messages is a {type(messages).__name__}; expected a list")
+    system: AnthropicSystem = None
+    start = 0
+    if messages and isinstance(messages[0], dict) and messages[0].get("role") in ("system", "developer"):
+        system = _system_from_openai(messages[0])
+        start = 1
+    out: list[AnthropicMessage] = []
+    group: _Group | None = None
+
+    def flush() -> None:
+        nonlocal group
+        if group is not None:
+            out.append(group.message())
+            group = None
+
+    for i in range(start, len(messages)):
+        m = messages[i]
+        where = f"message {i}"
+        if not isinstance(m, dict):
+            raise InputError(f"{where}: a {type(m).__name__}, not an object")
+        role = m.get("role")
+        meta = _meta(m, where)
+        if role == "tool":
+            if group is None or meta.get("new_message") is True:
+                flush()
+                keys = meta.get("message_keys")
+                group = _Group(extras=copy.deepcopy(keys) if isinstance(keys, dict) else {})
+            group.results.append(_tool_to_result(m, where))
+        elif role == "user" and group is not None and meta.get("joins_previous") is True:
+            group.parts = _content_blocks(m.get("content"), where)
+            group.order = meta.get("order")
+            group.extras.update(_outgoing_extras(m, _USER_SKIP))
+            flush()
+        elif role == "user":
+            flush()
+            content = m.get("content")
+            if isinstance(content, list):
+                content = _parts_to_blocks(content, where)
+            elif content is not None and not isinstance(content, str):
+                raise InputError(f"{where}: content is a {type(content).__name__}; expected a string, a list of parts or null")
+            out.append(_finish_message("user", content, _outgoing_extras(m, _USER_SKIP)))
+        elif role == "assistant":
+            flush()
+            out.append(_assistant_from_openai(m, meta, where))
+        elif role in ("system", "developer"):
+            raise InputError(f"{where}: a {role} message after the start has no Anthropic equivalent (Anthropic takes system text only as the 'system' parameter)")
+        else:
+            raise InputError(f"{where}: role {role!r} has no Anthropic equivalent")
+    flush()
+    return system, out
+
+
+def _system_from_openai(m: Mapping[str, Any]) -> AnthropicSystem:
+    unknown = set(m) - {"role", "content"}
+    if unknown:
+        raise InputError(f"message 0: the system message has keys the Anthropic 'system' parameter cannot carry: {sorted(unknown)}")
+    content = m.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return _parts_to_blocks(content, "system")
+    raise InputError(f"message 0: system content is a {type(content).__name__}")
+
+
+def _assistant_from_openai(m: Mapping[str, Any], meta: Mapping[str, Any], where: str) -> AnthropicMessage:
+    raw_calls = m.get("tool_calls")
+    if raw_calls is not None and not isinstance(raw_calls, list):
+        raise InputError(f"{where}: 'tool_calls' is a {type(raw_calls).__name__}, not a list")
+    tool_uses = [_call_to_tool_use(c, f"{where}, tool call {j}") for j, c in enumerate(raw_calls or [])]
+    raw_thinking = m.get(THINKING_KEY)
+    if raw_thinking is not None and not isinstance(raw_thinking, list):
+        raise InputError(f"{where}: {THINKING_KEY!r} is a {type(raw_thinking).__name__}, not a list")
+    thinking = [copy.deepcopy(_check_block(b, f"{where}, {THINKING_KEY} {j}")) for j, b in enumerate(raw_thinking or [])]
+    content = m.get("content")
+    extras = _outgoing_extras(m, _ASSISTANT_SKIP)
+    if isinstance(content, str) and not tool_uses and not thinking:
+        return _finish_message("assistant", content, extras)
+    parts = _content_blocks(content, where)
+    blocks = _interleave(meta.get("order"), {_THINKING: thinking, _CONTENT: parts, _TOOL_USE: tool_uses}, (_THINKING, _CONTENT, _TOOL_USE))
+    return _finish_message("assistant", blocks, extras)
