@@ -12,7 +12,9 @@ Resolution order for ``context.engine: NAME`` (seed 003):
 3. the built-ins: ``compressor``, ``rules``, ``lcm``.
 
 Only one engine is active at a time and plugins are never auto-activated: registering makes an
-engine *selectable*, the config selects it. A second plugin registering a context engine is
+engine *selectable*, the config selects it. The default name ``compressor`` always means the
+built-in (as in seed 003), so a plugin that names its engine ``compressor`` cannot take over
+the default; it is reported as a problem. A second plugin registering a context engine is
 rejected with a warning. A broken plugin is reported with its path and error and does not take
 the others down. An unknown name raises :class:`ConfigError` listing the known ones.
 """
@@ -37,7 +39,7 @@ from ctxengine.config import Config
 from ctxengine.engine import ContextEngine
 from ctxengine.errors import ConfigError, PluginError
 
-__all__ = ["BUILTIN_ENGINES", "EngineRegistry", "PluginContext", "PluginProblem", "create_engine", "default_registry"]
+__all__ = ["BUILTIN_ENGINES", "DEFAULT_ENGINE", "EngineRegistry", "PluginContext", "PluginProblem", "create_engine", "default_registry"]
 
 log = logging.getLogger("ctxengine.registry")
 
@@ -47,6 +49,9 @@ BUILTIN_ENGINES: dict[str, str] = {
     "lcm": "ctxengine.engines.lcm:LcmEngine",
     "cacheaware": "ctxengine.engines.cacheaware:CacheAwareEngine",
 }
+
+DEFAULT_ENGINE = "compressor"
+"""The engine used when ``context.engine`` is not set; always the built-in, never a plugin."""
 
 PLUGIN_GROUP = "ctxengine.plugins"
 ENGINE_GROUP = "ctxengine.engines"
@@ -113,6 +118,9 @@ class EngineRegistry:
 
     def register_engine_class(self, name: str, factory: Any, source: str = "<in-process>") -> None:
         """Make an engine class selectable under ``name`` (plugins; built-ins use the same path)."""
+        if name == DEFAULT_ENGINE:
+            self._problem(source, PluginError(f"the engine name {name!r} is reserved for the built-in default"))
+            return
         if name in self._engine_classes:
             warnings.warn(f"context engine {name!r} from {source} rejected: already registered by {self._engine_classes[name][1]}", stacklevel=2)
             return
@@ -121,6 +129,8 @@ class EngineRegistry:
     def _accept_plugin_engine(self, engine: ContextEngine, source: str) -> None:
         if not isinstance(engine, ContextEngine):
             raise PluginError(f"{source}: register_context_engine() needs a ContextEngine, got {type(engine).__name__}")
+        if engine.name == DEFAULT_ENGINE:
+            raise PluginError(f"{source}: the engine name {DEFAULT_ENGINE!r} is reserved for the built-in default")
         if self._plugin_engine is not None:
             other = self._plugin_engine[1]
             msg = f"context engine {engine.name!r} from {source} rejected: only one plugin engine may register ({self._plugin_engine[0].name!r} from {other} already did)"
@@ -191,15 +201,21 @@ class EngineRegistry:
             raise PluginError(f"{d}: cannot import")
         module = importlib.util.module_from_spec(spec)
         sys.modules[modname] = module
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(modname, None)  # a half-imported plugin must not be found later
+            raise
         classes = [
             obj
             for obj in vars(module).values()
             if inspect.isclass(obj) and issubclass(obj, ContextEngine) and obj is not ContextEngine and not inspect.isabstract(obj)
         ]
-        if not classes:
+        # A plugin often imports a built-in engine to subclass it: prefer the plugin's own class.
+        own = [c for c in classes if c.__module__ == modname or c.__module__.startswith(modname + ".")]
+        if not (own or classes):
             raise PluginError(f"{d / '__init__.py'} exports no ContextEngine subclass")
-        return classes[0]
+        return (own or classes)[0]
 
     def _dir_plugin_names(self) -> list[str]:
         names = []
@@ -238,7 +254,8 @@ class EngineRegistry:
         """
         config = config or Config()
         n = context_length or config.model.context_length or config.model.default_context_length
-        factory = self._dir_plugin(name)
+        # the default is always the built-in: plugins are never auto-activated (seed 003)
+        factory = None if name == DEFAULT_ENGINE else self._dir_plugin(name)
         if factory is None:
             self._load_entry_points()
             if self._plugin_engine is not None and self._plugin_engine[0].name == name:
