@@ -60,28 +60,46 @@ def _messages(value: Any, where: str) -> list[Message]:
 
 
 def parse_sessions(text: str, source: str = "<input>") -> list[Session]:
-    """Parse the text of a session file (JSON or JSON Lines) into sessions."""
-    stripped = text.strip()
-    if not stripped:
+    """Parse the text of a session file (JSON or JSON Lines) into sessions.
+
+    A text that is not one JSON document is read as JSON Lines when its first line is a JSON
+    document by itself; otherwise (a pretty-printed file with a mistake) the error names the
+    line and column where JSON parsing stopped. A leading UTF-8 byte-order mark is ignored.
+    """
+    body = text.removeprefix("\ufeff")
+    if not body.strip():
         raise InputError(f"{source}: file is empty")
     try:
-        obj = json.loads(stripped)
+        obj = json.loads(body)  # surrounding whitespace is fine and keeps line numbers exact
     except json.JSONDecodeError as exc:
-        lines = [ln for ln in stripped.splitlines() if ln.strip()]
-        if len(lines) < 2:
+        lines = body.split("\n")  # not splitlines(): U+2028 and U+0085 may occur inside JSON strings
+        first = next((ln for ln in lines if ln.strip()), "")
+        if sum(1 for ln in lines if ln.strip()) < 2 or not _is_json(first):
             raise InputError(f"{source}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
         return list(_iter_jsonl(lines, source))
     return [_session_from(obj, source, Path(source).stem or "session")]
 
 
+def _is_json(line: str) -> bool:
+    try:
+        json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
 def _iter_jsonl(lines: list[str], source: str) -> Iterator[Session]:
     stem = Path(source).stem or "session"
-    for n, line in enumerate(lines, 1):
+    record = 0
+    for n, line in enumerate(lines, 1):  # n: the line number in the file
+        if not line.strip():
+            continue
+        record += 1
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise InputError(f"{source}: line {n}: not valid JSON: {exc.msg} at column {exc.colno}") from exc
-        yield _session_from(obj, f"{source}: line {n}", f"{stem}-{n}")
+        yield _session_from(obj, f"{source}: line {n}", f"{stem}-{record}")
 
 
 def read_sessions(path: str | Path) -> list[Session]:
