@@ -385,13 +385,13 @@ class SqlStore(SessionStore):
         """Rows ``(pk, role, text)`` (newest first) whose text contains ``needle`` (case-insensitive),
         found through the full-text index; ``None`` when the index cannot express the query."""
 
-    def _index_blobs(self, cur: Any, rows: Sequence[tuple[int, str]]) -> None:  # noqa: B027
+    def _index_blobs(self, cur: Any, rows: Sequence[tuple[int, str]]) -> None:
         """Add new blob texts to the full-text index (SQLite; PostgreSQL indexes by itself)."""
 
-    def _index_node(self, cur: Any, pk: int, text: str) -> None:  # noqa: B027
+    def _index_node(self, cur: Any, pk: int, text: str) -> None:
         """Add a node text to the full-text index (SQLite; PostgreSQL indexes by itself)."""
 
-    def _lock_session(self, cur: Any, session_pk: int) -> None:  # noqa: B027
+    def _lock_session(self, cur: Any, session_pk: int) -> None:
         """Serialise writers of one session (PostgreSQL row lock; SQLite's write lock is global)."""
 
     # -- small helpers ----------------------------------------------------------------------------
@@ -607,7 +607,7 @@ class SqlStore(SessionStore):
             spk = self._ensure_session(cur, session_id)
             msg_pks = self._ids_to_pks(cur, "messages", [cid for kind, cid in children if kind == "message"])
             node_pks = self._ids_to_pks(cur, "nodes", [cid for kind, cid in children if kind == "node"])
-            rows = []
+            rows: list[tuple[int, int | None, int | None]] = []
             for pos, (kind, cid) in enumerate(children):
                 if kind == "message":
                     if cid not in msg_pks:
@@ -1069,7 +1069,7 @@ class SqlStore(SessionStore):
 
     def schema_version(self) -> int:
         with self._read() as cur:
-            return current_version(cur, self.backend)
+            return current_version(cur, self.backend, ensure_table=False)
 
     def _migrate(self, cur: Any, target: int | None) -> list[str]:
         return apply_migrations(cur, self.backend, target=target)

@@ -192,9 +192,13 @@ def latest_version() -> int:
 _VERSION_TABLE = "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at {real} NOT NULL)"
 
 
-def current_version(cur: Cursor, backend: Backend) -> int:
-    """The highest applied migration number (0 for an empty store)."""
-    cur.execute(_VERSION_TABLE.format(real="REAL" if backend == "sqlite" else "DOUBLE PRECISION"))
+def current_version(cur: Cursor, backend: Backend, *, ensure_table: bool = True) -> int:
+    """The highest applied migration number (0 for an empty store).
+
+    ``ensure_table`` creates ``schema_version`` when missing (in a write transaction).
+    """
+    if ensure_table:
+        cur.execute(_VERSION_TABLE.format(real="REAL" if backend == "sqlite" else "DOUBLE PRECISION"))
     cur.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version")
     row = cur.fetchone()
     return int(row[0]) if row else 0

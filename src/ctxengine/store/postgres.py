@@ -17,7 +17,7 @@ import os
 import re
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, ClassVar, Literal
 
 from ctxengine.errors import StoreError
@@ -120,10 +120,8 @@ class PostgresStore(SqlStore):
             self._closed = True
             conns, self._all_conns = self._all_conns, []
         for conn in conns:
-            try:
+            with suppress(self._psycopg.Error):
                 conn.close()
-            except self._psycopg.Error:
-                pass
         self._local = threading.local()
 
     def __repr__(self) -> str:

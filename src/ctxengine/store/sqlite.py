@@ -21,7 +21,7 @@ import re
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -127,7 +127,7 @@ class SqliteStore(SqlStore):
 
     @contextmanager
     def _tx(self, begin: str) -> Iterator[sqlite3.Cursor]:
-        guard = self._lock if self.memory else _NULL_LOCK
+        guard: AbstractContextManager[Any] = self._lock if self.memory else _NULL_LOCK
         with guard:
             conn = self._conn()
             cur = conn.cursor()
@@ -185,7 +185,7 @@ class SqliteStore(SqlStore):
 
     # -- maintenance -------------------------------------------------------------------------------
     def integrity_check(self) -> list[str]:
-        """``PRAGMA integrity_check`` plus the FTS index check; ``["ok"]`` when healthy."""
+        """``PRAGMA integrity_check`` plus FTS5's own check; ``["ok"]`` when both pass."""
         with self._read() as cur:
             rows = [str(r[0]) for r in cur.execute("PRAGMA integrity_check").fetchall()]
         try:
@@ -201,10 +201,8 @@ class SqliteStore(SqlStore):
             conns, self._all_conns = self._all_conns, []
             self._shared = None
         for conn in conns:
-            try:
+            with suppress(sqlite3.Error):
                 conn.close()
-            except sqlite3.Error:
-                pass
         self._local = threading.local()
 
     def __repr__(self) -> str:
@@ -212,18 +210,8 @@ class SqliteStore(SqlStore):
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
-    try:
+    with suppress(sqlite3.Error):  # no transaction left when the error already ended it
         conn.execute("ROLLBACK")
-    except sqlite3.Error:
-        pass  # no transaction left to roll back (the error already ended it)
 
 
-class _NullLock:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-_NULL_LOCK = _NullLock()
+_NULL_LOCK = nullcontext()
