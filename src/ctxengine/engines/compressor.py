@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -467,7 +468,7 @@ class ContextCompressor(ContextEngine):
                 break
             excess = total - limit
             keep = max(200, toks[i] - excess - 50)
-            clipped = _clip_output(content_text(msgs[i].get("content")), keep)
+            clipped = _clip_output(content_text(msgs[i].get("content")), keep, self.counter.count)
             out[i] = {**msgs[i], "content": clipped}
             new = self.counter.count_messages([out[i]])
             total += new - toks[i]
@@ -528,35 +529,35 @@ def _pruned(m: Message, facts: Facts) -> Message:
     return {**m, "content": "\n".join([PRUNED_MARKER, *dict.fromkeys(d for d in digest if d)])}
 
 
-def _clip_output(text: str, keep_tokens: int) -> str:
-    """Head and tail lines of ``text`` within about ``keep_tokens``, plus the paths, URLs and
-    error lines of the cut middle (as many as fit)."""
+def _clip_output(text: str, keep_tokens: int, count: Callable[[str], int]) -> str:
+    """Head and tail lines of ``text`` within about ``keep_tokens`` (by ``count``), plus the
+    error lines, URLs and paths of the cut middle, as many as fit."""
     lines = text.splitlines()
-    budget_chars = keep_tokens * 4
-    head: list[str] = []
     used = 0
+    head: list[str] = []
     for ln in lines:
-        if used + len(ln) > budget_chars // 2:
+        t = count(ln) + 1
+        if used + t > keep_tokens // 2:
             break
         head.append(ln)
-        used += len(ln) + 1
+        used += t
     tail: list[str] = []
     for ln in reversed(lines[len(head) :]):
-        if used + len(ln) > budget_chars * 3 // 4:
+        t = count(ln) + 1
+        if used + t > keep_tokens * 3 // 4:
             break
         tail.append(ln)
-        used += len(ln) + 1
+        used += t
     tail.reverse()
     cut = lines[len(head) : len(lines) - len(tail)]
     cut_text = "\n".join(cut)
-    facts = [*error_lines(cut_text), *urls_in(cut_text), *paths_in(cut_text)]
     kept: list[str] = []
-    for f in facts:
-        if used + len(f) + 2 > budget_chars:
+    for f in [*error_lines(cut_text), *urls_in(cut_text), *paths_in(cut_text)]:
+        t = count(f) + 1
+        if used + t > keep_tokens:
             break
         kept.append(f)
-        used += len(f) + 2
+        used += t
     note = f"[... {len(cut)} lines cut by ctxengine to fit the context window"
     note += f"; named in them: {', '.join(kept)}]" if kept else "]"
     return "\n".join([*head, note, *tail])
-

@@ -1,0 +1,107 @@
+"""Any OpenAI-compatible chat-completions endpoint through the official ``openai`` SDK.
+
+Covers OpenAI, OpenRouter, vLLM, Ollama, llama.cpp server, LM Studio and any ``base_url``.
+The SDK is imported on first use, so importing this module costs nothing. Retries with
+exponential backoff on 408/409/429/5xx, timeouts and connection errors are the SDK's own
+(``max_retries``); it honours ``retry-after`` / ``retry-after-ms`` headers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ctxengine.clients.base import looks_like_context_error
+from ctxengine.errors import SummarizerAuthError, SummarizerContextError, SummarizerError
+from ctxengine.messages import Message
+
+__all__ = ["OpenAICompatClient"]
+
+
+class OpenAICompatClient:
+    """:class:`~ctxengine.clients.base.ChatClient` for OpenAI-compatible servers.
+
+    ``api_key=None`` with ``require_key=True`` makes every call fail with
+    :class:`SummarizerAuthError` naming ``key_hint`` (the variable to set); local servers that
+    need no key use ``require_key=False``.
+    """
+
+    def __init__(
+        self,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout: float = 60.0,
+        max_retries: int = 2,
+        require_key: bool = True,
+        key_hint: str = "OPENAI_API_KEY",
+        default_headers: dict[str, str] | None = None,
+    ) -> None:
+        self.base_url = base_url
+        self.timeout = float(timeout)
+        self.max_retries = int(max_retries)
+        self._api_key = api_key
+        self._require_key = require_key
+        self._key_hint = key_hint
+        self._headers = dict(default_headers or {})
+        self._sdk: Any = None
+
+    def _client(self) -> Any:
+        if self._sdk is None:
+            if self._api_key is None and self._require_key:
+                raise SummarizerAuthError(f"no API key for {self.base_url or 'api.openai.com'}: set {self._key_hint}")
+            try:
+                import openai
+            except ImportError as exc:  # pragma: no cover - depends on the environment
+                raise SummarizerError("the LLM summarizer needs the 'llm' extra: pip install 'ctxengine[llm]'") from exc
+            self._sdk = openai.OpenAI(
+                api_key=self._api_key or "no-key-needed",
+                base_url=self.base_url,
+                timeout=self.timeout,
+                max_retries=self.max_retries,
+                default_headers=self._headers or None,
+            )
+        return self._sdk
+
+    def complete(self, messages: Sequence[Message], *, model: str, max_tokens: int, timeout: float) -> str:
+        client = self._client()
+        import openai
+
+        where = self.base_url or "api.openai.com"
+        try:
+            resp = client.chat.completions.create(
+                model=model,
+                messages=list(messages),
+                max_tokens=int(max_tokens),
+                timeout=timeout,
+            )
+        except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
+            raise SummarizerAuthError(f"{where} rejected the credentials ({exc.status_code}): {_msg(exc)}") from exc
+        except openai.APITimeoutError as exc:
+            raise SummarizerError(f"{where} timed out after {timeout:g}s ({self.max_retries} retries)") from exc
+        except openai.APIConnectionError as exc:
+            raise SummarizerError(f"cannot reach {where}: {exc}") from exc
+        except openai.APIStatusError as exc:
+            text = _msg(exc)
+            if exc.status_code in (400, 413, 422) and looks_like_context_error(text):
+                raise SummarizerContextError(f"{where}: the prompt does not fit model {model!r}: {text}") from exc
+            raise SummarizerError(f"{where} answered {exc.status_code}: {text}") from exc
+        except openai.OpenAIError as exc:
+            raise SummarizerError(f"{where}: {type(exc).__name__}: {exc}") from exc
+        choices = getattr(resp, "choices", None) or []
+        if not choices:
+            return ""
+        choice = choices[0]
+        text = getattr(choice.message, "content", None) or ""
+        if choice.finish_reason == "length":
+            raise SummarizerError(f"{where}: the reply was truncated at max_tokens={max_tokens}")
+        return str(text)
+
+
+def _msg(exc: Any) -> str:
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return str(err["message"])
+    return str(getattr(exc, "message", exc))
