@@ -74,15 +74,23 @@ def normalize_usage(usage: Any) -> Usage:
     """Read a usage dict or SDK object of either provider into :class:`Usage`.
 
     OpenAI: ``prompt_tokens``, ``completion_tokens``, ``total_tokens``,
-    ``prompt_tokens_details.cached_tokens``. Anthropic: ``input_tokens``, ``output_tokens``,
-    ``cache_read_input_tokens``, ``cache_creation_input_tokens``.
+    ``prompt_tokens_details.cached_tokens`` (and ``.cache_write_tokens`` from gateways).
+    Anthropic: ``input_tokens``, ``output_tokens``, ``cache_read_input_tokens``,
+    ``cache_creation_input_tokens``. OpenAI Responses API: ``input_tokens`` (cached part
+    included), ``output_tokens``, ``input_tokens_details.cached_tokens|cache_write_tokens``.
     """
     u = _as_mapping(usage)
     if "input_tokens" in u and "prompt_tokens" not in u:
+        completion = _int(u.get("output_tokens"))
+        if u.get("input_tokens_details") is not None and "cache_read_input_tokens" not in u:
+            # OpenAI Responses API: input_tokens already includes the cached part
+            prompt = _int(u.get("input_tokens"))
+            details_in = _as_mapping(u["input_tokens_details"])
+            read, write = _int(details_in.get("cached_tokens")), _int(details_in.get("cache_write_tokens"))
+            return Usage(prompt, completion, _int(u.get("total_tokens")) or prompt + completion, read, write)
         read = _int(u.get("cache_read_input_tokens"))
         write = _int(u.get("cache_creation_input_tokens"))
         prompt = _int(u.get("input_tokens")) + read + write
-        completion = _int(u.get("output_tokens"))
         return Usage(prompt, completion, prompt + completion, read, write)
     prompt = _int(u.get("prompt_tokens"))
     completion = _int(u.get("completion_tokens"))
@@ -90,7 +98,8 @@ def normalize_usage(usage: Any) -> Usage:
     details = u.get("prompt_tokens_details")
     details_map = _as_mapping(details) if details is not None else {}
     read = _int(details_map.get("cached_tokens")) or _int(u.get("cache_read_input_tokens"))
-    write = _int(u.get("cache_creation_input_tokens"))
+    # OpenAI-compatible gateways (OpenRouter) report cache writes in prompt_tokens_details
+    write = _int(details_map.get("cache_write_tokens")) or _int(u.get("cache_creation_input_tokens"))
     return Usage(prompt, completion, total, read, write)
 
 
