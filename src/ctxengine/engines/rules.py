@@ -26,12 +26,14 @@ uses) are appended verbatim to the record that replaces it (``paths: …``, ``ur
 ``error: …``), deduplicated only against the rest of that record and its own tool call, so a
 later compaction can never make them disappear. Tool names survive because calls are kept.
 
-**Batches and prefix stability.** When triggered, the engine compacts oldest-first everything
-outside the protected tail until the context is at ``target_ratio`` of the window, so the next
-trigger is far away. Every record starts with ``[ctxengine:`` and is never rewritten, and every
-decision depends only on a message and its own tool group, so what was left alone stays alone:
-the prefix sent after a compaction is byte-stable until the next one, and applying the engine
-twice gives the same output as once.
+**Batches and prefix stability.** A compaction compacts everything outside the protected tail
+at once (a manual ``compress`` too), so the next trigger is far away; when even that cannot
+bring the context down to ``target_ratio`` of the window, the next trigger waits until a whole
+batch (trigger − target) has accumulated (:meth:`RulesEngine.should_compress`). Every record
+starts with ``[ctxengine:`` and is never rewritten, and every decision depends only on a
+message and its own tool group, so what was left alone stays alone: the prefix sent after a
+compaction is byte-stable until the next one, and applying the engine twice gives the same
+output as once.
 
 **Never over the window.** If the result still exceeds the window (the protected tail holds a
 giant tool output), the largest tool outputs in the tail are cut the same way as a last resort,
@@ -110,8 +112,9 @@ class _HasCompaction(Protocol):
 class RulesSettings:
     """The rules engine's knobs; defaults are seed 004's ``compaction:`` block.
 
-    ``target_ratio`` (0.35) is where a triggered compaction stops: far enough under the trigger
-    (0.60) that compactions come in batches and the prefix stays cached between them.
+    ``target_ratio`` (0.35) is where a compaction should land: far enough under the trigger
+    (0.60) that compactions come in batches and the prefix stays cached between them; when the
+    protected part alone is above it, the next trigger is deferred by that same batch size.
     ``keep_tool_summary`` off disables rule 1, so succeeded outputs are only truncated (rule 2).
     ``drop_system_after_turn`` 0 disables rule 3.
     """
@@ -147,26 +150,45 @@ _ERROR_WORDS = re.compile(
 lowercased), so ASCII lines without any are skipped without running its costly pattern."""
 
 
+_OTHER_BREAKS = "\r\x0b\x0c\x1c\x1d\x1e"
+"""Line breaks ``str.splitlines`` honours in ASCII text besides ``\\n``."""
+
+
 def _error_lines(text: str) -> list[str]:
-    """Exactly :func:`ctxengine.facts.error_lines`, about five times faster.
+    """Exactly :func:`ctxengine.facts.error_lines`, several times faster.
 
     The facts pattern is case-insensitive with a ``\\w*`` branch, so it costs ~1 µs per line;
     a literal prefilter on lowercased ASCII lines skips the lines that cannot match (non-ASCII
     lines always take the full check, since case folding differs there). Equality with the
     original on every trajectory is a test.
     """
-    if text.isascii() and _ERROR_WORDS.search(text.lower()) is None:
-        return []
     pattern = _facts._ERROR_RE
     noise = _facts._ERROR_NOISE_RE
     out: dict[str, None] = {}
+
+    def keep(line: str) -> None:
+        s = line.strip()
+        if s and len(s) >= 4 and pattern.search(s) and not noise.match(s):
+            out[s[: _facts.MAX_ERROR_LINE].rstrip()] = None
+
+    if text.isascii() and not any(c in text for c in _OTHER_BREAKS):
+        # lines are split by "\n" only and lower() keeps offsets: visit just the lines that
+        # hold a keyword, in order
+        low = text.lower()
+        end = -1
+        for m in _ERROR_WORDS.finditer(low):
+            if m.start() < end:
+                continue
+            start = text.rfind("\n", 0, m.start()) + 1
+            end = text.find("\n", m.end())
+            if end < 0:
+                end = len(text)
+            keep(text[start:end])
+        return list(out)
     for line in text.splitlines():
         if line.isascii() and _ERROR_WORDS.search(line.lower()) is None:
             continue
-        s = line.strip()
-        if not s or len(s) < 4 or not pattern.search(s) or noise.match(s):
-            continue
-        out[s[: _facts.MAX_ERROR_LINE].rstrip()] = None
+        keep(line)
     return list(out)
 
 
@@ -396,7 +418,7 @@ class RulesEngine(ContextEngine):
 
     @property
     def target_tokens(self) -> int:
-        """Where a triggered compaction stops: ``target_ratio`` × ``context_length``."""
+        """Where a compaction should land: ``target_ratio`` × ``context_length``."""
         return int(self.context_length * self.settings.target_ratio)
 
     def update_from_response(self, usage: Any) -> None:
@@ -405,10 +427,11 @@ class RulesEngine(ContextEngine):
     def should_compress(self, prompt_tokens: int | None = None) -> bool:
         """True at ``trigger_threshold`` of the window.
 
-        When the last compaction could not get under the trigger (the protected turns and user
-        messages alone are that large), it fires again only once the context has grown by a
-        whole batch (trigger − target tokens) or reaches the window, instead of on every call:
-        each compaction rewrites the end of the cached prefix, so it must be worth it.
+        When the last compaction could not get down to ``target_ratio`` (user messages, the
+        system prompt and the protected turns alone are that large), it fires again only once
+        the context has grown by a whole batch (trigger − target tokens) since, or reaches
+        halfway from the trigger to the window, instead of every few calls: each compaction
+        rewrites the end of the cached prefix, so it must reclaim a batch to be worth it.
         """
         if not self.settings.enabled:
             return False
@@ -416,7 +439,8 @@ class RulesEngine(ContextEngine):
         if tokens < self.threshold_tokens:
             return False
         if self._rearm_at is not None:
-            return tokens >= min(self._rearm_at, self.context_length)
+            ceiling = (self.threshold_tokens + self.context_length) // 2
+            return tokens >= min(self._rearm_at, max(ceiling, self.threshold_tokens))
         return True
 
     def should_compress_preflight(self, messages: list[Message]) -> bool:
@@ -453,10 +477,10 @@ class RulesEngine(ContextEngine):
         """
         t0 = time.perf_counter()
         check(messages, allow_pending_calls=True)
-        run = _Pass(self.settings, messages, self.context_length, self.threshold_tokens, self.target_tokens, self._facts)
+        run = _Pass(self.settings, messages, self.context_length, self.threshold_tokens, self._facts)
         out = run.execute()
         batch = max(1, self.threshold_tokens - self.target_tokens)
-        self._rearm_at = run.total + batch if run.total >= self.threshold_tokens else None
+        self._rearm_at = run.total + batch if run.total > self.target_tokens else None
         self.compression_count += 1
         self.last_resort_cuts += run.cuts
         self.notes = run.notes
@@ -482,14 +506,12 @@ class _Pass:
         messages: Sequence[Message],
         context_length: int,
         threshold_tokens: int,
-        target_tokens: int,
         index: _FactIndex,
     ) -> None:
         self.s = settings
         self.src = messages
         self.window = context_length
         self.threshold = threshold_tokens
-        self.target = target_tokens
         self.tokens = [estimate_message_tokens(m) for m in messages]
         self.tokens_before = sum(self.tokens)
         self.total = self.tokens_before
@@ -525,7 +547,7 @@ class _Pass:
         tail_start = self._tail_start(spans)
         system_cutoff = self._system_cutoff()
         for start, end in spans:
-            if start >= tail_start or self.total <= self.target:
+            if start >= tail_start:
                 break
             first = self.src[start]
             role = first.get("role")

@@ -1,0 +1,206 @@
+"""``ctxengine compact``, ``ctxengine count`` and ``ctxengine engines``.
+
+``compact`` runs one engine over saved sessions, as a manual ``/compress`` does (it always
+compacts, whatever the trigger says), checks that the result is a valid chat (an invalid one is
+the engine's fault and is reported as :class:`~ctxengine.errors.EngineError` naming the broken
+rule), and writes it in the shape it came in: a JSON list stays a list, an object keeps its
+other keys (``id``, ``tools``, ``meta``…), JSON Lines stay JSON Lines. The before/after table
+goes to stderr so stdout can be piped.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ctxengine.config import Config, load_config
+from ctxengine.engine import ContextEngine
+from ctxengine.errors import EngineError, InputError, TokenizerError
+from ctxengine.io import Session, parse_sessions, read_sessions
+from ctxengine.messages import Message, validate
+from ctxengine.models import resolve_model
+from ctxengine.registry import EngineRegistry, create_engine
+from ctxengine.tokens import ExactCounter, estimate_messages_tokens_rough
+
+PROGRESS_MIN_SESSIONS = 5
+"""Files with at least this many sessions get a progress bar on stderr."""
+
+
+@dataclass(slots=True)
+class _Input:
+    """Sessions read from a file plus what is needed to write them back in the same shape."""
+
+    sessions: list[Session]
+    shape: str  # "list" | "object" | "jsonl"
+    raw: list[Any]
+
+
+def _load(path: str) -> _Input:
+    if path == "-":
+        text = sys.stdin.read()
+        sessions = parse_sessions(text, "<stdin>")
+    else:
+        sessions = read_sessions(path)
+        text = Path(path).read_text(encoding="utf-8")
+    stripped = text.strip()
+    try:
+        doc = json.loads(stripped)
+    except json.JSONDecodeError:
+        raw = [json.loads(line) for line in stripped.splitlines() if line.strip()]
+        return _Input(sessions, "jsonl", raw)
+    return _Input(sessions, "list" if isinstance(doc, list) else "object", [doc])
+
+
+def _with_messages(raw: Any, messages: list[Message]) -> Any:
+    if isinstance(raw, dict):
+        return {**raw, "messages": messages}
+    return messages
+
+
+def _dump(inp: _Input, outputs: Sequence[list[Message]]) -> str:
+    if inp.shape == "jsonl":
+        lines = [json.dumps(_with_messages(r, m), ensure_ascii=False) for r, m in zip(inp.raw, outputs, strict=True)]
+        return "\n".join(lines) + "\n"
+    return json.dumps(_with_messages(inp.raw[0], outputs[0]), ensure_ascii=False, indent=2) + "\n"
+
+
+def _context_length(config: Config, context_length: int | None, model: str | None) -> int | None:
+    """--context-length, else the model's profile (--model, then ``model.default``), else
+    None (the registry falls back to ``model.context_length`` / the default)."""
+    if context_length is not None:
+        if context_length <= 0:
+            raise click.BadParameter("must be positive", param_hint="--context-length")
+        return context_length
+    name = model or config.model.default
+    if name:
+        profile = resolve_model(
+            name,
+            overrides=config.models,
+            default_context_length=config.model.default_context_length,
+            context_length=config.model.context_length,
+        )
+        return profile.context_length
+    return None
+
+
+@contextmanager
+def _progress(items: Sequence[Session], label: str) -> Iterator[Any]:
+    if len(items) >= PROGRESS_MIN_SESSIONS:
+        with click.progressbar(items, label=label, file=click.get_text_stream("stderr")) as bar:
+            yield bar
+    else:
+        yield items
+
+
+def _check_output(engine: ContextEngine, session: Session, out: Any) -> list[Message]:
+    if not isinstance(out, list):
+        raise EngineError(f"engine {engine.name!r} returned a {type(out).__name__}, not a list of messages (session {session.id})")
+    errors = [v for v in validate(out, allow_pending_calls=True) if v.severity == "error"]
+    if errors:
+        shown = "; ".join(str(v) for v in errors[:3])
+        raise EngineError(f"engine {engine.name!r} returned an invalid chat for session {session.id} (rule 'valid in, valid out'): {shown}")
+    return out
+
+
+def _table(rows: list[list[str]], align: str) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for r in rows:
+        cells = [c.ljust(w) if a == "<" else c.rjust(w) for c, w, a in zip(r, widths, align, strict=True)]
+        out.append("  ".join(cells).rstrip())
+    return out
+
+
+@click.command()
+@click.argument("file", metavar="FILE|-")
+@click.option("--engine", "engine_name", metavar="NAME", help="Engine to run (default: context.engine from the config).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="config.yaml to use.")
+@click.option("--context-length", type=int, metavar="N", help="Context window in tokens (default: the model's).")
+@click.option("--model", metavar="NAME", help="Model whose context window to use (e.g. anthropic/claude-sonnet-4.5).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write here instead of stdout.")
+def compact(file: str, engine_name: str | None, config_path: str | None, context_length: int | None, model: str | None, output: str | None) -> None:
+    """Compact the session(s) in FILE (JSON list of messages, {"messages": [...]}, or JSONL)."""
+    config = load_config(config_path)
+    inp = _load(file)
+    n = _context_length(config, context_length, model)
+    name = engine_name or config.context.engine
+    outputs: list[list[Message]] = []
+    rows = [["session", "messages", "tokens", "after", "reduction", "engine", "ms"]]
+    before_total = after_total = 0
+    with _progress(inp.sessions, "compacting") as sessions:
+        for session in sessions:
+            engine = create_engine(config, name=name, context_length=n)
+            engine.on_session_start(session.id)
+            before = estimate_messages_tokens_rough(session.messages)
+            t0 = time.perf_counter()
+            out = engine.compress(list(session.messages), current_tokens=before)
+            ms = (time.perf_counter() - t0) * 1000.0
+            out = _check_output(engine, session, out)
+            engine.on_session_end(session.id, out)
+            after = estimate_messages_tokens_rough(out)
+            before_total += before
+            after_total += after
+            outputs.append(out)
+            red = 1.0 - after / before if before else 0.0
+            rows.append([session.id, f"{len(session.messages)} → {len(out)}", f"{before:,}", f"{after:,}", f"{red:.1%}", engine.name, f"{ms:.1f}"])
+    if len(inp.sessions) > 1:
+        red = 1.0 - after_total / before_total if before_total else 0.0
+        rows.append(["total", "", f"{before_total:,}", f"{after_total:,}", f"{red:.1%}", "", ""])
+    text = _dump(inp, outputs)
+    if output:
+        try:
+            Path(output).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"{output}: cannot write: {exc.strerror or exc}") from exc
+    else:
+        click.echo(text, nl=False)
+    for line in _table(rows, "<rrrr<r"):
+        click.echo(line, err=True)
+
+
+@click.command()
+@click.argument("file", metavar="FILE|-")
+@click.option("--exact/--no-exact", default=True, show_default=True, help="Also count with tiktoken (o200k) when the 'exact' extra is installed.")
+def count(file: str, exact: bool) -> None:
+    """Count messages and tokens of each session in FILE."""
+    inp = _load(file)
+    counter: ExactCounter | None = ExactCounter() if exact else None
+    rows = [["session", "messages", "estimated", "exact"]]
+    for session in inp.sessions:
+        est = estimate_messages_tokens_rough(session.messages)
+        exact_cell = "n/a"
+        if counter is not None:
+            try:
+                exact_cell = f"{counter.count_messages(session.messages):,}"
+            except TokenizerError:
+                counter = None  # the extra is not installed: say so once, per row
+        rows.append([session.id, str(len(session.messages)), f"{est:,}", exact_cell])
+    for line in _table(rows, "<rrr"):
+        click.echo(line)
+
+
+@click.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="config.yaml to use.")
+def engines(config_path: str | None) -> None:
+    """List the selectable context engines and where each comes from."""
+    config = load_config(config_path)
+    registry = EngineRegistry(plugin_dirs=config.plugins.dirs, entry_points=config.plugins.entry_points)
+    default = config.context.engine
+    rows = [["engine", "source", "default"]]
+    for row in registry.describe():
+        rows.append([row["name"], row["source"], "*" if row["name"] == default else ""])
+    for line in _table(rows, "<<<"):
+        click.echo(line)
+    for problem in registry.problems:
+        click.echo(f"warning: plugin failed to load: {problem}", err=True)
+
+
+COMMANDS = [compact, count, engines]
