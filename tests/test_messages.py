@@ -7,6 +7,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ctxengine.errors import InvalidMessages
 from ctxengine.messages import (
@@ -24,6 +26,7 @@ from ctxengine.messages import (
     tool_calls,
     validate,
 )
+from ctxengine.tokens import estimate_message_tokens
 
 
 def call(cid: str, name: str = "read_file", args: Any = '{"path": "a.py"}') -> dict[str, Any]:
@@ -404,3 +407,44 @@ def test_real_trajectories_have_no_errors(trajectories: list[dict[str, Any]]) ->
             for c in tool_calls(m):
                 assert isinstance(tool_call_args(c), dict | str)
     assert json.dumps(trajectories[0]["messages"])  # still plain JSON after validation
+
+
+# -- robustness: arbitrary JSON never crashes validate -----------------------------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=20,
+)
+message_like = st.fixed_dictionaries(
+    {},
+    optional={
+        "role": st.sampled_from(["system", "user", "assistant", "tool", "robot"]) | json_values,
+        "content": json_values,
+        "tool_calls": st.lists(
+            st.fixed_dictionaries({}, optional={"id": st.sampled_from(["a", "b"]) | json_values, "function": st.fixed_dictionaries({}, optional={"name": json_values, "arguments": json_values}) | json_values})
+            | json_values,
+            max_size=3,
+        )
+        | json_values,
+        "tool_call_id": st.sampled_from(["a", "b"]) | json_values,
+    },
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(message_like | json_values, max_size=8) | json_values)
+def test_prop_validate_never_crashes_and_indexes_are_in_range(messages: Any) -> None:
+    snapshot = copy.deepcopy(messages)
+    vs = validate(messages)
+    assert messages == snapshot
+    assert all(isinstance(v, Violation) for v in vs)
+    if isinstance(messages, list):
+        assert all(0 <= v.index < max(1, len(messages)) for v in vs)
+        if not [v for v in vs if v.severity == "error"]:
+            # what validate accepts, the token estimate and text helpers can read
+            for m in messages:
+                assert isinstance(message_text(m), str)
+                assert estimate_message_tokens(m) >= 4
+    else:
+        assert codes(vs) == [(-1, "not_a_list")]
