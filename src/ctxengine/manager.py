@@ -91,9 +91,9 @@ def default_store(config: Config) -> SessionRecorder | None:
     """The store the config asks for (SQLite by default), or ``None`` when storage is off or
     the store package is unavailable.
 
-    The store is imported lazily so this module never depends on it; a store package exposes
-    ``open_store(config)`` (or ``store_from_config(config)``) returning a
-    :class:`~ctxengine.storage.SessionRecorder`.
+    ``ctxengine.store`` is imported lazily, so this module never depends on it; its
+    ``open_store(config.store)`` returns a :class:`~ctxengine.storage.SessionRecorder`. A store
+    that fails to open is logged and treated as absent: the agent keeps working.
     """
     if not config.store.enabled:
         return None
@@ -101,16 +101,15 @@ def default_store(config: Config) -> SessionRecorder | None:
         module = importlib.import_module("ctxengine.store")
     except ImportError:
         return None
-    for attr in ("open_store", "store_from_config", "create_store"):
-        factory = getattr(module, attr, None)
-        if callable(factory):
-            try:
-                store = factory(config)
-            except Exception as exc:  # a broken store must not stop the agent
-                log.warning("session store unavailable: %s: %s", type(exc).__name__, exc)
-                return None
-            return store if isinstance(store, SessionRecorder) else None
-    return None
+    factory = getattr(module, "open_store", None)
+    if not callable(factory):
+        return None
+    try:
+        store = factory(config.store)
+    except Exception as exc:  # a broken store must not stop the agent
+        log.warning("session store unavailable: %s: %s", type(exc).__name__, exc)
+        return None
+    return store if isinstance(store, SessionRecorder) else None
 
 
 @dataclass

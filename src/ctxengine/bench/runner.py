@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import json
 import statistics
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from ctxengine.bench.baselines import MaskingBaseline, NoCompaction
@@ -31,7 +33,7 @@ from ctxengine.cost import AnthropicCache, CostReport, OpenAICache, PrefixHasher
 from ctxengine.engine import ContextEngine
 from ctxengine.facts import FACT_KINDS, context_text, extract_facts, missing_facts
 from ctxengine.io import Session
-from ctxengine.manager import ContextManager
+from ctxengine.manager import ContextManager, default_store
 from ctxengine.messages import Message, validate
 from ctxengine.models import ModelProfile, UnknownModelWarning, resolve_model
 from ctxengine.registry import EngineRegistry
@@ -57,15 +59,20 @@ Placement = Literal["system_and_3", "planner"]
 
 
 def make_engine_factory(
-    name: str, config: Config, context_length: int, registry: EngineRegistry | None = None
+    name: str,
+    config: Config,
+    context_length: int,
+    registry: EngineRegistry | None = None,
+    **services: Any,
 ) -> Callable[[], ContextEngine]:
-    """A factory building a fresh engine ``name`` (a baseline, or any registered engine)."""
+    """A factory building a fresh engine ``name`` (a baseline, or any registered engine);
+    ``services`` (``store=``) go to engines that accept them."""
     if name in BASELINES:
         base = BASELINES[name]
         return lambda: base(context_length)
     reg = registry or EngineRegistry(plugin_dirs=config.plugins.dirs, entry_points=config.plugins.entry_points)
-    reg.create(name, config, context_length=context_length)  # fail early on unknown names
-    return lambda: reg.create(name, config, context_length=context_length)
+    reg.create(name, config, context_length=context_length, **services)  # fail early on unknown names
+    return lambda: reg.create(name, config, context_length=context_length, **services)
 
 
 def engine_retrievable(engine: ContextEngine) -> Callable[[str], bool] | None:
@@ -182,8 +189,10 @@ def run_session(
     anthropic_model: ModelProfile,
     openai_model: ModelProfile,
     placement: Placement = "system_and_3",
+    session_id: str | None = None,
 ) -> SessionRun:
-    """Replay one session through one engine (see the module docstring)."""
+    """Replay one session through one engine (see the module docstring). ``session_id`` is the
+    id the engine sees (defaults to the session's own)."""
     t_start = time.perf_counter()
     cfg = config.with_overrides(prompt_caching={"enabled": True, "strategy": placement})
     mgr = ContextManager(
@@ -195,9 +204,9 @@ def run_session(
         engine_factory=factory,
         strict=False,
     )
-    sid = session.id
+    sid = session_id or session.id
     engine = mgr.engine(sid)
-    run = SessionRun(sid, engine_name, context_length)
+    run = SessionRun(session.id, engine_name, context_length)
     hasher = PrefixHasher()
     anth = AnthropicCache(
         input_price=anthropic_model.input,
@@ -418,7 +427,31 @@ def run_bench(
     names = list(dict.fromkeys(["none", *engines]))
     amodel = _profile(anthropic_model)
     omodel = _profile(openai_model)
-    factories = {n: make_engine_factory(n, cfg, context_length, registry) for n in names}
+    with tempfile.TemporaryDirectory(prefix="ctxengine-bench-") as tmp:
+        # engines that keep originals (lcm) get a throwaway SQLite store of their own
+        store = default_store(cfg.with_overrides(store={"enabled": True, "backend": "sqlite", "path": str(Path(tmp) / "bench.db")}))
+        services: dict[str, Any] = {"store": store} if store is not None else {}
+        try:
+            return _run(sessions, names, cfg, context_length, amodel, omodel, placement, registry, services, progress)
+        finally:
+            close = getattr(store, "close", None)
+            if callable(close):
+                close()
+
+
+def _run(
+    sessions: Sequence[Session],
+    names: list[str],
+    cfg: Config,
+    context_length: int,
+    amodel: ModelProfile,
+    omodel: ModelProfile,
+    placement: Placement,
+    registry: EngineRegistry | None,
+    services: dict[str, Any],
+    progress: Callable[[str], None] | None,
+) -> BenchResult:
+    factories = {n: make_engine_factory(n, cfg, context_length, registry, **services) for n in names}
     t0 = time.perf_counter()
     result = BenchResult(context_length, placement, amodel.name, omodel.name, [s.id for s in sessions], {})
     for n in names:
@@ -433,6 +466,7 @@ def run_bench(
                 anthropic_model=amodel,
                 openai_model=omodel,
                 placement=placement,
+                session_id=f"bench:{n}:{s.id}",
             )
             totals.runs.append(run)
         result.engines[n] = totals

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ctxengine.boundaries import group_spans
+from ctxengine.cost import compaction_break_even
 from ctxengine.engine import CompactionReport, ContextEngine
 from ctxengine.facts import FACT_KINDS, Facts, extract_facts
 from ctxengine.messages import (
@@ -51,6 +52,8 @@ __all__ = ["CacheAwareEngine", "CacheAwareSettings"]
 CUT_MARK = "[ctxengine:cut]"
 DIGEST_MARK = "[ctxengine:digest]"
 GREP_TOOL = "ctx_grep"
+_RECORD_TOKENS = 200
+"""Rough size of a cut record (header, head and tail lines, a few facts)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,13 +72,22 @@ class CacheAwareSettings:
     head_lines: int = 6
     tail_lines: int = 3
     max_line_chars: int = 300
-    max_fact_lines: int = 40
+    max_fact_lines: int = 12
     """Facts listed in one record; the rest stay retrievable through ``ctx_grep``."""
     giant_ratio: float = 0.08
     """A new output larger than this fraction of the window is cut before it is sent."""
     fold_ratio: float = 0.55
+    """Fold old turns into digests when the context passes this fraction of the window…"""
     fold_target: float = 0.35
+    """…down to this fraction."""
+    fold_run_tokens: int = 8000
+    """When a new user turn begins, the previous turn's assistant/tool run is folded into a
+    digest if it holds at least this many tokens (0 turns this off)."""
     max_action_chars: int = 160
+    cost_aware: bool = True
+    """Cut a batch only when it pays for its cache rewrite (Anthropic rates, see
+    :func:`ctxengine.cost.compaction_break_even`); off: cut as soon as a batch is full."""
+    min_horizon: int = 8
 
 
 def _cap(line: str, n: int) -> str:
@@ -100,6 +112,7 @@ class CacheAwareEngine(ContextEngine):
         self._originals: list[str] = []
         self._recallable: set[str] = set()
         self._tok: dict[int, tuple[Mapping[str, Any], int]] = {}
+        self._calls = 0
 
     @classmethod
     def from_config(cls, config: Any, context_length: int, **services: Any) -> CacheAwareEngine:
@@ -125,6 +138,7 @@ class CacheAwareEngine(ContextEngine):
     # -- the contract -----------------------------------------------------------------------
     def update_from_response(self, usage: Any) -> None:
         self._record_usage(usage)
+        self._calls += 1
 
     def should_compress(self, prompt_tokens: int | None = None) -> bool:
         tokens = self.last_prompt_tokens if prompt_tokens is None else prompt_tokens
@@ -132,12 +146,13 @@ class CacheAwareEngine(ContextEngine):
 
     def should_compress_preflight(self, messages: list[Message]) -> bool:
         giant, batch = self._plan(messages)
-        return bool(giant) or self._batch_due(messages, batch)
+        return bool(giant) or self._batch_due(messages, batch) or self._finished_run(messages) is not None
 
     def on_session_reset(self) -> None:
         super().on_session_reset()
         self._originals.clear()
         self._recallable.clear()
+        self._calls = 0
 
     def get_tool_schemas(self) -> list[dict[str, Any]]:
         return [
@@ -208,11 +223,23 @@ class CacheAwareEngine(ContextEngine):
         return giant, waiting
 
     def _batch_due(self, messages: Sequence[Message], waiting: list[int]) -> bool:
+        """A batch is due when enough whole outputs wait *and* the cut pays for the cache it
+        invalidates within as many further calls as the session has already made (a session
+        that has run N calls is taken to run about N more; at least ``min_horizon``)."""
+        s = self.settings
         if not waiting:
             return False
-        if len(waiting) >= self.settings.batch:
+        sizes = [self._tokens(messages[i]) for i in waiting]
+        if len(waiting) < s.batch and sum(sizes) < s.batch_tokens:
+            return False
+        if not s.cost_aware:
             return True
-        return sum(self._tokens(messages[i]) for i in waiting) >= self.settings.batch_tokens
+        toks = [self._tokens(m) for m in messages]
+        before = sum(toks)
+        saved = sum(max(0, t - _RECORD_TOKENS) for t in sizes)
+        stable = sum(toks[: waiting[0]])
+        horizon = max(s.min_horizon, self._calls)
+        return compaction_break_even(before, before - saved, stable) <= horizon
 
     # -- compaction -------------------------------------------------------------------------
     def compress(
@@ -234,8 +261,13 @@ class CacheAwareEngine(ContextEngine):
             replaced.append(i)
         notes: list[str] = []
         tokens = sum(self._tokens(m) for m in out)
+        finished = self._finished_run(out)
+        if finished is not None:
+            out, folded, tokens = self._fold(out, [finished], -1.0)
+            if folded:
+                notes.append(f"folded the {folded} messages of the finished turn into a digest")
         if tokens >= self.threshold_tokens:
-            out, folded, tokens = self._fold(out)
+            out, folded, tokens = self._fold(out, self._runs(out, group_spans(out)), self.settings.fold_target * self.context_length)
             if folded:
                 notes.append(f"folded {folded} messages into digests")
         if out == messages:
@@ -317,15 +349,10 @@ class CacheAwareEngine(ContextEngine):
         new["content"] = "\n".join(parts)
         return new
 
-    def _fold(self, messages: list[Message]) -> tuple[list[Message], int, int]:
-        """Fold the oldest assistant/tool runs into digests until under ``fold_target``."""
-        s = self.settings
-        target = s.fold_target * self.context_length
-        tokens = sum(self._tokens(m) for m in messages)
-        spans = group_spans(messages)
+    def _runs(self, messages: Sequence[Message], spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Runs of foldable units (assistant turns with their results; never user messages, the
+        system prompt or an earlier digest) before the protected tail, oldest first."""
         tail_start = self._tail_start(messages, spans)
-        # runs of foldable units (assistant turns with their results, never user messages,
-        # the system prompt or an earlier digest) before the protected tail
         runs: list[tuple[int, int]] = []
         start = -1
         end = -1
@@ -343,6 +370,33 @@ class CacheAwareEngine(ContextEngine):
                 start = -1
         if start >= 0:
             runs.append((start, end))
+        return runs
+
+    def _finished_run(self, messages: Sequence[Message]) -> tuple[int, int] | None:
+        """The run of the turn that just ended, when a new user turn has just begun and that run
+        holds ``fold_run_tokens`` or more: folding it now rewrites almost nothing but the new
+        user message, which is written anyway."""
+        s = self.settings
+        if s.fold_run_tokens <= 0 or not messages or messages[-1].get("role") != "user":
+            return None
+        u = len(messages)
+        while u > 0 and messages[u - 1].get("role") == "user":
+            u -= 1
+        spans = group_spans(messages)
+        runs = self._runs(messages, spans)
+        if not runs:
+            return None
+        a, b = runs[-1]
+        # only the protected tail (kept whole for now) may sit between the run and the new turn
+        if b < u and b < self._tail_start(messages, spans) and any(messages[k].get("role") != "user" for k in range(b, u)):
+            return None
+        if sum(self._tokens(messages[k]) for k in range(a, b)) < s.fold_run_tokens:
+            return None
+        return a, b
+
+    def _fold(self, messages: list[Message], runs: list[tuple[int, int]], target: float) -> tuple[list[Message], int, int]:
+        """Fold ``runs`` (oldest first) into digests until the context is under ``target``."""
+        tokens = sum(self._tokens(m) for m in messages)
         replace: dict[int, tuple[int, Message]] = {}
         folded = 0
         for a, b in runs:

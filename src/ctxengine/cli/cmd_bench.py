@@ -1,0 +1,95 @@
+"""``ctxengine bench``: replay recorded sessions through engines and compare cost and retention."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ctxengine.config import load_config
+from ctxengine.io import Session, read_sessions
+
+DEFAULT_ENGINES = ("mask10", "rules", "compressor", "lcm", "cacheaware")
+
+
+@click.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--engine", "-e", "engines", multiple=True, help="Engine to run (repeatable). Default: every built-in engine and the mask10 baseline; 'none' always runs.")
+@click.option("--context-length", "-n", type=int, default=128_000, show_default=True, help="Window the engines work against.")
+@click.option("--compose", "compose_n", type=int, default=1, show_default=True, help="Chain N trajectories of each file into one long session.")
+@click.option("--model", default="claude-sonnet-4.5", show_default=True, help="Model whose Anthropic cache rules and price the cost uses.")
+@click.option("--openai-model", default="gpt-4o", show_default=True, help="Model whose OpenAI automatic caching and price the cost uses.")
+@click.option("--placement", type=click.Choice(["system_and_3", "planner"]), default="system_and_3", show_default=True, help="Where cache breakpoints go.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="config.yaml for the engines' settings.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write every measurement as JSON.")
+@click.option("--chart", "chart_out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write a chart: OUT.png or OUT.html.")
+@click.option("--limit", type=int, default=None, help="Use only the first N sessions (after composing).")
+def bench(
+    files: tuple[Path, ...],
+    engines: tuple[str, ...],
+    context_length: int,
+    compose_n: int,
+    model: str,
+    openai_model: str,
+    placement: str,
+    config_path: Path | None,
+    json_out: Path | None,
+    chart_out: Path | None,
+    limit: int | None,
+) -> None:
+    """Replay the sessions in FILE... through engines in a simulated agent loop and report input
+    cost with and without prompt caching, peak context, compactions, latency, invalid and
+    over-window requests, and retention of the preservation-guarantee facts."""
+    from ctxengine.bench.compose import compose_sessions
+    from ctxengine.bench.report import format_table, write_chart, write_json
+    from ctxengine.bench.runner import run_bench
+
+    config = load_config(config_path)
+    sessions: list[Session] = []
+    for f in files:
+        sessions.extend(compose_sessions(read_sessions(f), compose_n))
+    if limit is not None:
+        sessions = sessions[: max(0, limit)]
+    if not sessions:
+        raise click.UsageError("no sessions to replay")
+    names = list(engines) or list(DEFAULT_ENGINES)
+    chosen = [n for n in names if n != "none"]
+    if not engines:
+        chosen = _available(chosen, config)
+    result = run_bench(
+        sessions,
+        chosen,
+        config=config,
+        context_length=context_length,
+        anthropic_model=model,
+        openai_model=openai_model,
+        placement="planner" if placement == "planner" else "system_and_3",
+        progress=lambda line: click.echo(line, err=True),
+    )
+    click.echo(format_table(result))
+    if json_out is not None:
+        write_json(result, json_out)
+        click.echo(f"wrote {json_out}", err=True)
+    if chart_out is not None:
+        write_chart(result, chart_out)
+        click.echo(f"wrote {chart_out}", err=True)
+
+
+def _available(names: list[str], config: object) -> list[str]:
+    """The default engines this installation knows (one missing is skipped with a note)."""
+    from ctxengine.bench.runner import BASELINES
+    from ctxengine.config import Config
+    from ctxengine.registry import EngineRegistry
+
+    cfg = config if isinstance(config, Config) else Config()
+    known = set(EngineRegistry(plugin_dirs=cfg.plugins.dirs, entry_points=cfg.plugins.entry_points).names())
+    out = []
+    for n in names:
+        if n in BASELINES or n in known:
+            out.append(n)
+        else:
+            click.echo(f"skipping engine {n!r}: not available here", err=True)
+    return out
+
+
+COMMANDS = [bench]
