@@ -46,7 +46,7 @@ Severity = Literal["error", "warning"]
 class Violation:
     """One problem found in a message list.
 
-    ``code`` is stable and machine-readable (``tool_call_without_result``,
+    ``code`` is stable and machine-readable (``not_a_list`` with index -1, ``tool_call_without_result``,
     ``result_without_call``, ``duplicate_tool_call_id``, ``bad_role``, ``missing_role``,
     ``not_a_dict``, ``bad_content``, ``bad_tool_calls``, ``missing_tool_call_id``,
     ``result_not_adjacent``, ``duplicate_result``, and the warnings ``non_json_arguments`` and

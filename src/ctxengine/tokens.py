@@ -65,8 +65,9 @@ def estimate(text: str) -> int:
       an emoji (4 bytes) 1.14.
 
     Measured against o200k (``scripts/bench_tokens.py`` on ../shared/data): English prose
-    +3.6 %, code (file views) +5.6 %, JSON +1.9 %, CJK −0.7 %; whole trajectories +4 % median.
-    Not a tokenizer: a single short string can be off by more.
+    +3.6 %, code (file views) +5.6 %, JSON +1.9 %, CJK −0.7 %; whole trajectories (messages
+    with overheads) +1 % median, −15 %…+13 % at worst. Not a tokenizer: a single short string
+    can be off by more.
     """
     if not text:
         return 0
