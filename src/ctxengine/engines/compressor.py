@@ -493,27 +493,33 @@ def _split_summary(text: str) -> tuple[str, str]:
     return body.strip(), rest
 
 
-_FACT_LINE_RE = re.compile(
-    r"error|exception|traceback|fail|fatal|panic|denied|not found|no such file|cannot find symbol|segmentation fault|/"
-)
-
-
-def _fact_lines(text: str) -> str:
-    """The lines of ``text`` that can hold a fact: a ``/`` (paths, URLs) or an error keyword.
-
-    Facts never span lines, so :func:`ctxengine.facts.extract_facts` finds the same facts in
-    these lines as in the whole text, at a fraction of the regex work on long outputs.
-    """
-    if not _FACT_LINE_RE.search(text.lower()):
-        return ""
-    return "\n".join(ln for ln in text.splitlines() if _FACT_LINE_RE.search(ln.lower()))
+_ERROR_HINT_RE = re.compile(r"error|exception|traceback|fail|fatal|panic|denied|not found|no such file|cannot find symbol|segmentation fault")
 
 
 def _message_facts(m: Message) -> Facts:
+    """:func:`ctxengine.facts.extract_facts` of one message, faster on long tool outputs.
+
+    Facts never span lines, and every line :func:`~ctxengine.facts.error_lines` reports holds
+    one of the error words above (lower-cased), every path or URL a ``/``. A long tool output
+    is therefore split into its error-word lines and its ``/`` lines, and the public fact
+    functions run on those alone: the same facts at a fraction of the regex work.
+    """
     content = m.get("content")
-    if m.get("role") in ("tool", "function") and isinstance(content, str) and len(content) > 2000:
-        m = {**m, "content": _fact_lines(content)}
-    return extract_facts([m])
+    if m.get("role") not in ("tool", "function") or not isinstance(content, str) or len(content) <= 2000:
+        return extract_facts([m])
+    # one pass over the lower-cased text finds the lines that may report an error
+    spans: dict[tuple[int, int], None] = {}
+    for hit in _ERROR_HINT_RE.finditer(content.lower()):
+        pos = hit.start()
+        end = content.find("\n", pos)
+        spans[(content.rfind("\n", 0, pos) + 1, len(content) if end < 0 else end)] = None
+    err_text = "\n".join(content[a:b] for a, b in spans)
+    slash_text = "\n".join(ln for ln in content.splitlines() if "/" in ln) if "/" in content else ""
+    return Facts(
+        paths=paths_in(slash_text) if slash_text else [],
+        urls=urls_in(slash_text) if slash_text else [],
+        errors=error_lines(err_text) if err_text else [],
+    )
 
 
 def _pruned(m: Message, facts: Facts) -> Message:

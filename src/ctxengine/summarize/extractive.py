@@ -31,11 +31,14 @@ from ctxengine.messages import (
     tool_calls,
 )
 from ctxengine.summarize.base import parse_sections, render_sections
+from ctxengine.summarize.ledger import LEDGER_HEADING
 from ctxengine.tokens import estimate
 
 __all__ = ["PRUNED_MARKER", "ExtractiveSummarizer"]
 
 PRUNED_MARKER = "[Old tool output cleared to save context space]"
+
+_LEDGER_TITLE = LEDGER_HEADING.removeprefix("### ")
 
 _RULE_RE = re.compile(
     r"(?i)\b(?:must|never|always|don't|do not|should|shouldn't|prefer|please|only|avoid|without|make sure|required?|no more than|at most|at least)\b"
@@ -109,7 +112,14 @@ class ExtractiveSummarizer:
         for key in _LIST_SECTIONS:
             old = _items(prev.get(key, ""))
             if key == "Critical Context":
-                old += [ln for k, v in prev.items() if k.startswith("Critical Context/") for ln in [f"### {k.split('/', 1)[1]}", *_items(v)]]
+                # subsections are carried too, except the fact ledger's block: the ledger
+                # re-adds those facts by priority at every compaction
+                old += [
+                    ln
+                    for k, v in prev.items()
+                    if k.startswith("Critical Context/") and k != f"Critical Context/{_LEDGER_TITLE}"
+                    for ln in [f"### {k.split('/', 1)[1]}", *_items(v)]
+                ]
             if key == "Progress/Done":
                 # what was in progress before is done or superseded now
                 old += [ln.replace("- ", "- (earlier) ", 1) for ln in _items(prev.get("Progress/In Progress", ""))]

@@ -44,6 +44,7 @@ def _missing(items: Sequence[str], summary: str, present: str) -> list[str]:
     return [f for f in items if f not in summary and f not in present]
 
 
+
 def apply_ledger(
     summary: str,
     required: Facts,
