@@ -263,7 +263,7 @@ def load_config(path: str | Path | None = None) -> Config:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{p}: cannot read config: {exc}") from exc
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -274,6 +274,31 @@ def load_config(path: str | Path | None = None) -> Config:
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: the top level must be a mapping, not {type(data).__name__}")
     return Config.from_dict(data, str(p))
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that rejects a key given twice in one mapping.
+
+    Plain YAML keeps the last value silently, so a second ``compression:`` block would drop
+    every key of the first one without a word.
+    """
+
+
+def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # keys merged in with "<<" may be overridden on purpose
+        key = loader.construct_object(key_node)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first given on line {seen[key] + 1})", key_node.start_mark
+            )
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
 
 
 _PROVIDER_KEYS = {
