@@ -214,6 +214,31 @@ def test_bad_yaml_tab_indent(tmp_path: Path) -> None:
         load_config(p)
 
 
+def test_duplicate_key_names_both_lines(tmp_path: Path) -> None:
+    # plain YAML would keep only the second block and drop threshold silently
+    p = write(tmp_path, "compression:\n  threshold: 0.4\ncontext:\n  engine: rules\ncompression:\n  enabled: false\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(p)
+    msg = str(info.value)
+    assert str(p) in msg
+    assert "line 5" in msg and "duplicate key 'compression' (first given on line 1)" in msg
+
+
+def test_duplicate_key_in_a_nested_flow_mapping(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="duplicate key 'context_length'"):
+        load_config(write(tmp_path, "models:\n  a: {context_length: 5, context_length: 6}\n"))
+
+
+def test_yaml_merge_keys_may_be_overridden(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, "models:\n  a: &base {context_length: 5000, input: 2.0}\n  b:\n    <<: *base\n    input: 1.0\n"))
+    assert cfg.models["b"] == {"context_length": 5000, "input": 1.0}
+
+
+def test_yaml_python_tags_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(write(tmp_path, "context: !!python/object/apply:os.system ['true']\n"))
+
+
 @pytest.mark.parametrize("text", ["- a\n- b\n", "just a string\n", "42\n"])
 def test_top_level_must_be_a_mapping(tmp_path: Path, text: str) -> None:
     with pytest.raises(ConfigError, match="top level must be a mapping"):
