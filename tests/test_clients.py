@@ -13,7 +13,12 @@ from ctxengine.clients.base import ChatClient, looks_like_context_error
 from ctxengine.clients.factory import build_client, resolve_provider
 from ctxengine.clients.openai_compat import OpenAICompatClient
 from ctxengine.config import SummarizerConfig
-from ctxengine.errors import ConfigError, SummarizerAuthError, SummarizerContextError, SummarizerError
+from ctxengine.errors import (
+    ConfigError,
+    SummarizerAuthError,
+    SummarizerContextError,
+    SummarizerError,
+)
 from ctxengine.testing.stub_server import StubReply, StubServer
 
 MSGS = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "summarize this"}]
@@ -93,15 +98,13 @@ def test_empty_content_returns_empty_text(kind: str) -> None:
 
 
 def test_truncated_reply_is_an_error(kind: str) -> None:
-    with StubServer([StubReply.truncated("## Goal\ncut off")]) as server:
-        with pytest.raises(SummarizerError, match="truncated"):
-            CLIENTS[kind](server).complete(MSGS, model="m", max_tokens=10, timeout=5)
+    with StubServer([StubReply.truncated("## Goal\ncut off")]) as server, pytest.raises(SummarizerError, match="truncated"):
+        CLIENTS[kind](server).complete(MSGS, model="m", max_tokens=10, timeout=5)
 
 
 def test_context_error_is_translated(kind: str) -> None:
-    with StubServer([StubReply.context_too_long()]) as server:
-        with pytest.raises(SummarizerContextError):
-            CLIENTS[kind](server).complete(MSGS, model="m", max_tokens=10, timeout=5)
+    with StubServer([StubReply.context_too_long()]) as server, pytest.raises(SummarizerContextError):
+        CLIENTS[kind](server).complete(MSGS, model="m", max_tokens=10, timeout=5)
 
 
 def test_connection_refused_is_a_summarizer_error() -> None:

@@ -11,7 +11,13 @@ from ctxengine.clients.openai_compat import OpenAICompatClient
 from ctxengine.errors import SummarizerAuthError, SummarizerContextError, SummarizerError
 from ctxengine.facts import Facts, extract_facts
 from ctxengine.messages import Message
-from ctxengine.summarize.base import SECTIONS, Summarizer, has_template, parse_sections, render_sections
+from ctxengine.summarize.base import (
+    SECTIONS,
+    Summarizer,
+    has_template,
+    parse_sections,
+    render_sections,
+)
 from ctxengine.summarize.extractive import ExtractiveSummarizer
 from ctxengine.summarize.ledger import LEDGER_HEADING, apply_ledger
 from ctxengine.summarize.llm import LlmSummarizer, chunk_span
