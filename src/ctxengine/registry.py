@@ -242,7 +242,8 @@ class EngineRegistry:
         if self._plugin_engine is not None:
             rows[self._plugin_engine[0].name] = self._plugin_engine[1]
         for n in self._dir_plugin_names():
-            rows[n] = "plugin directory"
+            if n != DEFAULT_ENGINE:  # never used for the default (see create)
+                rows[n] = "plugin directory"
         return [{"name": n, "source": rows[n]} for n in sorted(rows)]
 
     # -- creation ---------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ the messages added since (:class:`AnchoredCounter`).
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 from collections.abc import Mapping, Sequence
@@ -270,7 +271,8 @@ class AnchoredCounter:
         """Record that ``messages`` measured ``prompt_tokens`` at the provider."""
         self._tokens = int(prompt_tokens)
         self._n = len(messages)
-        self._last = dict(messages[-1]) if messages else None
+        # a deep copy: a later in-place edit of the caller's message must not match the anchor
+        self._last = copy.deepcopy(dict(messages[-1])) if messages else None
 
     def reset(self) -> None:
         self._tokens = None
