@@ -339,6 +339,7 @@ def test_a_plugin_cannot_take_over_the_default_name(plugin_root: Path, dists: Di
     assert all("reserved" in p.error for p in reg.problems)
     assert any("entry point gp" in p.source for p in reg.problems)
     assert any("entry point compressor" in p.source for p in reg.problems)
+    assert {"name": "compressor", "source": "built-in"} in reg.describe()
 
 
 # -- unknown names ----------------------------------------------------------------------------------------

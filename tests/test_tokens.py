@@ -341,6 +341,14 @@ def test_anchored_is_not_fooled_by_later_mutation_of_the_last_message() -> None:
     assert ac.count(msgs) == estimate_messages_tokens_rough(msgs)
 
 
+def test_anchored_is_not_fooled_by_a_nested_edit_of_the_last_message() -> None:
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "short"}]}]
+    ac = AnchoredCounter()
+    ac.anchor(msgs, 9)
+    msgs[0]["content"][0]["text"] = "a much longer text " * 50
+    assert ac.count(msgs) == estimate_messages_tokens_rough(msgs)
+
+
 def test_anchored_reset_and_custom_counter() -> None:
     msgs = _conv(4)
     ac = AnchoredCounter(ExactCounter())
