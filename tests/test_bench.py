@@ -1,0 +1,176 @@
+"""``ctxengine bench``: composing sessions, baselines, the loop, reports and the CLI."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from ctxengine.bench.baselines import MASK_PLACEHOLDER, MaskingBaseline, NoCompaction
+from ctxengine.bench.compose import compose, compose_sessions
+from ctxengine.bench.report import format_table, write_chart, write_json
+from ctxengine.bench.runner import engine_retrievable, run_bench
+from ctxengine.cli.main import cli
+from ctxengine.engine import ContextEngine
+from ctxengine.errors import InputError
+from ctxengine.io import Session, read_sessions
+from ctxengine.messages import Message, tool_calls, validate
+
+DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+SWE = DATA_DIR / "swe_agent_java_multi_swe_bench.jsonl"
+TAU = DATA_DIR / "tau_bench_airline_gpt4o.jsonl"
+
+
+def _sessions(path: Path, n: int) -> list[Session]:
+    return read_sessions(path)[:n]
+
+
+def test_compose_keeps_one_system_prompt_unique_ids_and_task_starts() -> None:
+    first = Session("a", [{"role": "system", "content": "S"}, {"role": "user", "content": "task a"}, {"role": "assistant", "content": None, "tool_calls": [{"id": "x", "type": "function", "function": {"name": "t", "arguments": "{}"}}]}, {"role": "tool", "tool_call_id": "x", "content": "r"}])
+    second = Session("b", copy.deepcopy(first.messages))
+    second.messages[1]["content"] = "task b"
+    snapshot = copy.deepcopy(second.messages)
+    s = compose([first, second])
+    roles = [m["role"] for m in s.messages]
+    assert roles == ["system", "user", "assistant", "tool", "user", "assistant", "tool"]
+    assert s.messages[4]["content"] == "task b"
+    ids = [c["id"] for m in s.messages for c in tool_calls(m)]
+    assert len(ids) == len(set(ids)) == 2
+    assert s.messages[6]["tool_call_id"] == ids[1]
+    assert second.messages == snapshot  # inputs untouched
+    assert not [v for v in validate(s.messages) if v.severity == "error"]
+
+
+def test_compose_sessions_groups_real_trajectories() -> None:
+    sessions = read_sessions(SWE)
+    composed = compose_sessions(sessions, 5)
+    assert len(composed) == 6
+    for c in composed:
+        assert sum(1 for m in c.messages if m["role"] == "system") == 1
+        ids = [x["id"] for m in c.messages for x in tool_calls(m)]
+        assert len(ids) == len(set(ids))
+        assert not [v for v in validate(c.messages) if v.severity == "error"]
+    assert compose_sessions(sessions, 1) == sessions
+    with pytest.raises(ValueError):
+        compose_sessions(sessions, 0)
+
+
+def test_mask10_masks_outputs_older_than_the_last_ten() -> None:
+    msgs: list[Message] = [{"role": "user", "content": "go"}]
+    for k in range(14):
+        msgs.append({"role": "assistant", "content": None, "tool_calls": [{"id": f"c{k}", "type": "function", "function": {"name": "t", "arguments": "{}"}}]})
+        msgs.append({"role": "tool", "tool_call_id": f"c{k}", "content": f"output {k}"})
+    eng = MaskingBaseline(context_length=1000)
+    out = eng.compress(msgs)
+    tools = [m for m in out if m["role"] == "tool"]
+    assert [m["content"] == MASK_PLACEHOLDER for m in tools] == [True] * 4 + [False] * 10
+    assert msgs[2]["content"] == "output 0"  # not mutated
+    assert eng.compress(out) is out  # nothing new to mask
+    assert NoCompaction().compress(msgs) is msgs and not NoCompaction().should_compress(10**9)
+
+
+class _Recall(NoCompaction):
+    def retrievable(self, text: str) -> bool:
+        return text == "kept"
+
+
+class _Grep(NoCompaction):
+    def get_tool_schemas(self) -> list[dict[str, Any]]:
+        return [{"name": "lcm_grep", "parameters": {}}]
+
+    def handle_tool_call(self, name: str, args: Any, **kwargs: Any) -> str:
+        return json.dumps({"hits": ["line with src/x.py in it"]})
+
+
+def test_engine_retrievable_hooks() -> None:
+    hook = engine_retrievable(_Recall())
+    assert hook is not None and hook("kept") and not hook("lost")
+    grep = engine_retrievable(_Grep())
+    assert grep is not None and grep("src/x.py") and not grep("src/y.py")
+    assert engine_retrievable(NoCompaction()) is None
+
+
+def test_run_bench_on_real_trajectories_reports_every_measure(tmp_path: Path) -> None:
+    sessions = _sessions(TAU, 2) + _sessions(SWE, 2)
+    result = run_bench(sessions, ["mask10", "cacheaware"], context_length=128_000)
+    assert list(result.engines) == ["none", "mask10", "cacheaware"]
+    none = result.engines["none"]
+    assert none.calls == sum(sum(1 for m in s.messages if m["role"] == "assistant") for s in sessions)
+    assert none.compactions == 0 and none.retention() == 1.0
+    assert 0 < none.anthropic_cost < none.anthropic_no_cache
+    assert 0 < none.openai_cost < none.openai_no_cache
+    mask = result.engines["mask10"]
+    assert mask.compactions > 0 and mask.retention("paths") < 1.0
+    # rolling masking rewrites the cached prefix every call: dearer than no compaction
+    assert mask.anthropic_cost > none.anthropic_cost
+    ca = result.engines["cacheaware"]
+    assert ca.invalid_requests == 0 and ca.over_window == 0 and ca.retention() == 1.0
+    table = format_table(result)
+    assert "cacheaware" in table and "×none" in table
+    out = tmp_path / "r.json"
+    write_json(result, out)
+    data = json.loads(out.read_text())
+    assert data["engines"]["none"]["anthropic_vs_none"] == 1.0
+    assert {"latency_p50_ms", "latency_p95_ms", "peak_tokens", "retention_by_kind", "over_window"} <= set(data["engines"]["cacheaware"])
+    assert len(data["runs"]) == 3 * len(sessions)
+    html_path = tmp_path / "c.html"
+    write_chart(result, html_path)
+    page = html_path.read_text()
+    assert "<svg" in page and "<script" not in page and "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    png = tmp_path / "c.png"
+    write_chart(result, png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(InputError, match=r"\.png or \.html"):
+        write_chart(result, tmp_path / "c.gif")
+
+
+def test_cli_bench(tmp_path: Path) -> None:
+    out = tmp_path / "b.json"
+    res = CliRunner().invoke(cli, ["bench", str(TAU), "-e", "cacheaware", "--limit", "2", "--placement", "planner", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "cacheaware" in res.output and "placement planner" in res.output
+    assert set(json.loads(out.read_text())["engines"]) == {"none", "cacheaware"}
+    bad = CliRunner().invoke(cli, ["bench", str(TAU), "-e", "nosuchengine", "--limit", "1"])
+    assert bad.exit_code == 2 and "nosuchengine" in bad.output
+
+
+class _Invalid(NoCompaction):
+    @property
+    def name(self) -> str:
+        return "invalid"
+
+    def should_compress(self, prompt_tokens: int | None = None) -> bool:
+        return True
+
+    def compress(self, messages: list[Message], current_tokens: int | None = None, focus_topic: str | None = None) -> list[Message]:
+        return [m for m in messages if m.get("role") != "tool"]
+
+
+def test_invalid_requests_are_counted_not_fatal() -> None:
+    from ctxengine.bench.runner import _profile, run_session
+    from ctxengine.config import Config
+
+    session = _sessions(TAU, 1)[0]
+    engine: ContextEngine = _Invalid()
+    run = run_session(
+        session, "invalid", lambda: engine, config=Config(), context_length=128_000,
+        anthropic_model=_profile("claude-sonnet-4.5"), openai_model=_profile("gpt-4o"),
+    )
+    assert run.invalid_requests > 0 and run.invalid_details
+
+
+@pytest.mark.slow
+def test_long_sessions_figure() -> None:
+    """The issue's figure: --compose 5 on the SWE-agent file at 128K, cacheaware + planner."""
+    composed = compose_sessions(read_sessions(SWE), 5)
+    result = run_bench(composed, ["cacheaware"], context_length=128_000, placement="planner")
+    ca = result.engines["cacheaware"]
+    none = result.engines["none"]
+    assert none.over_window > 0  # the window binds without compaction
+    assert ca.over_window == 0 and ca.invalid_requests == 0
+    assert ca.min_session_retention == 1.0
+    assert ca.anthropic_cost <= 0.55 * none.anthropic_cost

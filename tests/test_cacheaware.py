@@ -1,0 +1,139 @@
+"""The cacheaware engine: batches, giant outputs, folding, prefix stability, facts, recall."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from ctxengine.engines.cacheaware import CUT_MARK, DIGEST_MARK, CacheAwareEngine, CacheAwareSettings
+from ctxengine.facts import FACT_KINDS, context_text, extract_facts, missing_facts
+from ctxengine.messages import Message, validate
+from ctxengine.registry import EngineRegistry
+
+
+def _output(k: int, lines: int = 60) -> str:
+    body = [f"{n}: line {n} of output {k} with some words in it" for n in range(lines)]
+    body[30] = f"ERROR: build failed in src/main/java/App{k}.java"
+    body[31] = f"see https://example.com/docs/{k}"
+    return "\n".join(body)
+
+
+def _session(groups: int, lines: int = 60) -> list[Message]:
+    msgs: list[Message] = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Fix the build."}]
+    for k in range(groups):
+        msgs.append({"role": "assistant", "content": f"step {k}", "tool_calls": [{"id": f"c{k}", "type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": f"cat src/f{k}.txt"})}}]})
+        msgs.append({"role": "tool", "tool_call_id": f"c{k}", "content": _output(k, lines)})
+    return msgs
+
+
+def _engine(**kw: Any) -> CacheAwareEngine:
+    return CacheAwareEngine(context_length=kw.pop("context_length", 100_000), settings=CacheAwareSettings(cost_aware=False, **kw))
+
+
+def _valid(msgs: list[Message]) -> bool:
+    return not [v for v in validate(msgs) if v.severity == "error"]
+
+
+def test_registered_as_a_builtin() -> None:
+    assert "cacheaware" in EngineRegistry(entry_points=False).names()
+    assert EngineRegistry(entry_points=False).create("cacheaware").name == "cacheaware"
+
+
+def test_recent_outputs_stay_whole_and_batches_wait() -> None:
+    eng = _engine(keep_recent=3, batch=6, batch_tokens=10**9)
+    short = _session(8)  # 5 outputs waiting: below the batch
+    assert not eng.should_compress_preflight(short)
+    full = _session(9)  # 6 waiting: a batch is due
+    assert eng.should_compress_preflight(full)
+    snapshot = copy.deepcopy(full)
+    out = eng.compress(full)
+    assert full == snapshot  # input untouched
+    assert _valid(out) and len(out) == len(full)
+    tools = [m["content"] for m in out if m["role"] == "tool"]
+    assert all(t.startswith(CUT_MARK) for t in tools[:6])
+    assert tools[6:] == [m["content"] for m in full if m["role"] == "tool"][6:]
+    assert eng.compression_count == 1 and eng.last_report is not None and eng.last_report.replaced
+
+
+def test_cut_records_keep_head_tail_and_the_facts_of_the_middle() -> None:
+    eng = _engine(keep_recent=1, batch=1)
+    msgs = _session(2)
+    out = eng.compress(msgs)
+    record = out[3]["content"]
+    assert record.startswith(CUT_MARK) and "bash output" in record
+    assert "0: line 0 of output 0" in record and "59: line 59 of output 0" in record
+    assert "ERROR: build failed in src/main/java/App0.java" in record
+    assert "https://example.com/docs/0" in record
+    assert "line 20 of output 0" not in record
+    facts = extract_facts(msgs[:4])
+    assert not missing_facts(facts, context_text(out)).all()
+
+
+def test_the_cut_prefix_is_never_touched_again() -> None:
+    eng = _engine(keep_recent=2, batch=2)
+    msgs = _session(4)
+    first = eng.compress(msgs)
+    grown = [*first, *_session(8)[len(msgs):]]
+    second = eng.compress(grown)
+    cut_end = max(i for i, m in enumerate(first) if str(m.get("content", "")).startswith(CUT_MARK))
+    assert second[: cut_end + 1] == first[: cut_end + 1]
+    assert eng.compress(second) is second  # nothing left to do: same object back
+
+
+def test_deterministic() -> None:
+    msgs = _session(12)
+    assert _engine(batch=4).compress(msgs) == _engine(batch=4).compress(msgs)
+
+
+def test_giant_new_output_is_cut_before_it_is_sent_and_recallable() -> None:
+    eng = _engine(context_length=10_000, keep_recent=3, giant_ratio=0.1)
+    msgs = _session(1, lines=3000)  # one fresh output far above 10 % of the window
+    assert eng.should_compress_preflight(msgs)
+    out = eng.compress(msgs)
+    assert out[-1]["content"].startswith(CUT_MARK)
+    assert sum(len(str(m.get("content"))) for m in out) < 5_000
+    answer = json.loads(eng.handle_tool_call("ctx_grep", {"query": "line 1500 of output 0"}))
+    assert answer["matches"] and "1500: line 1500 of output 0" in answer["matches"][0]
+    assert eng.retrievable("1500: line 1500 of output 0 with some words in it")
+    assert json.loads(eng.handle_tool_call("nope", {}))["error"].startswith("Unknown tool")
+    assert [s["name"] for s in eng.get_tool_schemas()] == ["ctx_grep"]
+
+
+def test_old_turns_fold_into_digests_over_the_threshold_keeping_users() -> None:
+    eng = _engine(context_length=6_000, keep_recent=2, batch=1, fold_ratio=0.25, fold_target=0.1)
+    msgs: list[Message] = [{"role": "system", "content": "sys"}]
+    for t in range(4):
+        msgs.append({"role": "user", "content": f"task {t}: fix src/t{t}.py"})
+        for k in range(3):
+            cid = f"t{t}c{k}"
+            msgs.append({"role": "assistant", "content": f"working on {t}.{k}", "tool_calls": [{"id": cid, "type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": f"run {t} {k}"})}}]})
+            msgs.append({"role": "tool", "tool_call_id": cid, "content": _output(t * 10 + k, 40)})
+    out = eng.compress(msgs)
+    assert _valid(out)
+    assert any(str(m.get("content", "")).startswith(DIGEST_MARK) for m in out)
+    assert [m["content"] for m in out if m["role"] == "user" and not str(m["content"]).startswith("[ctxengine:")] == [m["content"] for m in msgs if m["role"] == "user"]
+    assert out[0] == msgs[0]
+    facts = extract_facts(msgs)
+    missing = missing_facts(facts, context_text(out))
+    for k in FACT_KINDS:
+        assert all(eng.retrievable(f) for f in getattr(missing, k)), k
+
+
+def test_a_finished_turn_is_folded_when_the_next_one_starts() -> None:
+    eng = _engine(keep_recent=1, batch=100, batch_tokens=10**9, fold_run_tokens=500)
+    msgs = [*_session(6), {"role": "user", "content": "Next task: update the docs."}]
+    assert eng.should_compress_preflight(msgs)
+    out = eng.compress(msgs)
+    assert out[2]["content"].startswith(DIGEST_MARK) and out[2]["role"] == "assistant"
+    assert out[-1] == msgs[-1] and _valid(out)
+    assert "bash" in out[2]["content"]
+
+
+def test_reset_forgets_originals() -> None:
+    eng = _engine(keep_recent=1, batch=1)
+    eng.compress(_session(3))
+    assert eng.retrievable("20: line 20 of output 0 with some words in it")
+    eng.on_session_reset()
+    assert not eng.retrievable("20: line 20 of output 0 with some words in it")
+    assert eng.get_status()["originals_kept"] == 0
