@@ -212,13 +212,13 @@ def _errors(msgs: list[dict[str, Any]]) -> list[str]:
     return [str(v) for v in validate(msgs) if v.severity == "error"]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(messy_lists)
 def test_prop_sanitize_output_is_always_valid(msgs: list[dict[str, Any]]) -> None:
     assert _errors(sanitize_tool_pairs(msgs)) == []
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(messy_lists)
 def test_prop_sanitize_keeps_every_non_tool_message_in_order_and_never_mutates(msgs: list[dict[str, Any]]) -> None:
     snapshot = copy.deepcopy(msgs)
@@ -235,14 +235,14 @@ def test_prop_sanitize_keeps_every_non_tool_message_in_order_and_never_mutates(m
             assert m["content"] == STUB_RESULT
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(messy_lists)
 def test_prop_sanitize_is_idempotent(msgs: list[dict[str, Any]]) -> None:
     once = sanitize_tool_pairs(msgs)
     assert sanitize_tool_pairs(once) == once
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(valid_lists())
 def test_prop_sanitize_leaves_valid_lists_alone(msgs: list[dict[str, Any]]) -> None:
     assert _errors(msgs) == []
@@ -251,7 +251,7 @@ def test_prop_sanitize_leaves_valid_lists_alone(msgs: list[dict[str, Any]]) -> N
     assert all(a is b for a, b in zip(out, msgs, strict=True))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(messy_lists)
 def test_prop_group_spans_partition_the_list(msgs: list[dict[str, Any]]) -> None:
     spans = group_spans(msgs)
@@ -264,7 +264,7 @@ def test_prop_group_spans_partition_the_list(msgs: list[dict[str, Any]]) -> None
     assert pos == len(msgs)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(messy_lists, st.integers(-3, 30), st.sampled_from(["backward", "forward"]))
 def test_prop_align_cut_lands_on_a_unit_boundary(msgs: list[dict[str, Any]], index: int, direction: str) -> None:
     cut = align_cut(msgs, index, direction=direction)
@@ -282,7 +282,7 @@ def test_prop_align_cut_lands_on_a_unit_boundary(msgs: list[dict[str, Any]], ind
     assert cut in (0, n) or msgs[cut].get("role") != "tool"
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(valid_lists(), st.integers(0, 60))
 def test_prop_both_sides_of_an_aligned_cut_are_valid(msgs: list[dict[str, Any]], index: int) -> None:
     for direction in ("backward", "forward"):
