@@ -140,6 +140,8 @@ class LcmConfig(_Section):
     fresh_tail_ratio: float = Field(0.25, gt=0.0, lt=1.0)
     condense_after: int = Field(4, ge=2)
     leaf_target_tokens: int = Field(1200, ge=100)
+    leaf_chunk_tokens: int = Field(20_000, ge=500, description="Largest span of originals one leaf summary node covers.")
+    leaf_fact_tokens: int = Field(4000, ge=0, description="Verbatim paths, URLs, tool names and error lines a node shows; the rest stays retrievable with lcm_grep.")
 
 
 class StoreConfig(_Section):
