@@ -121,15 +121,18 @@ def _long(n_pairs: int, size: int = 400) -> list[dict[str, Any]]:
 def test_planner_marks_end_previous_end_stable_prefix_and_system() -> None:
     msgs = _long(10)
     msgs[5] = {"role": "tool", "tool_call_id": "c1", "content": "[ctxengine:cut] run output"}
-    bps = plan_breakpoints(msgs, min_cache_tokens=1024)
-    last_assistant = max(i for i, m in enumerate(msgs) if m["role"] == "assistant")
-    assert bps == sorted({0, 5, last_assistant - 1, len(msgs) - 1})
+    # the previous request's end is within the end's lookback: no bridge needed
+    assert plan_breakpoints(msgs, min_cache_tokens=1024) == [0, 5, len(msgs) - 1]
+    # a parallel tool group of 25 results puts it out of reach: the bridge takes a slot
+    calls = [{"id": f"p{k}", "type": "function", "function": {"name": "run", "arguments": "{}"}} for k in range(25)]
+    wide = [*msgs, {"role": "assistant", "content": None, "tool_calls": calls}, *({"role": "tool", "tool_call_id": f"p{k}", "content": "ok"} for k in range(25))]
+    assert plan_breakpoints(wide, min_cache_tokens=1024) == [0, 5, len(msgs) - 1, len(wide) - 1]
 
 
 def test_planner_skips_prefixes_below_the_minimum() -> None:
     msgs = [{"role": "system", "content": "short"}, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}, {"role": "user", "content": "more"}]
     assert plan_breakpoints(msgs, min_cache_tokens=1024) == []
-    assert plan_breakpoints(msgs, min_cache_tokens=0) == [0, 1, 3]
+    assert plan_breakpoints(msgs, min_cache_tokens=0) == [0, 3]
 
 
 def test_planner_bridges_to_where_the_previous_request_diverged() -> None:

@@ -7,14 +7,16 @@ Two placements, both returning a deep copy with markers (the caller's list is ne
     a rolling window that re-establishes caching within a turn or two after any change.
 
 ``planner`` (beyond the seed)
-    Spends the four breakpoints where they pay under Anthropic's rules: a prefix shorter than
-    the model's minimum cacheable length is never marked (it would not be cached), the end of
-    the request is marked (the next call reads it), so is the end of the previous request (the
-    message before the last assistant turn, found without state), and the end of the
-    *stable prefix* — the last compaction summary/placeholder — so a compaction that rewrites
-    only the tail keeps the compacted prefix warm. When the stable prefix grew by more than the
-    20-block lookback since the previous stable point, that point gets the last slot instead of
-    the system prompt, because Anthropic only looks 20 blocks back from each breakpoint.
+    Spends the four breakpoints where they pay under Anthropic's rules. A prefix shorter than
+    the model's minimum cacheable length is never marked (it would not be cached). Marked, in
+    this order of priority: the end of the request (the next call reads it); the *bridge*, the
+    last message this request shares with the previous one (after a compaction, the point up to
+    which the old cache entries still match; when the previous request is not known, the
+    message before the last assistant turn, marked only if the end's own 20-block lookback
+    does not reach it); the end of the *stable prefix*, the last compaction record or summary,
+    so that the next compaction, which only rewrites what follows it, finds the compacted prefix
+    warm; and the system prompt. With ``system_and_3`` every compaction rewrites all but the
+    system prompt, because the rolling window's lookback never reaches back to the cut.
 
 Markers are placed as the seed's table says: string content becomes one text part carrying
 ``cache_control``; list content gets it on its last part; ``None``/empty content gets it on the
@@ -183,7 +185,10 @@ def plan_breakpoints(
     else:
         last_assistant = next((i for i in range(n - 1, -1, -1) if messages[i].get("role") == "assistant"), -1)
         bridge = last_assistant - 1 if last_assistant > 0 else -1
-    if bridge >= 0:
+    if bridge >= 0 and (previous is not None or sum(message_blocks(messages[k]) for k in range(bridge + 1, n)) > lookback):
+        # without the previous request the guess is only needed beyond the end's lookback;
+        # with it, marking the shared end measured cheaper than freeing the slot for the system
+        # prompt (it is where the next compaction's rewrite starts reading)
         wanted.append(bridge)
     stable = next((i for i in range(n - 1, -1, -1) if is_summary(messages[i])), -1)
     if stable >= 0:

@@ -476,10 +476,13 @@ class ContextManager:
         else:
             s.pressure_warning = None
 
-    def breakpoints(self, messages: Sequence[Message], *, session_id: str | None = None) -> list[int]:
+    def breakpoints(
+        self, messages: Sequence[Message], *, session_id: str | None = None, tokens: Sequence[int] | None = None
+    ) -> list[int]:
         """Indices that get a cache marker under the configured placement ([] when caching is
         off). Also remembers ``messages`` as the session's latest request: the planner places
-        a breakpoint where the next request stops sharing its prefix."""
+        a breakpoint where the next request stops sharing its prefix. ``tokens`` (per message)
+        saves estimating them again."""
         s = self._session(session_id)
         with s.lock:
             previous = s.last_request
@@ -491,7 +494,7 @@ class ContextManager:
             return plan_breakpoints(
                 messages,
                 min_cache_tokens=self.profile.min_cache_tokens,
-                tokens=[estimate_message_tokens(m) for m in messages],
+                tokens=list(tokens) if tokens is not None else [estimate_message_tokens(m) for m in messages],
                 native_anthropic=self.caching.native_anthropic,
                 previous=previous,
             )

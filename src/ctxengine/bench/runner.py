@@ -31,7 +31,7 @@ from ctxengine.bench.replay import percentile
 from ctxengine.config import Config
 from ctxengine.cost import AnthropicCache, CostReport, OpenAICache, PrefixHasher
 from ctxengine.engine import ContextEngine
-from ctxengine.facts import FACT_KINDS, context_text, extract_facts, missing_facts
+from ctxengine.facts import FACT_KINDS, Facts, context_text, extract_facts, missing_facts
 from ctxengine.io import Session
 from ctxengine.manager import ContextManager, default_store
 from ctxengine.messages import Message, validate
@@ -48,6 +48,7 @@ __all__ = [
     "make_engine_factory",
     "run_bench",
     "run_session",
+    "session_facts",
 ]
 
 BASELINES: dict[str, Callable[[int], ContextEngine]] = {
@@ -166,6 +167,13 @@ class SessionRun:
         return d
 
 
+def session_facts(session: Session) -> Facts:
+    """The preservation-guarantee facts of everything the agent saw before its last turn."""
+    msgs = session.messages
+    last = max((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), default=len(msgs))
+    return extract_facts(msgs[:last])
+
+
 class _TokenMemo:
     def __init__(self) -> None:
         self._memo: dict[int, tuple[Mapping[str, Any], int]] = {}
@@ -190,9 +198,11 @@ def run_session(
     openai_model: ModelProfile,
     placement: Placement = "system_and_3",
     session_id: str | None = None,
+    facts: Facts | None = None,
 ) -> SessionRun:
     """Replay one session through one engine (see the module docstring). ``session_id`` is the
-    id the engine sees (defaults to the session's own)."""
+    id the engine sees (defaults to the session's own); ``facts`` are the session's facts when
+    already known (:func:`session_facts`), so several engines do not extract them again."""
     t_start = time.perf_counter()
     cfg = config.with_overrides(prompt_caching={"enabled": True, "strategy": placement})
     mgr = ContextManager(
@@ -222,7 +232,6 @@ def run_session(
     first = next((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), len(msgs))
     working: list[Message] = list(msgs[:first])
     last_request: list[Message] = working
-    seen = first
     i = first
     while i < len(msgs):
         before = mgr.status(sid)["compactions"]
@@ -242,12 +251,11 @@ def run_session(
                 run.invalid_details.append(f"call {run.calls}: {errors[0]}")
         if tokens > context_length:
             run.over_window += 1
-        bps = mgr.breakpoints(working, session_id=sid)
+        bps = mgr.breakpoints(working, session_id=sid, tokens=toks)
         run.anthropic.calls.append(anth.call(working, bps, tokens=toks))
         run.openai.calls.append(oai.call(working, tokens=toks))
         run.request_tokens.append(tokens)
         last_request = working
-        seen = i
         run.calls += 1
         j = i + 1
         while j < len(msgs) and msgs[j].get("role") != "assistant":
@@ -257,7 +265,8 @@ def run_session(
         working = [*working, *msgs[i:j]]
         i = j
     run.hygiene_fired = int(mgr.status(sid)["hygiene_fired"])
-    facts = extract_facts(msgs[:seen])
+    if facts is None:
+        facts = session_facts(session)
     missing = missing_facts(facts, context_text(last_request))
     recall = engine_retrievable(engine)
     if recall is not None:
@@ -453,10 +462,11 @@ def _run(
 ) -> BenchResult:
     factories = {n: make_engine_factory(n, cfg, context_length, registry, **services) for n in names}
     t0 = time.perf_counter()
+    facts = [session_facts(s) for s in sessions]
     result = BenchResult(context_length, placement, amodel.name, omodel.name, [s.id for s in sessions], {})
     for n in names:
         totals = EngineTotals(n)
-        for s in sessions:
+        for s, f in zip(sessions, facts, strict=True):
             run = run_session(
                 s,
                 n,
@@ -467,6 +477,7 @@ def _run(
                 openai_model=omodel,
                 placement=placement,
                 session_id=f"bench:{n}:{s.id}",
+                facts=f,
             )
             totals.runs.append(run)
         result.engines[n] = totals

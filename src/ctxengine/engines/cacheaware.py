@@ -113,6 +113,7 @@ class CacheAwareEngine(ContextEngine):
         self._recallable: set[str] = set()
         self._tok: dict[int, tuple[Mapping[str, Any], int]] = {}
         self._calls = 0
+        self._fact_memo: dict[int, tuple[Mapping[str, Any], Facts]] = {}
 
     @classmethod
     def from_config(cls, config: Any, context_length: int, **services: Any) -> CacheAwareEngine:
@@ -134,6 +135,16 @@ class CacheAwareEngine(ContextEngine):
             self._tok.clear()
         self._tok[id(m)] = (m, t)
         return t
+
+    def _facts(self, m: Mapping[str, Any]) -> Facts:
+        hit = self._fact_memo.get(id(m))
+        if hit is not None and hit[0] is m:
+            return hit[1]
+        f = extract_facts([m])
+        if len(self._fact_memo) > 50_000:
+            self._fact_memo.clear()
+        self._fact_memo[id(m)] = (m, f)
+        return f
 
     # -- the contract -----------------------------------------------------------------------
     def update_from_response(self, usage: Any) -> None:
@@ -304,9 +315,10 @@ class CacheAwareEngine(ContextEngine):
             text = message_text(m)
             if text:
                 self._originals.append(text)
-        facts = extract_facts(removed)
-        for k in FACT_KINDS:
-            self._recallable.update(getattr(facts, k))
+        for m in removed:
+            facts = self._facts(m)
+            for k in FACT_KINDS:
+                self._recallable.update(getattr(facts, k))
 
     def _fact_lines(self, facts: Facts, kept: str) -> tuple[list[str], int]:
         lines: list[str] = []
@@ -335,7 +347,7 @@ class CacheAwareEngine(ContextEngine):
             kept_lines.append(f"[… {removed} lines cut …]")
             kept_lines += [_cap(x, s.max_line_chars) for x in all_lines[n - s.tail_lines :]]
         kept = "\n".join(kept_lines)
-        facts = extract_facts([m])
+        facts = self._facts(m)
         fact_lines, dropped = self._fact_lines(facts, kept)
         tool = tool_call_name(call) if call is not None else "tool"
         header = f"{CUT_MARK} {tool} output, {n} lines, ~{self._tokens(m)} tokens; full text via {GREP_TOOL}"
@@ -436,7 +448,9 @@ class CacheAwareEngine(ContextEngine):
                 if not isinstance(args, str):
                     args = json.dumps(args, ensure_ascii=False)
                 actions.append(f"- {tool_call_name(c)}: {_cap(' '.join(args.split()), s.max_action_chars)}")
-        facts = extract_facts(span)
+        facts = Facts()
+        for m in span:
+            facts = facts.merge(self._facts(m))
         head = f"{DIGEST_MARK} {len(span)} earlier messages folded; full text via {GREP_TOOL}"
         kept = "\n".join([head, *actions])
         fact_lines, dropped = self._fact_lines(facts, kept)
