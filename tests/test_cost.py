@@ -135,6 +135,19 @@ def test_token_counts_must_match_messages() -> None:
         AnthropicCache().call(_msgs(2), [1], tokens=[1])
 
 
+def test_block_rule_matches_the_placement_module() -> None:
+    from ctxengine import caching, cost
+
+    samples: list[dict[str, Any]] = [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "a"}, {"id": "b"}]},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}]},
+        {"role": "tool", "tool_call_id": "a", "content": None},
+    ]
+    assert [cost.message_blocks(m) for m in samples] == [caching.message_blocks(m) for m in samples] == [1, 2, 2, 1]
+    assert cost.LOOKBACK_BLOCKS == caching.LOOKBACK_BLOCKS
+
+
 def test_compaction_break_even() -> None:
     # 100K context cut to 40K keeping a 38K stable prefix: 2K rewritten at 1.25 plus 3.8K read
     # costs less than reading the 100K (10K): cheaper at once

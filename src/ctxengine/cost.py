@@ -36,8 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ctxengine.caching import LOOKBACK_BLOCKS, message_blocks
-from ctxengine.messages import Message
+from ctxengine.messages import Message, tool_calls
 from ctxengine.models import ModelProfile
 from ctxengine.tokens import estimate_message_tokens
 
@@ -52,6 +51,7 @@ __all__ = [
     "Request",
     "compaction_break_even",
     "marked_breakpoints",
+    "message_blocks",
     "simulate",
 ]
 
@@ -60,6 +60,23 @@ ANTHROPIC_WRITE = {"5m": 1.25, "1h": 2.0}
 ANTHROPIC_READ = 0.1
 """Cache-read price multiplier (Anthropic)."""
 TTL_SECONDS = {"5m": 300.0, "1h": 3600.0}
+
+LOOKBACK_BLOCKS = 20
+"""Anthropic looks for cache hits at most about 20 content blocks before each breakpoint."""
+
+
+def message_blocks(message: Mapping[str, Any]) -> int:
+    """Content blocks a message becomes at Anthropic: one per content part (a string is one
+    text part), one per tool call, at least one. (The same rule as
+    :func:`ctxengine.caching.message_blocks`; the two modules are independent of each other.)"""
+    content = message.get("content")
+    n = 0
+    if isinstance(content, str):
+        n = 1 if content else 0
+    elif isinstance(content, list):
+        n = len(content)
+    n += len(tool_calls(message))
+    return max(1, n)
 
 DEFAULT_SECONDS_PER_CALL = 20.0
 """Simulated time between two calls when the caller gives no clock: a typical agent step
