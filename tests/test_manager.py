@@ -388,3 +388,14 @@ def test_default_store_opens_sqlite(tmp_path: Any) -> None:
     close = getattr(store, "close", None)
     if callable(close):
         close()
+
+
+def test_store_is_wired_by_default_and_reaches_the_lcm_engine(tmp_path: Any) -> None:
+    cfg = Config.from_dict({"context": {"engine": "lcm"}, "store": {"path": str(tmp_path / "sessions.db")}})
+    with ContextManager.from_config(cfg, model="claude-sonnet-4.5", session_id="lcm-1") as mgr:
+        assert mgr.store is not None
+        msgs = _history(3)
+        assert mgr.prepare(msgs) == msgs
+        st = mgr.status()
+        assert st["store"] == type(mgr.store).__name__ and st["store_errors"] == 0
+        assert getattr(mgr.engine(), "store", None) is mgr.store

@@ -238,9 +238,9 @@ class ContextManager:
         if self._engine_factory is not None:
             engine = self._engine_factory()
         else:
-            registry = self._registry or EngineRegistry(
-                plugin_dirs=self.config.plugins.dirs, entry_points=self.config.plugins.entry_points
-            )
+            if self._registry is None:
+                self._registry = EngineRegistry(plugin_dirs=self.config.plugins.dirs, entry_points=self.config.plugins.entry_points)
+            registry = self._registry
             services: dict[str, Any] = {}
             if self.store is not None:
                 services["store"] = self.store
@@ -280,6 +280,7 @@ class ContextManager:
             s.counter.reset()
             s.hygiene_armed = True
             s.last_sent = []
+            s.last_request = None
             s.last_tokens = 0
             s.pressure_warning = None
 
