@@ -48,7 +48,7 @@ class Violation:
 
     ``code`` is stable and machine-readable (``not_a_list`` with index -1, ``tool_call_without_result``,
     ``result_without_call``, ``duplicate_tool_call_id``, ``bad_role``, ``missing_role``,
-    ``not_a_dict``, ``bad_content``, ``bad_tool_calls``, ``missing_tool_call_id``,
+    ``not_a_dict``, ``bad_content``, ``bad_tool_calls``, ``empty_tool_calls``, ``missing_tool_call_id``,
     ``result_not_adjacent``, ``duplicate_result``, and the warnings ``non_json_arguments`` and
     ``reused_tool_call_id``); ``severity`` is ``"warning"`` for things providers accept and
     ``"error"`` otherwise.
@@ -132,8 +132,10 @@ def validate(messages: Any, *, allow_pending_calls: bool = False) -> list[Violat
             if not isinstance(calls, list):
                 out.append(Violation(i, "bad_tool_calls", "'tool_calls' is not a list"))
                 continue
-            if calls:
-                last_assistant_with_calls = i
+            if not calls:
+                out.append(Violation(i, "empty_tool_calls", "'tool_calls' is an empty list; OpenAI and DeepSeek reject it (omit the key)"))
+                continue
+            last_assistant_with_calls = i
             for c in calls:
                 if not isinstance(c, dict):
                     out.append(Violation(i, "bad_tool_calls", "a tool call is not a dict"))
