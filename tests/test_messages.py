@@ -183,6 +183,13 @@ def test_tool_calls_none_is_a_plain_assistant_message() -> None:
     assert validate([USER, {"role": "assistant", "content": "hi", "tool_calls": None}]) == []
 
 
+def test_empty_tool_calls_list_is_an_error() -> None:
+    # OpenAI answers 400 "Invalid 'messages[1].tool_calls': empty array"
+    vs = validate([USER, {"role": "assistant", "content": "hi", "tool_calls": []}])
+    assert codes(vs) == [(1, "empty_tool_calls")]
+    assert vs[0].severity == "error"
+
+
 def test_dict_arguments_are_accepted() -> None:
     assert validate([USER, asst(call("a", args={"path": "x"})), result("a")]) == []
 
