@@ -347,7 +347,8 @@ class LcmEngine(ContextEngine):
         size = 0
         for it in run:
             t = self.counter.count_messages(msgs[it.start : it.end])
-            if cur and size + t > self.leaf_chunk_tokens:
+            # a small start (a short user message) joins the next group rather than stand alone
+            if cur and size + t > self.leaf_chunk_tokens and size >= self.leaf_chunk_tokens // 4:
                 chunks.append(cur)
                 cur, size = [], 0
             cur.append(it)
