@@ -151,7 +151,7 @@ class EngineRegistry:
         self._entry_points_loaded = True
         for group in (PLUGIN_GROUP, ENGINE_GROUP):
             for ep in metadata.entry_points(group=group):
-                source = f"entry point {ep.name} ({ep.value})"
+                source = f"entry point {ep.name} ({ep.value}){_dist_where(ep)}"
                 try:
                     obj = ep.load()
                 except Exception as exc:
@@ -285,6 +285,19 @@ class EngineRegistry:
             raise
         except Exception as exc:
             raise PluginError(f"engine {name!r} failed to start: {type(exc).__name__}: {exc}") from exc
+
+
+def _dist_where(ep: metadata.EntryPoint) -> str:
+    """`` of <distribution> <version> at <path>`` for an entry point, so a broken plugin can be
+    found on disk; empty when the metadata does not say."""
+    dist = getattr(ep, "dist", None)
+    if dist is None:
+        return ""
+    try:
+        where = str(dist.locate_file(""))
+    except Exception:  # pragma: no cover - exotic distribution finders
+        where = "?"
+    return f" of {dist.metadata['Name']} {dist.version} at {where}"
 
 
 def _accepted_services(factory: Any, services: dict[str, Any]) -> dict[str, Any]:
