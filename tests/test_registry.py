@@ -434,9 +434,10 @@ def test_broken_entry_points_are_reported_and_others_load(dists: Dists) -> None:
     assert problems["missing"].startswith("ModuleNotFoundError")
     assert "register(ctx)" in problems["notcallable"]
     assert "needs a ContextEngine" in problems["wrongtype"]
-    # each problem names where the plugin lives
+    # each problem names where the plugin lives: entry point, distribution and its path
     for p in reg.problems:
         assert p.source.startswith("entry point ") and "(" in p.source
+        assert " of ctxe_test_dist_" in p.source and f"at {dists.root}" in p.source
 
 
 def test_broken_engine_class_entry_point(dists: Dists) -> None:
