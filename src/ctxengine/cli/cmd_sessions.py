@@ -33,7 +33,7 @@ def _open(store_path: str | None, config_path: str | None) -> SessionStore:
 
 
 def _when(ts: float) -> str:
-    return dt.datetime.fromtimestamp(ts, tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return dt.datetime.fromtimestamp(ts, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _preview(text: str, width: int = _PREVIEW) -> str:
@@ -210,7 +210,7 @@ def restore(session_id: str | None, point: str | None, store_path: str | None, c
         _write(json.dumps(messages, indent=2, ensure_ascii=False), output)
     else:
         for i, m in enumerate(messages[-10:], start=max(0, len(messages) - 10)):
-            click.echo(f"{i:>5}  {str(m.get('role')):<9}  {_preview(content_text(m.get('content')) or message_text(m))}", err=True)
+            click.echo(f"{i:>5}  {m.get('role')!s:<9}  {_preview(content_text(m.get('content')) or message_text(m))}", err=True)
 
 
 COMMANDS = [sessions]
