@@ -219,12 +219,10 @@ def message_text(message: Mapping[str, Any]) -> str:
     """The text a message carries: its content plus, for assistants, its tool calls' names and
     arguments (one ``name(arguments)`` line each)."""
     text = content_text(message.get("content"))
-    calls = message.get("tool_calls")
+    calls = tool_calls(message)  # tolerates a malformed 'tool_calls' (validate flags it)
     if calls:
         lines = [text] if text else []
-        for c in calls:
-            if isinstance(c, dict):
-                lines.append(f"{tool_call_name(c)}({_args_str(c)})")
+        lines += [f"{tool_call_name(c)}({_args_str(c)})" for c in calls]
         return "\n".join(lines)
     return text
 
