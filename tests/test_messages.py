@@ -348,6 +348,12 @@ def test_message_text_without_content_or_calls() -> None:
     assert message_text({"role": "assistant"}) == ""
 
 
+def test_message_text_tolerates_malformed_tool_calls() -> None:
+    # found by the fuzz test below: validate checks tool_calls on assistants only
+    assert message_text({"role": "system", "content": "s", "tool_calls": 1}) == "s"
+    assert message_text({"role": "assistant", "content": "x", "tool_calls": [call("a", "f", "{}"), "junk"]}) == "x\nf({})"
+
+
 def test_is_summary() -> None:
     assert is_summary({"role": "assistant", "content": "[CONTEXT COMPACTION] earlier turns"})
     assert is_summary({"role": "user", "content": [{"type": "text", "text": "[ctxengine:rules] collapsed"}]})
