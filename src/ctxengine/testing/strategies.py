@@ -17,6 +17,7 @@ Requires ``hypothesis`` (``pip install ctxengine[test]``).
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from typing import Any
 
 from hypothesis import strategies as st
@@ -76,7 +77,15 @@ _line = st.one_of(
 )
 
 
-def texts(*, max_lines: int = 8, huge_tokens: int = 0) -> st.SearchStrategy[str]:
+@lru_cache(maxsize=64)
+def _int(lo: int, hi: int) -> st.SearchStrategy[int]:
+    # strategies are cached: hypothesis computes properties of each new strategy object,
+    # which dominated drawing time when composites rebuilt them on every draw
+    return st.integers(min_value=lo, max_value=hi)
+
+
+@lru_cache(maxsize=64)
+def texts(*, max_lines: int = 6, huge_tokens: int = 0) -> st.SearchStrategy[str]:
     """Text like agent sessions hold: prose, code, paths, URLs, error lines, CJK and emoji,
     arbitrary unicode; sometimes empty. With ``huge_tokens > 0``, sometimes a numbered listing
     of up to about that many tokens (built by repetition, so drawing it stays cheap)."""
@@ -86,11 +95,12 @@ def texts(*, max_lines: int = 8, huge_tokens: int = 0) -> st.SearchStrategy[str]
     return st.one_of(base, _huge_text(huge_tokens))
 
 
+@lru_cache(maxsize=64)
 def _huge_text(huge_tokens: int) -> st.SearchStrategy[str]:
     @st.composite
     def build(draw: st.DrawFn) -> str:
         line = draw(_line)
-        target = draw(st.integers(min_value=1, max_value=huge_tokens))
+        target = draw(_int(1, huge_tokens))
         per_line = max(2, (len(line) + 12) // 4)
         n = max(1, target // per_line)
         return "\n".join(f"{i:6d}  {line}" for i in range(1, n + 1))
@@ -98,6 +108,7 @@ def _huge_text(huge_tokens: int) -> st.SearchStrategy[str]:
     return build()
 
 
+@lru_cache(maxsize=8)
 def json_values(max_leaves: int = 6) -> st.SearchStrategy[Any]:
     """JSON values (no NaN or infinities), as tool arguments and inputs carry them."""
     scalars = st.one_of(
@@ -115,8 +126,13 @@ def json_values(max_leaves: int = 6) -> st.SearchStrategy[Any]:
     )
 
 
+@lru_cache(maxsize=8)
+def _maybe_text(text: st.SearchStrategy[str]) -> st.SearchStrategy[str | None]:
+    return st.sampled_from([None, ""]) | text
+
+
 def _rare(draw: st.DrawFn, one_in: int) -> bool:
-    return draw(st.integers(min_value=0, max_value=one_in - 1)) == 0
+    return draw(_int(0, one_in - 1)) == 0
 
 
 def _user_content(draw: st.DrawFn, multimodal: bool, text: st.SearchStrategy[str]) -> Any:
@@ -163,24 +179,24 @@ def conversations(
         msgs.append({"role": "system", "content": draw(small)})
     used_ids: list[str] = []
     counter = 0
-    for _ in range(draw(st.integers(min_value=min_turns, max_value=max_turns))):
+    for _ in range(draw(_int(min_turns, max_turns))):
         user: Message = {"role": "user", "content": _user_content(draw, multimodal, small)}
         if extra_keys and _rare(draw, 8):
             user["name"] = "alice"
         msgs.append(user)
-        steps = draw(st.integers(min_value=0, max_value=max_steps))
+        steps = draw(_int(0, max_steps))
         last_had_calls = False
         for _step in range(steps):
-            k = draw(st.integers(min_value=0, max_value=max_parallel_calls))
+            k = draw(_int(0, max_parallel_calls))
             assistant: Message = {"role": "assistant"}
             if k == 0:
                 assistant["content"] = draw(small)
             else:
-                assistant["content"] = draw(st.sampled_from([None, ""]) | small)
+                assistant["content"] = draw(_maybe_text(small))
             if extra_keys and _rare(draw, 5):
                 assistant["reasoning_content"] = draw(small)
             if extra_keys and _rare(draw, 10):
-                assistant["x_trace"] = {"span": draw(st.integers(min_value=0, max_value=999))}
+                assistant["x_trace"] = {"span": draw(_int(0, 999))}
             calls: list[dict[str, Any]] = []
             group_ids: set[str] = set()
             for _c in range(k):
@@ -240,7 +256,7 @@ def _a_text_block(draw: st.DrawFn, text: st.SearchStrategy[str]) -> dict[str, An
 
 
 def _a_image_block(draw: st.DrawFn) -> dict[str, Any]:
-    kind = draw(st.integers(min_value=0, max_value=3))
+    kind = draw(_int(0, 3))
     source: dict[str, Any]
     if kind == 0:
         source = {"type": "url", "url": draw(st.sampled_from((*_IMAGE_URLS[1:], "https://example.com/a b.jpg")))}
@@ -253,7 +269,7 @@ def _a_image_block(draw: st.DrawFn) -> dict[str, Any]:
 
 
 def _a_other_block(draw: st.DrawFn, text: st.SearchStrategy[str]) -> dict[str, Any]:
-    kind = draw(st.integers(min_value=0, max_value=5))
+    kind = draw(_int(0, 5))
     if kind <= 3:
         return _a_text_block(draw, text)
     if kind == 4:
@@ -264,13 +280,13 @@ def _a_other_block(draw: st.DrawFn, text: st.SearchStrategy[str]) -> dict[str, A
 
 def _a_tool_result(draw: st.DrawFn, tool_use_id: str, text: st.SearchStrategy[str]) -> dict[str, Any]:
     block: dict[str, Any] = {"type": "tool_result", "tool_use_id": tool_use_id}
-    kind = draw(st.integers(min_value=0, max_value=4))
+    kind = draw(_int(0, 4))
     if kind <= 2:
         block["content"] = draw(text)
     elif kind == 3:
         block["content"] = [
-            _a_text_block(draw, text) if draw(st.integers(0, 3)) else _a_image_block(draw)
-            for _ in range(draw(st.integers(min_value=0, max_value=3)))
+            _a_text_block(draw, text) if draw(_int(0, 3)) else _a_image_block(draw)
+            for _ in range(draw(_int(0, 3)))
         ]
     if _rare(draw, 4):
         block["is_error"] = draw(st.booleans())
@@ -281,15 +297,15 @@ def _a_assistant(draw: st.DrawFn, text: st.SearchStrategy[str], counter: list[in
     if _rare(draw, 6):
         return {"role": "assistant", "content": draw(text)}, []
     blocks: list[dict[str, Any]] = []
-    for _ in range(draw(st.integers(min_value=0, max_value=2))):
+    for _ in range(draw(_int(0, 2))):
         if _rare(draw, 3):
             blocks.append({"type": "redacted_thinking", "data": draw(st.sampled_from(("EmwKAhgBEgy3va3pzix/LafPsn4a", "Ep0BCkYIBRgCKkA=")))})
         else:
             blocks.append({"type": "thinking", "thinking": draw(text), "signature": draw(st.sampled_from(("ErUBCkYIBRgCIkB", "EqQBCgIYAhIM1gbcDa9GJwZA")))})
-    for _ in range(draw(st.integers(min_value=0, max_value=2))):
+    for _ in range(draw(_int(0, 2))):
         blocks.append(_a_text_block(draw, text))
     ids: list[str] = []
-    for _ in range(draw(st.integers(min_value=0, max_value=3))):
+    for _ in range(draw(_int(0, 3))):
         counter[0] += 1
         cid = f"toolu_{counter[0]:04d}"
         ids.append(cid)
@@ -304,10 +320,10 @@ def _a_assistant(draw: st.DrawFn, text: st.SearchStrategy[str], counter: list[in
 
 def _a_user_with_results(draw: st.DrawFn, pending: list[str], text: st.SearchStrategy[str]) -> list[dict[str, Any]]:
     results = [_a_tool_result(draw, cid, text) for cid in pending]
-    others = [_a_other_block(draw, text) for _ in range(draw(st.integers(min_value=0, max_value=2)))]
+    others = [_a_other_block(draw, text) for _ in range(draw(_int(0, 2)))]
     if len(results) > 1 and _rare(draw, 5):
         # the results split over two consecutive user messages
-        cut = draw(st.integers(min_value=1, max_value=len(results) - 1))
+        cut = draw(_int(1, len(results) - 1))
         return [{"role": "user", "content": results[:cut]}, {"role": "user", "content": results[cut:] + others}]
     blocks = results + others
     if _rare(draw, 3):
@@ -330,23 +346,23 @@ def anthropic_payloads(draw: st.DrawFn, *, max_turns: int = 5, huge_tokens: int 
     ``cache_control`` on any block; consecutive messages of the same role; unknown keys.
     """
     text = texts(huge_tokens=huge_tokens)
-    sys_kind = draw(st.integers(min_value=0, max_value=2))
+    sys_kind = draw(_int(0, 2))
     system: Any = None
     if sys_kind == 1:
         system = draw(text)
     elif sys_kind == 2:
-        system = [_a_text_block(draw, text) for _ in range(draw(st.integers(min_value=0, max_value=3)))]
+        system = [_a_text_block(draw, text) for _ in range(draw(_int(0, 3)))]
     messages: list[dict[str, Any]] = []
     pending: list[str] = []
     counter = [0]
-    for _ in range(draw(st.integers(min_value=1, max_value=max_turns))):
+    for _ in range(draw(_int(1, max_turns))):
         if pending:
             messages.extend(_a_user_with_results(draw, pending, text))
             pending = []
         elif draw(st.booleans()):
             messages.append({"role": "user", "content": draw(text)})
         else:
-            messages.append({"role": "user", "content": [_a_other_block(draw, text) for _ in range(draw(st.integers(min_value=0, max_value=3)))]})
+            messages.append({"role": "user", "content": [_a_other_block(draw, text) for _ in range(draw(_int(0, 3)))]})
         if _rare(draw, 6):
             messages.append({"role": "user", "content": draw(text)})
         assistant, pending = _a_assistant(draw, text, counter)

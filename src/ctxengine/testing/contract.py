@@ -1,0 +1,531 @@
+"""The engine contract kit: property-test any :class:`ContextEngine` against DESIGN §3.3.
+
+One call does it::
+
+    from ctxengine.testing import check_engine_contract
+
+    def test_my_engine_keeps_the_contract():
+        report = check_engine_contract(lambda: MyEngine(context_length=4_000))
+        assert report.turn_compactions > 0
+
+Pass a *factory* (a callable returning a fresh engine) with a small ``context_length`` so
+that compaction really fires on the generated conversations; an engine instance works too (it
+is reset with ``on_session_reset()`` between examples). The kit draws conversations from
+:func:`ctxengine.testing.strategies.conversations` (sized relative to the engine's threshold)
+and, for each one:
+
+* calls ``compress`` on the whole conversation (a forced compaction, as a manual ``/compress``
+  does), and
+* replays it as an agent loop: before every assistant message the working context goes
+  through the per-turn path (``should_compress(tokens)`` → ``compress`` when it says so), the
+  engine is told the usage of the request (``update_from_response``), and the next messages
+  are appended to what was sent.
+
+It checks, on every ``compress`` call (``W`` the input, ``O`` the output):
+
+1. **Valid in, valid out** — ``validate(O)`` reports no error (every call keeps exactly one
+   result, no orphan results, legal roles); ``compress`` returns a list and does not raise.
+2. **No mutation** — ``W`` serializes to the same bytes before and after; ``O is not W``.
+3. **Under the threshold nothing changes** — on the per-turn path, while the request holds at
+   most half of ``threshold_tokens`` (margin for engines that count with another tokenizer),
+   ``should_compress`` is False, so the request goes out unchanged.
+4. **No fabrication** — every message of ``O`` is accounted for. It is either
+   *verbatim* (equal to a message of ``W``); or *marked* (:func:`ctxengine.messages.is_summary`:
+   its text starts with ``[CONTEXT COMPACTION]`` or ``[ctxengine:``; engines write summaries,
+   folded spans and records this way); or a *placeholder result* (a ``tool`` message whose
+   ``tool_call_id`` is that of a tool message of ``W``: a stub, a cut output, a one-line
+   record — any content); or a *reduced call* (an assistant message whose tool calls, by id
+   and function name, all belong to one assistant message of ``W``); or a *reduced message*
+   (role of a message of ``W``). For reduced calls and reduced messages every non-empty line
+   of the text must occur in the text of ``W`` (cut or merged text), except short annotation
+   lines in square brackets (``[...truncated 40 lines...]``, at most 500 characters).
+5. **Anchors survive** — a leading system prompt stays the first message and keeps its text
+   (a note may be appended); every user message of ``W`` is in ``O`` verbatim, or its text is
+   quoted verbatim (leading and trailing whitespace aside) inside a marked summary (folding
+   older user turns is allowed; their images are not checked); the latest user message is always in ``O`` verbatim. After the
+   replay, every user message of the conversation passes the same test against the last
+   request.
+6. **Deterministic engines are deterministic** (``engine.deterministic`` is True) — two fresh
+   engines give byte-identical outputs for the forced compaction and for every request of the
+   replay.
+7. **Prefix stability** — let compaction *k* turn ``W_k`` into ``O_k`` and the next one turn
+   ``W_j = O_k + appended`` into ``O_j``. The region compaction *k* wrote ends where the
+   longest common suffix of ``O_k`` and ``W_k`` (the untouched tail) begins. Its *stable
+   prefix* is that region up to its first marked summary that is not a tool result (an engine
+   may update a summary iteratively, which rewrites the summary and what follows it; marked
+   tool results are records of one output and must stay as they are). Compaction *j* must leave the
+   stable prefix byte-identical (JSON, key order included): the already-compacted prefix is
+   read from the prompt cache, so rewriting it costs a full cache write every compaction.
+8. **Preservation guarantee** (deterministic engines) — the facts of ``W``
+   (:func:`ctxengine.facts.extract_facts`: user texts, file paths, URLs, tool names, error
+   lines) all occur in the text of ``O``; after the replay, the facts of the whole
+   conversation occur in the last request. Exception: when ``O`` plus the missing facts
+   would not fit in ``context_length`` (a giant output, or user messages that alone fill the
+   window), the facts may live in a store instead (DESIGN §3.8); the report counts them as
+   ``facts_beyond_window``.
+
+A broken invariant raises :class:`ContractViolation` (an ``AssertionError``) naming the
+invariant, the engine and the problem, with the smallest example hypothesis could shrink to.
+Invariant 9 of DESIGN §3.3 (failure never loses context) needs a failing summarizer and is
+tested per engine, not here.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import HealthCheck, Verbosity, given
+from hypothesis import seed as hypothesis_seed
+from hypothesis import settings as hypothesis_settings
+from hypothesis.errors import Flaky
+
+from ctxengine.engine import ContextEngine
+from ctxengine.facts import FACT_KINDS, context_text, extract_facts, missing_facts
+from ctxengine.messages import (
+    Message,
+    content_text,
+    is_summary,
+    message_text,
+    tool_call_id,
+    tool_call_name,
+    tool_calls,
+    validate,
+)
+from ctxengine.testing.strategies import conversations
+from ctxengine.tokens import estimate, estimate_messages_tokens_rough
+
+__all__ = ["INVARIANTS", "ContractReport", "ContractViolation", "EngineSource", "check_engine_contract"]
+
+INVARIANTS: dict[int, str] = {
+    1: "valid in, valid out",
+    2: "no mutation",
+    3: "under the threshold nothing changes",
+    4: "no fabrication",
+    5: "anchors survive",
+    6: "deterministic engines are deterministic",
+    7: "prefix stability",
+    8: "preservation guarantee",
+}
+"""The invariants of DESIGN §3.3 the kit checks, by number."""
+
+EngineSource = ContextEngine | Callable[[], ContextEngine]
+"""An engine instance, or a callable returning a fresh engine (preferred)."""
+
+MAX_ANNOTATION_CHARS = 500
+"""Longest bracketed annotation line a reduced message may add (truncation notes, the system
+prompt note of the seed's compressor, which is about 240 characters)."""
+
+_SHOW_STRING = 160
+_SHOW_MESSAGES = 60
+
+
+class ContractViolation(AssertionError):
+    """An engine broke an invariant. ``invariant`` is its number (see :data:`INVARIANTS`),
+    ``example`` the message list (the engine's input) that shows it."""
+
+    def __init__(self, invariant: int, engine: str, detail: str, example: Sequence[Message], where: str = "") -> None:
+        self.invariant = invariant
+        self.engine = engine
+        self.detail = detail
+        self.example = list(example)
+        self.where = where
+        head = f"invariant {invariant} ({INVARIANTS.get(invariant, '?')}) broken by engine {engine!r}: {detail}"
+        if where:
+            head += f"\n  where: {where}"
+        super().__init__(f"{head}\n  minimal example ({len(self.example)} messages):\n{show_messages(self.example)}")
+
+
+@dataclass(slots=True)
+class ContractReport:
+    """What :func:`check_engine_contract` exercised (it raises on the first violation).
+
+    ``checks`` counts, per invariant number, how many times it was checked;
+    ``turn_compactions`` counts compactions fired by ``should_compress`` on the per-turn path
+    (0 means the generated sessions never reached the threshold: use a smaller
+    ``context_length``, or invariants 3 and 7 were barely exercised); ``facts_beyond_window``
+    counts facts missing from outputs that could not have held them inside the window;
+    ``anchors_beyond_window`` counts inputs whose system prompt and user messages alone
+    overflow the window (only the latest user message is then required verbatim).
+    """
+
+    engine: str
+    deterministic: bool
+    examples: int = 0
+    compress_calls: int = 0
+    turn_compactions: int = 0
+    facts_beyond_window: int = 0
+    anchors_beyond_window: int = 0
+    checks: dict[int, int] = field(default_factory=lambda: dict.fromkeys(INVARIANTS, 0))
+    notes: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        counts = ", ".join(f"{k}:{v}" for k, v in sorted(self.checks.items()))
+        text = (
+            f"engine {self.engine!r}: {self.examples} examples, {self.compress_calls} compress calls, "
+            f"{self.turn_compactions} per-turn compactions, {self.facts_beyond_window} facts and "
+            f"{self.anchors_beyond_window} anchor sets beyond the window; "
+            f"checks per invariant {counts}"
+        )
+        return text + "".join(f"\n  note: {n}" for n in self.notes)
+
+
+def show_messages(messages: Sequence[Any]) -> str:
+    """A readable, bounded rendering of a message list: one JSON line per message, long
+    strings cut in the middle, at most 60 messages."""
+
+    def shorten(v: Any) -> Any:
+        if isinstance(v, str) and len(v) > _SHOW_STRING:
+            half = _SHOW_STRING // 2
+            return f"{v[:half]}…[{len(v) - _SHOW_STRING} chars]…{v[-half:]}"
+        if isinstance(v, list):
+            return [shorten(x) for x in v]
+        if isinstance(v, dict):
+            return {k: shorten(x) for k, x in v.items()}
+        return v
+
+    lines = []
+    for i, m in enumerate(messages[:_SHOW_MESSAGES]):
+        lines.append(f"    [{i}] {json.dumps(shorten(m), ensure_ascii=False, default=repr)}")
+    if len(messages) > _SHOW_MESSAGES:
+        lines.append(f"    … {len(messages) - _SHOW_MESSAGES} more")
+    return "\n".join(lines) if lines else "    (empty)"
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=repr)
+
+
+def _is_annotation(line: str) -> bool:
+    s = line.strip()
+    return s.startswith("[") and s.endswith("]") and len(s) <= MAX_ANNOTATION_CHARS
+
+
+class _Harness:
+    """Makes engines, checks each call, and keeps the report."""
+
+    def __init__(self, source: EngineSource) -> None:
+        if isinstance(source, ContextEngine):
+            self._instance: ContextEngine | None = source
+            self._factory: Callable[[], ContextEngine] | None = None
+        elif callable(source):
+            self._instance = None
+            self._factory = source
+        else:
+            raise TypeError(f"check_engine_contract needs a ContextEngine or a factory returning one, not {type(source).__name__}")
+        self._sessions = 0
+        probe = self._make()
+        self.name = str(probe.name)
+        self.deterministic = bool(probe.deterministic)
+        self.threshold = int(probe.threshold_tokens)
+        self.context_length = int(probe.context_length)
+        self.report = ContractReport(self.name, self.deterministic)
+
+    def _make(self) -> ContextEngine:
+        if self._factory is not None:
+            engine = self._factory()
+            if not isinstance(engine, ContextEngine):
+                raise TypeError(f"the engine factory returned a {type(engine).__name__}, not a ContextEngine")
+            return engine
+        assert self._instance is not None
+        self._instance.on_session_reset()
+        return self._instance
+
+    def fresh(self) -> tuple[ContextEngine, str]:
+        engine = self._make()
+        self._sessions += 1
+        session_id = f"contract-{self._sessions}"
+        engine.on_session_start(session_id)
+        return engine, session_id
+
+    def fail(self, invariant: int, detail: str, example: Sequence[Message], where: str = "") -> ContractViolation:
+        return ContractViolation(invariant, self.name, detail, example, where)
+
+    def count(self, *invariants: int) -> None:
+        for n in invariants:
+            self.report.checks[n] += 1
+
+    # -- one compress call ----------------------------------------------------------------------
+    def compress(self, engine: ContextEngine, messages: list[Message], tokens: int, where: str) -> list[Message]:
+        before = _dumps(messages)
+        self.report.compress_calls += 1
+        try:
+            out = engine.compress(messages, current_tokens=tokens)
+        except Exception as exc:
+            raise self.fail(1, f"compress raised {type(exc).__name__}: {exc}", messages, where) from exc
+        self.count(2)
+        if _dumps(messages) != before:
+            old = json.loads(before)
+            idx = next((i for i, (a, b) in enumerate(zip(old, messages, strict=False)) if _dumps(a) != _dumps(b)), min(len(old), len(messages)))
+            raise self.fail(2, f"compress changed its input (first changed message: {idx})", old, where)
+        if out is messages:
+            raise self.fail(2, "compress returned the caller's list object instead of a new list", messages, where)
+        if not isinstance(out, list):
+            raise self.fail(1, f"compress returned a {type(out).__name__}, not a list", messages, where)
+        self.check_output(messages, out, where)
+        return out
+
+    def check_output(self, inp: list[Message], out: list[Message], where: str) -> None:
+        self.count(1)
+        errors = [v for v in validate(out) if v.severity == "error"]
+        if errors and not [v for v in validate(inp) if v.severity == "error"]:
+            shown = "; ".join(str(v) for v in errors[:5])
+            raise self.fail(1, f"valid input gave invalid output: {shown}\n  output:\n{show_messages(out)}", inp, where)
+        self.check_fabrication(inp, out, where)
+        self.check_anchors(inp, out, where)
+        if self.deterministic:
+            self.check_facts(inp, out, where)
+
+    def check_fabrication(self, inp: list[Message], out: list[Message], where: str) -> None:
+        self.count(4)
+        verbatim = {_dumps(m) for m in inp}
+        result_ids = {m.get("tool_call_id") for m in inp if m.get("role") == "tool"}
+        call_sets = [{(tool_call_id(c), tool_call_name(c)) for c in tool_calls(m)} for m in inp if m.get("role") == "assistant" and tool_calls(m)]
+        roles = {m.get("role") for m in inp}
+        source_text = "\n".join(message_text(m) for m in inp)
+        for j, m in enumerate(out):
+            if not isinstance(m, dict):
+                raise self.fail(1, f"output message {j} is a {type(m).__name__}", inp, where)
+            if _dumps(m) in verbatim or is_summary(m):
+                continue
+            role = m.get("role")
+            calls = tool_calls(m)
+            if role == "tool":
+                if m.get("tool_call_id") in result_ids:
+                    continue
+                raise self.fail(4, f"output message {j} is a tool result for call id {m.get('tool_call_id')!r}, which no input tool message answers: {show_messages([m])}", inp, where)
+            if role == "assistant" and calls:
+                pairs = {(tool_call_id(c), tool_call_name(c)) for c in calls}
+                if not any(pairs <= s for s in call_sets):
+                    raise self.fail(4, f"output message {j} has tool calls {sorted(pairs)} that no single input assistant message issued", inp, where)
+                text = content_text(m.get("content"))
+            elif role in roles:
+                text = message_text(m)
+            else:
+                raise self.fail(4, f"output message {j} has role {role!r}, which no input message has, and is not a marked summary", inp, where)
+            for line in text.splitlines():
+                s = line.strip()
+                if s and s not in source_text and not _is_annotation(s):
+                    raise self.fail(
+                        4,
+                        f"output message {j} ({role}) is not an input message and not a marked summary, and its line {s[:200]!r} occurs in no input message",
+                        inp,
+                        where,
+                    )
+
+    def check_anchors(self, inp: list[Message], out: list[Message], where: str, *, final: bool = False) -> None:
+        self.count(5)
+        if not final and inp and inp[0].get("role") in ("system", "developer"):
+            first = out[0] if out else {}
+            if first.get("role") != inp[0].get("role") or content_text(inp[0].get("content")) not in content_text(first.get("content")):
+                raise self.fail(5, "the system prompt is not the first output message with its text intact", inp, where)
+        users = [m for m in inp if m.get("role") == "user" and not is_summary(m)]
+        if not users:
+            return
+        kept = Counter(_dumps(m) for m in out if m.get("role") == "user")
+        summaries = "\n".join(content_text(m.get("content")) for m in out if is_summary(m))
+        needed = Counter(_dumps(m) for m in users)
+        system = [inp[0]] if inp[0].get("role") in ("system", "developer") else []
+        if estimate_messages_tokens_rough(system + users) > self.context_length > 0:
+            # the anchors alone overflow the window: something of them has to give
+            self.report.anchors_beyond_window += 1
+            users = users[-1:] if not final else []
+        for u in users:
+            key = _dumps(u)
+            if kept[key] >= needed[key]:
+                continue
+            text = content_text(u.get("content")).strip()
+            if not summaries or text not in summaries:
+                idx = inp.index(u)
+                raise self.fail(5, f"user message {idx} is neither in the output verbatim nor quoted verbatim in a marked summary: {show_messages([u])}", inp, where)
+        if not final and users and _dumps(users[-1]) not in kept:
+            raise self.fail(5, f"the latest user message (input message {inp.index(users[-1])}) is not in the output verbatim", inp, where)
+
+    def check_facts(self, inp: list[Message], out: list[Message], where: str) -> None:
+        self.count(8)
+        facts = extract_facts(inp, include_users=False)
+        facts.users = list(dict.fromkeys(t for m in inp if m.get("role") == "user" and not is_summary(m) for t in [content_text(m.get("content"))] if t.strip()))
+        missing = missing_facts(facts, context_text(out))
+        if len(missing) and estimate_messages_tokens_rough(out) + estimate("\n".join(missing.all())) > self.context_length > 0:
+            # keeping them would not fit the window: the documented trade-off (kept in a store)
+            self.report.facts_beyond_window += len(missing)
+            return
+        if len(missing):
+            shown = "; ".join(f"{k}: {[f[:120] for f in getattr(missing, k)[:3]]}" for k in FACT_KINDS if getattr(missing, k))
+            raise self.fail(8, f"{len(missing)} fact(s) of the input are missing from the output: {shown}", inp, where)
+
+    def check_prefix(self, prev_in: list[Message], prev_out: list[Message], inp: list[Message], out: list[Message], where: str) -> None:
+        self.count(7)
+        a = [_dumps(m) for m in prev_out]
+        b = [_dumps(m) for m in prev_in]
+        suffix = 0
+        while suffix < min(len(a), len(b)) and a[-1 - suffix] == b[-1 - suffix]:
+            suffix += 1
+        end = len(a) - suffix
+        stable = next((i for i in range(end) if prev_out[i].get("role") != "tool" and is_summary(prev_out[i])), end)
+        now = [_dumps(m) for m in out[:stable]]
+        if now != a[:stable]:
+            idx = next((i for i, (x, y) in enumerate(zip(now, a[:stable], strict=False)) if x != y), min(len(now), stable))
+            raise self.fail(
+                7,
+                f"this compaction rewrote message {idx} of the stable prefix the previous compaction produced "
+                f"(its first {stable} messages; the next compaction may only change what follows)\n"
+                f"  previous output:\n{show_messages(prev_out)}\n  this output:\n{show_messages(out)}",
+                inp,
+                where,
+            )
+
+    # -- one example ------------------------------------------------------------------------------
+    def run(self, conv: list[Message]) -> None:
+        self.report.examples += 1
+        tokens = estimate_messages_tokens_rough(conv)
+        engine, sid = self.fresh()
+        out = self.compress(engine, conv, tokens, "forced compress() of the whole conversation")
+        engine.on_session_end(sid, out)
+        if self.deterministic:
+            engine2, sid2 = self.fresh()
+            out2 = self.compress(engine2, conv, tokens, "forced compress(), second fresh engine")
+            engine2.on_session_end(sid2, out2)
+            self.count(6)
+            if _dumps(out) != _dumps(out2):
+                raise self.fail(6, f"two fresh engines compressed the same input differently\n  first:\n{show_messages(out)}\n  second:\n{show_messages(out2)}", conv, "forced compress()")
+        sent = self.replay(conv)
+        if self.deterministic:
+            again = self.replay(conv)
+            self.count(6)
+            for k, (x, y) in enumerate(zip(sent, again, strict=True)):
+                if _dumps(x) != _dumps(y):
+                    raise self.fail(6, f"request {k} of the replay differs between two fresh engines", x, "per-turn replay")
+
+    def replay(self, conv: list[Message]) -> list[list[Message]]:
+        engine, sid = self.fresh()
+        points = sorted({i for i, m in enumerate(conv) if m.get("role") == "assistant" and i > 0} | {len(conv)})
+        sent: list[list[Message]] = []
+        context: list[Message] = []
+        last = 0
+        previous: tuple[list[Message], list[Message]] | None = None
+        for k, p in enumerate(points):
+            request = context + conv[last:p]
+            last = p
+            tokens = estimate_messages_tokens_rough(request)
+            where = f"per-turn replay, request {k} ({tokens:,} estimated tokens, threshold {self.threshold:,})"
+            try:
+                fire = bool(engine.should_compress(tokens))
+            except Exception as exc:
+                raise self.fail(1, f"should_compress raised {type(exc).__name__}: {exc}", request, where) from exc
+            if self.threshold > 0 and tokens * 2 <= self.threshold:
+                self.count(3)
+                if fire:
+                    raise self.fail(3, f"should_compress({tokens}) is True at under half the threshold ({self.threshold})", request, where)
+            if fire:
+                out = self.compress(engine, request, tokens, where)
+                self.report.turn_compactions += 1
+                if previous is not None:
+                    self.check_prefix(previous[0], previous[1], request, out, where)
+                previous = (request, out)
+            else:
+                out = request
+            sent_tokens = estimate_messages_tokens_rough(out)
+            engine.update_from_response({"prompt_tokens": sent_tokens, "completion_tokens": 16, "total_tokens": sent_tokens + 16})
+            sent.append(out)
+            context = list(out)
+        final = sent[-1] if sent else []
+        self.check_anchors(conv, final, "after the replay: the last request against the whole conversation", final=True)
+        if self.deterministic:
+            self.check_facts(conv, final, "after the replay: the last request against the whole conversation")
+        engine.on_session_end(sid, final)
+        return sent
+
+
+class _ShrinkBudget:
+    """Bounds the time hypothesis spends shrinking a failure (each example runs an engine on
+    whole conversations, so its default five minutes would be spent on slow engines): once the
+    budget is spent, every new candidate passes at once, except the last failing example,
+    which hypothesis replays to report."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.first_failure: float | None = None
+        self.last_failing: str | None = None
+        self.last_violation: ContractViolation | None = None
+
+    def skip(self, conv: list[Message]) -> bool:
+        if self.first_failure is None or time.monotonic() - self.first_failure <= self.seconds:
+            return False
+        return _dumps(conv) != self.last_failing
+
+    def failed(self, conv: list[Message], exc: ContractViolation) -> None:
+        if self.first_failure is None:
+            self.first_failure = time.monotonic()
+        self.last_failing = _dumps(conv)
+        self.last_violation = exc
+
+
+def check_engine_contract(
+    engine: EngineSource,
+    *,
+    examples: int = 50,
+    seed: int | None = 0,
+    max_turns: int = 6,
+    huge_tokens: int | None = None,
+    shrink_seconds: float = 30.0,
+) -> ContractReport:
+    """Property-test ``engine`` against the invariants of DESIGN §3.3 (see the module docs).
+
+    ``engine``: a factory returning a fresh engine (preferred; give it a small
+    ``context_length`` such as 4,000 so compaction fires), or an engine instance (reset with
+    ``on_session_reset()`` between examples). ``examples``: conversations to generate.
+    ``seed``: fixed by default so runs are reproducible; ``None`` for a fresh random run.
+    ``max_turns``: user turns per conversation. ``huge_tokens``: size bound of the occasional
+    huge tool output; default twice the engine's threshold (at least 500, at most 100,000), so
+    a single output can cross the threshold as in real sessions. ``shrink_seconds``: time
+    spent shrinking a failure to a smaller example before it is reported.
+
+    Returns a :class:`ContractReport`; raises :class:`ContractViolation` (an
+    ``AssertionError``) naming the broken invariant with the smallest example found.
+    """
+    harness = _Harness(engine)
+    if huge_tokens is None:
+        huge_tokens = max(500, min(2 * harness.threshold, 100_000))
+    if harness.threshold <= 0:
+        harness.report.notes.append("threshold_tokens is 0: invariant 3 (under the threshold) not checked")
+    strategy = conversations(max_turns=max_turns, huge_tokens=huge_tokens)
+
+    shrink = _ShrinkBudget(shrink_seconds)
+
+    @hypothesis_settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        report_multiple_bugs=False,
+        suppress_health_check=list(HealthCheck),
+        verbosity=Verbosity.quiet,
+    )
+    @given(strategy)
+    def prop(conv: list[Message]) -> None:
+        if shrink.skip(conv):
+            return
+        try:
+            harness.run(conv)
+        except ContractViolation as exc:
+            shrink.failed(conv, exc)
+            raise
+
+    if seed is not None:
+        prop = hypothesis_seed(seed)(prop)
+    try:
+        prop()
+    except Flaky as exc:
+        if shrink.last_violation is None:
+            raise
+        raise shrink.last_violation from exc
+    if harness.report.turn_compactions == 0:
+        harness.report.notes.append(
+            f"no compaction fired on the per-turn path (threshold {harness.threshold:,} tokens): "
+            "give the engine a smaller context_length to exercise invariants 3 and 7"
+        )
+    return harness.report
