@@ -38,7 +38,7 @@ from typing import Any, ClassVar, Literal
 from ctxengine.errors import InputError, NotFoundError, StoreError
 from ctxengine.messages import Message, message_text
 from ctxengine.store.migrations import Backend, apply_migrations, current_version
-from ctxengine.tokens import estimate_message_tokens
+from ctxengine.tokens import MESSAGE_OVERHEAD_TOKENS, estimate, estimate_message_tokens
 
 __all__ = [
     "EXPORT_FORMAT",
@@ -66,7 +66,7 @@ SNIPPET_CONTEXT = 300
 def canonical_json(message: Mapping[str, Any]) -> str:
     """The canonical JSON of a message: sorted keys, no spaces, UTF-8 kept as is."""
     try:
-        return json.dumps(message, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return json.dumps(message, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False, check_circular=False)
     except (TypeError, ValueError) as exc:
         raise InputError(f"message is not JSON-serialisable: {exc}") from exc
 
@@ -196,6 +196,10 @@ class SessionStore(ABC):
         """
 
     @abstractmethod
+    def record_many(self, histories: Iterable[tuple[str, Sequence[Message]]]) -> dict[str, list[str]]:
+        """Record the histories of many sessions at once (one transaction); ids by session."""
+
+    @abstractmethod
     def append_messages(self, session_id: str, messages: Sequence[Message]) -> list[str]:
         """Append ``messages`` after the session's current tip, atomically; return their ids."""
 
@@ -311,12 +315,15 @@ class _Prepared:
 def _prepare(messages: Sequence[Message], parent_id: str | None) -> list[_Prepared]:
     out = []
     for i, m in enumerate(messages):
-        if not isinstance(m, Mapping):
+        if not isinstance(m, dict):
             raise InputError(f"message {i} is a {type(m).__name__}, not a dict")
         canon = canonical_json(m)
         b = blob_hash(canon)
         mid = message_id(parent_id, b)
-        out.append(_Prepared(canon, b, mid, str(m.get("role", "")), _search_text(m), estimate_message_tokens(m)))
+        text = _search_text(m)
+        # tokens of the searchable text (+ the per-message overhead): a size for listings,
+        # cheaper than a full message count and within a few tokens of it for text messages
+        out.append(_Prepared(canon, b, mid, str(m.get("role", "")), text, estimate(text) + MESSAGE_OVERHEAD_TOKENS))
         parent_id = mid
     return out
 
@@ -391,6 +398,12 @@ class SqlStore(SessionStore):
     def _index_node(self, cur: Any, pk: int, text: str) -> None:
         """Add a node text to the full-text index (SQLite; PostgreSQL indexes by itself)."""
 
+    def _allocate_pks(self, cur: Any, table: str) -> int | None:
+        """The first free primary key of ``table`` when the backend can hand out keys itself
+        inside a write transaction (SQLite, whose write lock is exclusive); ``None`` to let the
+        database assign them (PostgreSQL, where writers run concurrently)."""
+        return None
+
     def _lock_session(self, cur: Any, session_pk: int) -> None:
         """Serialise writers of one session (PostgreSQL row lock; SQLite's write lock is global)."""
 
@@ -440,46 +453,67 @@ class SqlStore(SessionStore):
         return pk
 
     # -- writing chains -----------------------------------------------------------------------------
-    def _store_links(self, cur: Any, links: Sequence[tuple[str | None, _Prepared]]) -> dict[str, int]:
-        """Store messages given with their parent ids (parents first); return id → pk for all."""
+    def _store_links(self, cur: Any, links: Sequence[tuple[str | None, _Prepared]], *, chain_is_new: bool = False) -> dict[str, int]:
+        """Store messages given with their parent ids (parents first); return id → pk for all.
+
+        ``chain_is_new``: the caller knows none of these messages is stored yet.
+        """
         ids = [p.id for _, p in links]
-        known = self._ids_to_pks(cur, "messages", ids)
-        new = [(parent, p) for parent, p in links if p.id not in known]
+        known = {} if chain_is_new else self._ids_to_pks(cur, "messages", ids)
+        new: dict[str, tuple[str | None, _Prepared]] = {}
+        for parent, p in links:
+            if p.id not in known:
+                new.setdefault(p.id, (parent, p))
         if not new:
             return known
-        blobs = {p.blob: p for _, p in new}
+        blobs = {p.blob: p for _, p in new.values()}
         have_blobs = self._ids_to_pks(cur, "blobs", list(blobs), column="hash")
         fresh = [p for h, p in blobs.items() if h not in have_blobs]
-        self._xm(
-            cur,
-            "INSERT INTO blobs (hash, role, body, text, tokens) VALUES (?, ?, ?, ?, ?) ON CONFLICT (hash) DO NOTHING",
-            [(p.blob, p.role, p.canonical, p.text, p.tokens) for p in fresh],
-        )
         if fresh:
-            added = self._ids_to_pks(cur, "blobs", [p.blob for p in fresh], column="hash")
+            first = self._allocate_pks(cur, "blobs")
+            if first is not None:
+                # pks allocated under the write lock: no conflict, no read-back
+                added = {p.blob: first + i for i, p in enumerate(fresh)}
+                self._xm(cur, "INSERT INTO blobs (pk, hash, role, body, text, tokens) VALUES (?, ?, ?, ?, ?, ?)", [(added[p.blob], p.blob, p.role, p.canonical, p.text, p.tokens) for p in fresh])
+            else:
+                self._xm(
+                    cur,
+                    "INSERT INTO blobs (hash, role, body, text, tokens) VALUES (?, ?, ?, ?, ?) ON CONFLICT (hash) DO NOTHING",
+                    [(p.blob, p.role, p.canonical, p.text, p.tokens) for p in fresh],
+                )
+                added = self._ids_to_pks(cur, "blobs", [p.blob for p in fresh], column="hash")
             self._index_blobs(cur, [(added[p.blob], p.text) for p in fresh if p.blob in added])
             have_blobs.update(added)
         # positions: a parent's position + 1 (parents outside the batch are looked up)
         positions: dict[str | None, int] = {None: -1}
-        outside = [par for par, _ in new if par is not None and par not in {p.id for _, p in new}]
+        outside = [par for par, _ in new.values() if par is not None and par not in new]
         for chunk in _chunks(list(dict.fromkeys(outside))):
             marks = ",".join("?" * len(chunk))
-            for mid, pos in self._all(cur, f"SELECT id, position FROM messages WHERE id IN ({marks})", chunk):
+            for mid, pos, ppk in self._all(cur, f"SELECT id, position, pk FROM messages WHERE id IN ({marks})", chunk):
                 positions[str(mid)] = int(pos)
-        now = time.time()
-        rows = []
-        for parent, p in new:
+                known[str(mid)] = int(ppk)
+        for parent, p in new.values():
             if parent not in positions:
                 raise StoreError(f"message {p.id} names parent {parent}, which is not in the store")
             positions[p.id] = positions[parent] + 1
-            rows.append((p.id, parent, have_blobs[p.blob], positions[p.id], now))
+        now = time.time()
+        first = self._allocate_pks(cur, "messages")
+        if first is not None:
+            for i, mid in enumerate(new):
+                known[mid] = first + i
+            self._xm(
+                cur,
+                "INSERT INTO messages (pk, id, parent_pk, blob_pk, position, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+                [(known[p.id], p.id, known[parent] if parent is not None else None, have_blobs[p.blob], positions[p.id], now) for parent, p in new.values()],
+            )
+            return known
         self._xm(
             cur,
             "INSERT INTO messages (id, parent_pk, blob_pk, position, created_at) "
             "VALUES (?, (SELECT pk FROM messages WHERE id = ?), ?, ?, ?) ON CONFLICT (id) DO NOTHING",
-            rows,
+            [(p.id, parent, have_blobs[p.blob], positions[p.id], now) for parent, p in new.values()],
         )
-        known.update(self._ids_to_pks(cur, "messages", [p.id for _, p in new]))
+        known.update(self._ids_to_pks(cur, "messages", list(new)))
         return known
 
     def _store_chain(self, cur: Any, messages: Sequence[Message], parent_id: str | None = None) -> list[tuple[int, str]]:
@@ -489,7 +523,10 @@ class SqlStore(SessionStore):
         for p in prepared:
             links.append((parent, p))
             parent = p.id
-        pks = self._store_links(cur, links)
+        # ids form a hash chain and a message is only ever stored after its parent: when the
+        # first one is not stored, none is (a new conversation skips the lookup of the others)
+        first_new = bool(prepared) and self._one(cur, "SELECT pk FROM messages WHERE id = ?", (prepared[0].id,)) is None
+        pks = self._store_links(cur, links, chain_is_new=first_new)
         return [(pks[p.id], p.id) for p in prepared]
 
     def _add_members(self, cur: Any, session_pk: int, message_pks: Sequence[int]) -> None:
@@ -528,6 +565,18 @@ class SqlStore(SessionStore):
             chain = self._store_chain(cur, prepared_check)
             self._move_tip(cur, spk, chain, "messages")
         return [mid for _, mid in chain]
+
+    def record_many(self, histories: Iterable[tuple[str, Sequence[Message]]]) -> dict[str, list[str]]:
+        """:meth:`record_messages` for many sessions in one transaction (bulk imports: one
+        commit and one full-text index flush for the whole batch)."""
+        out: dict[str, list[str]] = {}
+        with self._write() as cur:
+            for session_id, messages in histories:
+                spk = self._ensure_session(cur, session_id)
+                chain = self._store_chain(cur, list(messages))
+                self._move_tip(cur, spk, chain, "messages")
+                out[session_id] = [mid for _, mid in chain]
+        return out
 
     def append_messages(self, session_id: str, messages: Sequence[Message]) -> list[str]:
         with self._write() as cur:

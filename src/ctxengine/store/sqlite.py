@@ -101,7 +101,9 @@ class SqliteStore(SqlStore):
                 if mode is None or str(mode[0]).lower() != "wal":
                     raise StoreError(f"{self.path}: cannot switch the store to WAL mode (got {mode})")
             conn.execute(f"PRAGMA synchronous = {'FULL' if self.durable else 'NORMAL'}")
-            conn.execute("PRAGMA foreign_keys = ON")
+            conn.execute("PRAGMA foreign_keys = OFF")
+            # 64 MiB of page cache: the hash indexes of a million-message store stay in memory
+            conn.execute("PRAGMA cache_size = -65536")
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open the session store {self.path}: {exc}") from exc
         with self._lock:
@@ -160,10 +162,21 @@ class SqliteStore(SqlStore):
     def _sql(self, sql: str) -> str:
         return sql
 
+    def _allocate_pks(self, cur: Any, table: str) -> int | None:
+        # every write holds SQLite's exclusive write lock (BEGIN IMMEDIATE): nobody else can
+        # take these keys before the commit
+        cur.execute(f"SELECT COALESCE(MAX(pk), 0) + 1 FROM {table}")
+        return int(cur.fetchone()[0])
+
     # -- full-text search ----------------------------------------------------------------------
     def _index_blobs(self, cur: Any, rows: Sequence[tuple[int, str]]) -> None:
         if rows:
-            cur.executemany("INSERT INTO blobs_fts (rowid, text) VALUES (?, ?)", rows)
+            # copied inside SQLite from the rows just written: the texts cross into SQLite once
+            pks = [pk for pk, _ in rows]
+            if pks == list(range(pks[0], pks[0] + len(pks))):
+                cur.execute("INSERT INTO blobs_fts (rowid, text) SELECT pk, text FROM blobs WHERE pk BETWEEN ? AND ?", (pks[0], pks[-1]))
+            else:
+                cur.executemany("INSERT INTO blobs_fts (rowid, text) VALUES (?, ?)", rows)
 
     def _index_node(self, cur: Any, pk: int, text: str) -> None:
         cur.execute("INSERT INTO nodes_fts (rowid, text) VALUES (?, ?)", (pk, text))
