@@ -103,21 +103,25 @@ def bench_retrieval(trajs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 # -- synthetic store ---------------------------------------------------------------------------
+def synthetic_session(trajs: list[dict[str, Any]], run: int, cap: int) -> list[dict[str, Any]]:
+    """Run ``run``: a trajectory's messages with text capped at ``cap`` chars and a run tag."""
+    msgs = []
+    for m in trajs[run % len(trajs)]["messages"]:
+        m = dict(m)
+        c = m.get("content")
+        if isinstance(c, str):
+            m["content"] = f"{c[:cap]} [run {run}]"
+        elif c is None:
+            m["content"] = f"[run {run}]"
+        msgs.append(m)
+    return msgs
+
+
 def synthetic_sessions(trajs: list[dict[str, Any]], cap: int) -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    """Endless sessions: trajectory messages with text capped at ``cap`` chars and a run tag."""
+    """Endless synthetic sessions ``syn-0000000``, ``syn-0000001``…"""
     run = 0
     while True:
-        tr = trajs[run % len(trajs)]
-        msgs = []
-        for m in tr["messages"]:
-            m = dict(m)
-            c = m.get("content")
-            if isinstance(c, str):
-                m["content"] = f"{c[:cap]} [run {run}]"
-            elif c is None:
-                m["content"] = f"[run {run}]"
-            msgs.append(m)
-        yield f"syn-{run:07d}", msgs
+        yield f"syn-{run:07d}", synthetic_session(trajs, run, cap)
         run += 1
 
 
@@ -167,16 +171,16 @@ def bench_ingest(trajs: list[dict[str, Any]], db: Path, n_messages: int, batch: 
     return info
 
 
-def bench_grep(trajs: list[dict[str, Any]], db: Path, queries: int, seed: int = 7) -> dict[str, Any]:
+def bench_grep(trajs: list[dict[str, Any]], db: Path, queries: int, cap: int, seed: int = 7) -> dict[str, Any]:
+    """Facts of random stored sessions (as stored: capped text) looked up with lcm_grep."""
     rng = random.Random(seed)
     store = SqliteStore(db)
     total = store.list_sessions(limit=1)
-    n_sessions = int(total[0].id.split("-")[1]) + 1 if total else 0
+    n_sessions = int(total[0].id.split("-")[1]) if total else 0  # the last one may be partial
     samples: list[tuple[str, str, str]] = []
     while len(samples) < queries:
         run = rng.randrange(n_sessions)
-        tr = trajs[run % len(trajs)]
-        facts = extract_facts(tr["messages"])
+        facts = extract_facts(synthetic_session(trajs, run, cap))
         kinds = [k for k in ("paths", "errors", "tools", "urls", "users") if getattr(facts, k)]
         kind = rng.choice(kinds)
         fact = rng.choice(getattr(facts, kind))
@@ -195,7 +199,9 @@ def bench_grep(trajs: list[dict[str, Any]], db: Path, queries: int, seed: int = 
             res = json.loads(eng.handle_tool_call("lcm_grep", {"query": fact, "scope": scope, "limit": 10}))
             times.append((time.perf_counter() - t0) * 1000.0)
             found += any(fact in r["snippet"] for r in res.get("results", []))
-        out[scope] = {"p50_ms": round(percentile(times, 50), 2), "p95_ms": round(percentile(times, 95), 2), "found": f"{found}/{len(samples)}"}
+        out[scope] = {"p50_ms": round(percentile(times, 50), 2), "p95_ms": round(percentile(times, 95), 2), "max_ms": round(max(times), 2), "found": f"{found}/{len(samples)}"}
+        slow = sorted(zip(times, samples, strict=True), reverse=True)[:3]
+        out[scope]["slowest"] = [{"ms": round(t, 1), "kind": k, "query": q[:80]} for t, (_, k, q) in slow]
     with store._read() as cur:
         out["store_messages"] = int(cur.execute("SELECT COUNT(*) FROM messages").fetchone()[0])
     store.close()
@@ -364,7 +370,7 @@ def main() -> None:
         results["ingest"] = bench_ingest(trajs, args.db, args.messages, args.batch, args.cap, args.rebuild)
         print(json.dumps({"ingest": results["ingest"]}, indent=2), flush=True)
     if "grep" in parts:
-        results["grep"] = bench_grep(trajs, args.db, args.queries)
+        results["grep"] = bench_grep(trajs, args.db, args.queries, args.cap)
         print(json.dumps({"grep": results["grep"]}, indent=2), flush=True)
     if "kill" in parts:
         results["kill"] = bench_kill(args.kill_rounds)

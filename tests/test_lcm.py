@@ -275,3 +275,23 @@ def test_every_compacted_fact_is_retrievable_on_the_trajectories(trajectories: l
         compactions += result.compactions
     assert compactions >= 30 and total > 3000
     assert from_store > 100  # compaction really moved facts out of the context
+
+
+def test_summaries_after_the_latest_user_message_are_the_assistants(store: SqliteStore) -> None:
+    # one task, then a long run of tool calls: the fold lands after the user message
+    msgs = _agent_session(1)[:-1]
+    for t in range(1, 40):
+        cid = f"more_{t}"
+        msgs.append({"role": "assistant", "content": None, "tool_calls": [{"id": cid, "type": "function", "function": {"name": "bash", "arguments": "{}"}}]})
+        msgs.append({"role": "tool", "tool_call_id": cid, "content": "\n".join(f"output line {i} of step {t}" for i in range(80))})
+    out = _engine(store).compress(msgs)
+    last_user = [m for m in out if m["role"] == "user"][-1]
+    assert last_user == msgs[1]  # the task itself, verbatim
+    after = out[out.index(last_user) + 1 :]
+    summaries = [m for m in after if is_summary(m)]
+    assert summaries and all(m["role"] == "assistant" for m in summaries)
+    # the next compaction recognises them as nodes (not as text to fold again)
+    grown = [*out, *msgs[-4:]]
+    again = _engine(store).compress(grown)
+    assert [m for m in again if is_summary(m)][: len(summaries)] == summaries or len([m for m in again if is_summary(m)]) < len(summaries)
+    assert not any("[ctxengine:lcm" in content_text(m["content"]).split("\n", 1)[1] for m in again if is_summary(m) and "\n" in content_text(m["content"]))

@@ -4,10 +4,12 @@ into summary nodes the agent can expand again.
 Each ``compress`` call first records the whole working context in the store (content-addressed,
 so only new messages are written). The context is then laid out as::
 
-    leading system prompt(s) │ summary nodes, oldest first │ latest user message │ fresh tail
+    system prompt(s) │ summary nodes │ latest user message │ summary nodes │ fresh tail
 
 * The **fresh tail** (the last ``fresh_tail_messages`` messages, at most ``fresh_tail_ratio``
   of the window, at least the last tool group) and the **latest user message** stay verbatim.
+  Summary messages before that user message have the user role; those after it (the agent's
+  work since) the assistant role, so the latest user message stays the last user-role one.
 * Every run of original messages between them is cut into chunks of at most
   ``leaf_chunk_tokens`` (whole tool groups: a call and its results are never split) and each
   chunk becomes a **leaf node** (depth 0). Its text starts ``[ctxengine:lcm node=<id> depth=0]``
@@ -264,7 +266,7 @@ class LcmEngine(ContextEngine):
             if s >= tail_start:
                 break
             m = msgs[s]
-            match = NODE_RE.match(content_text(m.get("content"))) if e - s == 1 and m.get("role") == "user" else None
+            match = NODE_RE.match(content_text(m.get("content"))) if e - s == 1 and m.get("role") in ("user", "assistant") and not m.get("tool_calls") else None
             if match and self._existing(match.group(1)) is not None:
                 items.append(_Item(s, e, match.group(1), int(match.group(2)), content_text(m.get("content"))))
             else:
@@ -301,11 +303,16 @@ class LcmEngine(ContextEngine):
                 run.append(it)
         flush()
         layer = self._condense(layer, focus_topic, notes)
+        # summaries of what happened after the latest user message read as the assistant's own
+        # account, so that message stays the last user-role message of the request
+        role = "user"
         for entry in layer:
             if isinstance(entry, _Item):
-                out_middle.append({"role": "user", "content": entry.text})
+                out_middle.append({"role": role, "content": entry.text})
             else:
                 out_middle.append(entry)
+                if latest_user >= 0 and entry is msgs[latest_user]:
+                    role = "assistant"
         out = [*msgs[:head], *out_middle, *msgs[tail_start:]]
         after = self.counter.count_messages(out)
         if after >= before:

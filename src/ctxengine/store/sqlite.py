@@ -44,21 +44,22 @@ def default_path() -> Path:
 def fts5_query(needle: str) -> str | None:
     """An FTS5 query whose matches include every text containing ``needle`` as a substring.
 
-    Words of the needle become quoted terms joined by AND. The first word may be the tail of a
-    longer word in the text, so it is left out (when others remain); the last may be the head of
-    one, so it is a prefix term. ``None`` when no word is left: the caller scans instead.
+    The words of the needle become one phrase (adjacent, in order: far more selective than
+    AND, so few candidates need the exact substring check). The first word may be the tail of a
+    longer word in the text, so it is left out when others remain; the last may be the head of
+    one, so it matches as a prefix. Very long needles use their first 32 inner words.
+    ``None`` when no word is left: the caller scans instead.
     """
     words = _FTS_TOKEN.findall(needle)
     if not words:
         return None
     if len(words) == 1:
-        return f'"{words[0]}"*'
+        return f'"{words[0]}" *'
     first_cut = needle[0].isalnum() or needle[0] == "_"
-    middle = words[1:-1] if first_cut else words[:-1]
-    # the longest words are the most selective; 16 terms are plenty to narrow the candidates
-    chosen = sorted(dict.fromkeys(middle), key=len, reverse=True)[:16]
-    terms = [f'"{w}"' for w in chosen] + [f'"{words[-1]}"*']
-    return " AND ".join(terms)
+    inner = words[1:] if first_cut else words
+    if len(inner) > 32:
+        return '"' + " ".join(inner[:32]) + '"'
+    return '"' + " ".join(inner) + '" *'
 
 
 class SqliteStore(SqlStore):
