@@ -30,7 +30,7 @@ import re
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -356,7 +356,8 @@ def snippet(text: str, start: int, end: int, context: int = SNIPPET_CONTEXT) -> 
     return f"{head}{text[a:b]}{tail}"
 
 
-_WORD_RE = re.compile(r"\w+")
+_Finder = Callable[[str], "tuple[int, int] | None"]
+"""Finds the span of a search match in a text."""
 
 
 class SqlStore(SessionStore):
@@ -908,11 +909,22 @@ class SqlStore(SessionStore):
         limit = max(1, int(limit))
         if mode == "regex":
             try:
-                pattern = re.compile(query)
+                rx = re.compile(query)
             except re.error as exc:
                 raise InputError(f"invalid regular expression {query!r}: {exc}") from exc
+
+            def pattern(text: str) -> tuple[int, int] | None:
+                m = rx.search(text)
+                return None if m is None else m.span()
         else:
-            pattern = re.compile(re.escape(query), re.IGNORECASE)
+            folded = re.compile(re.escape(query), re.IGNORECASE)
+
+            def pattern(text: str) -> tuple[int, int] | None:
+                at = text.find(query)  # the exact spelling first, so a verbatim fact shows verbatim
+                if at >= 0:
+                    return at, at + len(query)
+                m = folded.search(text)
+                return None if m is None else m.span()
         with self._read() as cur:
             spk = self._session_pk(cur, session_id) if session_id is not None else None
             hits = self._search_messages(cur, spk, query, pattern, mode, limit)
@@ -920,11 +932,11 @@ class SqlStore(SessionStore):
                 hits += self._search_nodes(cur, spk, query, pattern, mode, limit)
         return hits
 
-    def _match(self, pattern: re.Pattern[str], text: str) -> str | None:
-        m = pattern.search(text)
-        return None if m is None else snippet(text, m.start(), m.end())
+    def _match(self, pattern: _Finder, text: str) -> str | None:
+        span = pattern(text)
+        return None if span is None else snippet(text, *span)
 
-    def _scan(self, cur: Any, sql: str, params: Sequence[Any], pattern: re.Pattern[str], limit: int) -> list[tuple[int, str, str, str]]:
+    def _scan(self, cur: Any, sql: str, params: Sequence[Any], pattern: _Finder, limit: int) -> list[tuple[int, str, str, str]]:
         """Rows ``(pk, role, text)`` of ``sql`` (newest first) whose text matches, batch by batch."""
         out: list[tuple[int, str, str, str]] = []
         cursor = self._x(cur, sql, params)
@@ -940,7 +952,7 @@ class SqlStore(SessionStore):
                         break
         return out
 
-    def _search_messages(self, cur: Any, spk: int | None, query: str, pattern: re.Pattern[str], mode: SearchMode, limit: int) -> list[SearchHit]:
+    def _search_messages(self, cur: Any, spk: int | None, query: str, pattern: _Finder, mode: SearchMode, limit: int) -> list[SearchHit]:
         rows: list[tuple[int, str, str, str]]
         if spk is not None:
             # one session: a direct scan of its messages is exact and bounded by the session size
@@ -996,7 +1008,7 @@ class SqlStore(SessionStore):
             hits.append(SearchHit("message", carriers[0][1], role, snip, sids, [mid for _, mid in carriers], node_ids))
         return hits
 
-    def _search_nodes(self, cur: Any, spk: int | None, query: str, pattern: re.Pattern[str], mode: SearchMode, limit: int) -> list[SearchHit]:
+    def _search_nodes(self, cur: Any, spk: int | None, query: str, pattern: _Finder, mode: SearchMode, limit: int) -> list[SearchHit]:
         sel = "SELECT n.pk, s.id, n.id, n.text FROM nodes n JOIN sessions s ON s.pk = n.session_pk"
         rows: list[tuple[Any, ...]]
         if spk is None and mode == "text":
