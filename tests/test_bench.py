@@ -69,8 +69,8 @@ def test_mask10_masks_outputs_older_than_the_last_ten() -> None:
     tools = [m for m in out if m["role"] == "tool"]
     assert [m["content"] == MASK_PLACEHOLDER for m in tools] == [True] * 4 + [False] * 10
     assert msgs[2]["content"] == "output 0"  # not mutated
-    assert eng.compress(out) is out  # nothing new to mask
-    assert NoCompaction().compress(msgs) is msgs and not NoCompaction().should_compress(10**9)
+    assert eng.compress(out) == out  # nothing new to mask
+    assert NoCompaction().compress(msgs) == msgs and not NoCompaction().should_compress(10**9)
 
 
 class _Recall(NoCompaction):

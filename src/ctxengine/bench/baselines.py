@@ -43,7 +43,7 @@ class NoCompaction(ContextEngine):
         return False
 
     def compress(self, messages: list[Message], current_tokens: int | None = None, focus_topic: str | None = None) -> list[Message]:
-        return messages
+        return list(messages)
 
 
 class MaskingBaseline(ContextEngine):
@@ -69,7 +69,7 @@ class MaskingBaseline(ContextEngine):
         tools = [i for i, m in enumerate(messages) if m.get("role") == "tool"]
         old = [i for i in tools[: max(0, len(tools) - self.keep)] if content_text(messages[i].get("content")) != MASK_PLACEHOLDER]
         if not old:
-            return messages
+            return list(messages)
         out = list(messages)
         for i in old:
             out[i] = {**messages[i], "content": MASK_PLACEHOLDER}

@@ -72,8 +72,10 @@ class CacheAwareSettings:
     head_lines: int = 6
     tail_lines: int = 3
     max_line_chars: int = 300
-    max_fact_lines: int = 12
-    """Facts listed in one record; the rest stay retrievable through ``ctx_grep``."""
+    max_fact_lines: int | None = 12
+    """Facts listed in one record; the rest stay retrievable through ``ctx_grep`` (DESIGN §3.8:
+    keeping every path of a huge listing in context is what makes it expensive). ``None``
+    lists every fact, as the contract kit's invariant 8 asks of deterministic engines."""
     giant_ratio: float = 0.08
     """A new output larger than this fraction of the window is cut before it is sent."""
     fold_ratio: float = 0.55
@@ -282,7 +284,7 @@ class CacheAwareEngine(ContextEngine):
             if folded:
                 notes.append(f"folded {folded} messages into digests")
         if out == messages:
-            return messages
+            return list(messages)
         self.compression_count += 1
         self.last_report = CompactionReport(
             self.name,
@@ -327,7 +329,8 @@ class CacheAwareEngine(ContextEngine):
             for f in getattr(facts, kind):
                 if f in kept:
                     continue
-                if len(lines) >= self.settings.max_fact_lines:
+                cap = self.settings.max_fact_lines
+                if cap is not None and len(lines) >= cap:
                     dropped += 1
                     continue
                 lines.append(f"{label}: {f}")
