@@ -41,25 +41,41 @@ def default_path() -> Path:
     return Path(platformdirs.user_data_dir("ctxengine")) / "sessions.db"
 
 
+_WINDOW = 6
+
+
+def _rarity(word: str) -> int:
+    """A guess at how rare a word is, without reading the index: long words, numbers and
+    identifiers (digits, inner capitals) are rare; "the", "in", "for" are everywhere."""
+    score = len(word)
+    if any(c.isdigit() for c in word):
+        score += 6
+    if any(c.isupper() for c in word[1:]):
+        score += 4
+    return score
+
+
 def fts5_query(needle: str) -> str | None:
     """An FTS5 query whose matches include every text containing ``needle`` as a substring.
 
-    The words of the needle become one phrase (adjacent, in order: far more selective than
-    AND, so few candidates need the exact substring check). The first word may be the tail of a
-    longer word in the text, so it is left out when others remain; the last may be the head of
-    one, so it matches as a prefix. Very long needles use their first 32 inner words.
-    ``None`` when no word is left: the caller scans instead.
+    The query is a phrase of at most six adjacent words of the needle, the window with the
+    rarest-looking words (:func:`_rarity`): one rare word makes the phrase selective, so few
+    candidates reach the exact substring check, and a short phrase keeps the index lookups few.
+    The first word of the needle may be the tail of a longer word in the text, so it is used
+    only when nothing else is left; the last may be the head of one, so it matches as a prefix.
+    ``None`` when the needle has no word: the caller scans instead.
     """
     words = _FTS_TOKEN.findall(needle)
     if not words:
         return None
-    if len(words) == 1:
-        return f'"{words[0]}" *'
     first_cut = needle[0].isalnum() or needle[0] == "_"
-    inner = words[1:] if first_cut else words
-    if len(inner) > 32:
-        return '"' + " ".join(inner[:32]) + '"'
-    return '"' + " ".join(inner) + '" *'
+    start = 1 if first_cut and len(words) > 1 else 0
+    inner = words[start:]
+    size = min(_WINDOW, len(inner))
+    best = max(range(len(inner) - size + 1), key=lambda i: (sum(_rarity(w) for w in inner[i : i + size]), -i))
+    window = inner[best : best + size]
+    prefix = " *" if best + size == len(inner) else ""
+    return '"' + " ".join(window) + '"' + prefix
 
 
 class SqliteStore(SqlStore):
