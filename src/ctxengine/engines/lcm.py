@@ -110,6 +110,7 @@ class _Item:
     node_id: str | None = None
     depth: int = -1
     text: str = ""
+    message: Message | None = None  # an existing summary message, re-emitted byte for byte
 
     @property
     def is_node(self) -> bool:
@@ -268,7 +269,7 @@ class LcmEngine(ContextEngine):
             m = msgs[s]
             match = NODE_RE.match(content_text(m.get("content"))) if e - s == 1 and m.get("role") in ("user", "assistant") and not m.get("tool_calls") else None
             if match and self._existing(match.group(1)) is not None:
-                items.append(_Item(s, e, match.group(1), int(match.group(2)), content_text(m.get("content"))))
+                items.append(_Item(s, e, match.group(1), int(match.group(2)), content_text(m.get("content")), m))
             else:
                 items.append(_Item(s, e))
         out_middle: list[Message] = []
@@ -308,7 +309,7 @@ class LcmEngine(ContextEngine):
         role = "user"
         for entry in layer:
             if isinstance(entry, _Item):
-                out_middle.append({"role": role, "content": entry.text})
+                out_middle.append(entry.message if entry.message is not None else {"role": role, "content": entry.text})
             else:
                 out_middle.append(entry)
                 if latest_user >= 0 and entry is msgs[latest_user]:
