@@ -124,6 +124,9 @@ class ContextCompressor(ContextEngine):
         self._carried = Facts()
         self._backoff = 0
         self._last_error: str | None = None
+        # (length, last message) of the prefix the last compaction left stable: later ones never
+        # cut inside it, so it stays byte-identical and is read from the prompt cache
+        self._frozen: tuple[int, Message] | None = None
         self._note = _prompt("system_note.md")
         self._header = _prompt("summary_header.md")
 
@@ -224,6 +227,7 @@ class ContextCompressor(ContextEngine):
         self._carried = Facts()
         self._backoff = 0
         self._last_error = None
+        self._frozen = None
 
     def get_status(self) -> dict[str, Any]:
         status = super().get_status()
@@ -259,9 +263,13 @@ class ContextCompressor(ContextEngine):
 
         plan = self._plan(msgs, toks)
         if not plan.middle:
-            out = self._clip_to_limit(msgs, report)
+            out = self._clip_to_limit(msgs, report, plan.head_end)
             report.notes.append("no message between head and tail to summarize")
-            return self._finish(report, out, t0, changed=out is not msgs)
+            changed = [i for i, (a, b) in enumerate(zip(out, msgs, strict=True)) if a is not b]
+            if not changed:
+                return self._finish(report, msgs, t0, changed=False)
+            self._frozen = (changed[-1] + 1, out[changed[-1]])
+            return self._finish(report, out, t0, changed=True)
 
         head = msgs[: plan.head_end]
         tail = msgs[plan.tail_start :]
@@ -304,7 +312,9 @@ class ContextCompressor(ContextEngine):
             required,
             present,
             budget_tokens=ledger_budget,
-            user_budget_tokens=self.user_quote_budget_tokens,
+            # the user's words are anchors: only their own budget limits them (tool outputs of
+            # the tail are cut afterwards if the result does not fit the window)
+            user_budget_tokens=min(self.user_quote_budget_tokens, self.context_length),
         )
         if not ledger.complete:
             detail = ", ".join(f"{n} {k}" for k, n in ledger.dropped.items() if n)
@@ -313,7 +323,9 @@ class ContextCompressor(ContextEngine):
 
         out = self._assemble(head, summary_text, pulled, tail)
         out = sanitize_tool_pairs(out)
-        out = self._clip_to_limit(out, report)
+        if head:
+            self._frozen = (len(head), out[len(head) - 1])
+        out = self._clip_to_limit(out, report, len(head) + 1)
         self._previous_summary = summary_text
         self._carried = required
         self.compression_count += 1
@@ -342,6 +354,10 @@ class ContextCompressor(ContextEngine):
         first_user = next((i for i, m in enumerate(msgs) if m.get("role") == "user"), None)
         if first_user is not None and first_user >= head_end and not is_summary(msgs[first_user]):
             head_end = align_cut(msgs, first_user + 1, direction="forward")
+        if self._frozen is not None:
+            k, last = self._frozen
+            if head_end < k <= n and msgs[k - 1] == last:
+                head_end = align_cut(msgs, k, direction="forward")
         for i in range(1, head_end):
             if is_summary(msgs[i]):
                 head_end = i
@@ -361,12 +377,15 @@ class ContextCompressor(ContextEngine):
             acc += g
             count += b - a
             start = a
-        if start <= head_end:
-            # everything after the head fits the tail: give the middle its oldest group back
-            start = spans[0][1] if len(spans) > 1 else n
-            acc = sum(toks[start:])
-        pulled: int | None = None
         last_user = next((i for i in range(n - 1, -1, -1) if msgs[i].get("role") == "user"), None)
+        # everything after the head fits the tail (or the middle would hold only the latest
+        # user message): give the middle the oldest groups back, keeping the last group
+        k = 0
+        while k < len(spans) - 1 and (start <= head_end or all(i == last_user for i in range(head_end, start))):
+            start = max(start, spans[k][1])
+            k += 1
+        acc = sum(toks[start:])
+        pulled: int | None = None
         if last_user is not None and head_end <= last_user < start:
             if acc + sum(toks[last_user:start]) <= soft_cap and last_user > head_end:
                 start = last_user
@@ -453,16 +472,17 @@ class ContextCompressor(ContextEngine):
             return {**system, "content": [*content, {"type": "text", "text": self._note}]}
         return {**system, "content": f"{text}\n\n{self._note}" if text else self._note}
 
-    def _clip_to_limit(self, msgs: list[Message], report: CompactionReport) -> list[Message]:
-        """Last resort: cut the largest tool outputs (head + tail lines + their facts) until the
-        list fits the hard limit. Never touches user, system or assistant messages."""
+    def _clip_to_limit(self, msgs: list[Message], report: CompactionReport, start: int = 0) -> list[Message]:
+        """Last resort: cut the largest tool outputs from ``start`` on (head + tail lines + their
+        facts) until the list fits the hard limit. Never touches user, system or assistant
+        messages, nor anything before ``start`` (the stable prefix)."""
         limit = self.hard_limit_tokens
         toks = [self.counter.count_messages([m]) for m in msgs]
         total = sum(toks)
         if total <= limit:
             return msgs
         out = list(msgs)
-        order = sorted((i for i, m in enumerate(msgs) if m.get("role") == "tool"), key=lambda i: -toks[i])
+        order = sorted((i for i, m in enumerate(msgs) if i >= start and m.get("role") == "tool"), key=lambda i: -toks[i])
         for i in order:
             if total <= limit:
                 break
@@ -556,6 +576,8 @@ def _clip_output(text: str, keep_tokens: int, count: Callable[[str], int]) -> st
         used += t
     tail.reverse()
     cut = lines[len(head) : len(lines) - len(tail)]
+    if not cut:
+        return text
     cut_text = "\n".join(cut)
     kept: list[str] = []
     for f in [*error_lines(cut_text), *urls_in(cut_text), *paths_in(cut_text)]:

@@ -57,22 +57,26 @@ def apply_ledger(
 
     ``present`` is the text of the messages kept verbatim next to the summary (head, tail):
     a fact found there needs no copy. ``user_budget_tokens`` caps the verbatim user quotes
-    (most recent first) inside the overall ``budget_tokens``.
+    (most recent first); they come first, and what they use is taken from ``budget_tokens``
+    for the other facts.
     """
     result = LedgerResult(summary)
     left = max(0, budget_tokens)
     lines: list[str] = []
 
-    users = _missing(list(reversed(required.users)), summary, present)
+    # a user message counts as kept only as a message of its own (not in ``required``) or
+    # quoted in the summary: the same words inside an assistant text are not the user's
+    users = _missing(list(reversed(required.users)), summary, "")
     quoted = 0
-    user_left = min(left, max(0, user_budget_tokens))
+    # user messages are intent: their own budget, not the leftovers of the others
+    user_left = max(0, user_budget_tokens)
     user_lines: list[str] = []
     for u in users:
         cost = estimate(u) + 4
         if cost > user_left:
             continue
         user_left -= cost
-        left -= cost
+        left = max(0, left - cost)
         quoted += 1
         user_lines += ["<<<", u, ">>>"]
     if user_lines:
