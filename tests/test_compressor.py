@@ -106,6 +106,18 @@ def test_preflight_uses_the_estimate() -> None:
     assert e.should_compress_preflight(big)
 
 
+def test_preflight_anchors_on_the_last_real_count() -> None:
+    e = ContextCompressor(context_length=10_000)
+    sent: list[Message] = [{"role": "user", "content": "hi"}]
+    assert not e.should_compress_preflight(sent)
+    e.update_from_response({"prompt_tokens": 4_990, "completion_tokens": 5})
+    grown = [*sent, {"role": "assistant", "content": "x" * 200}]
+    # the provider's 4,990 plus the estimate of what was appended, not an estimate of all
+    assert e.should_compress_preflight(grown)
+    # a list that does not start with what was sent is estimated from scratch
+    assert not e.should_compress_preflight([{"role": "user", "content": "another conversation"}])
+
+
 def test_disabled_engine_never_fires() -> None:
     e = ContextCompressor(context_length=1_000, enabled=False)
     assert not e.should_compress(prompt_tokens=10_000)
@@ -406,3 +418,10 @@ def test_from_config_reads_compression_and_auxiliary() -> None:
     assert isinstance(e.summarizer, LlmSummarizer)
     assert e.summarizer.context_length == 32_000
     assert e.get_status()["summarizer"] == "llm"
+
+
+def test_compressor_keeps_the_engine_contract() -> None:
+    from ctxengine.testing.contract import check_engine_contract
+
+    report = check_engine_contract(lambda: ContextCompressor(context_length=4_000), examples=25)
+    assert report.turn_compactions > 0

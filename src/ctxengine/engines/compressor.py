@@ -45,7 +45,7 @@ from ctxengine.models import DEFAULT_CONTEXT_LENGTH
 from ctxengine.summarize.base import Summarizer, has_template
 from ctxengine.summarize.extractive import PRUNED_MARKER, ExtractiveSummarizer
 from ctxengine.summarize.ledger import apply_ledger
-from ctxengine.tokens import EstimateCounter, TokenCounter, estimate
+from ctxengine.tokens import AnchoredCounter, EstimateCounter, TokenCounter, estimate
 
 if TYPE_CHECKING:
     from ctxengine.config import Config
@@ -120,6 +120,8 @@ class ContextCompressor(ContextEngine):
         self.summarizer: Summarizer = summarizer or ExtractiveSummarizer()
         self._fallback = ExtractiveSummarizer()
         self.counter: TokenCounter = counter or EstimateCounter()
+        self._anchor = AnchoredCounter(self.counter)
+        self._sent: list[Message] | None = None
         self._previous_summary: str | None = None
         self._carried = Facts()
         self._backoff = 0
@@ -194,7 +196,12 @@ class ContextCompressor(ContextEngine):
 
     # -- accounting ------------------------------------------------------------------------------
     def update_from_response(self, usage: Any) -> None:
-        self._record_usage(usage)
+        """Record the real token counts; they also anchor the estimate of the next request
+        (the messages last seen by :meth:`should_compress_preflight` or returned by
+        :meth:`compress` are taken as what was sent)."""
+        u = self._record_usage(usage)
+        if self._sent is not None and u.prompt_tokens > 0:
+            self._anchor.anchor(self._sent, u.prompt_tokens)
 
     def should_compress(self, prompt_tokens: int | None = None) -> bool:
         """True when the prompt reaches ``threshold × context_length``.
@@ -214,8 +221,11 @@ class ContextCompressor(ContextEngine):
         return True
 
     def should_compress_preflight(self, messages: list[Message]) -> bool:
-        """Estimate ``messages`` before the API call (no provider count exists yet)."""
-        return self.enabled and self.counter.count_messages(messages) >= self.threshold_tokens
+        """Before the API call: the last real prompt tokens plus an estimate of the messages
+        appended since (anchored counting), or an estimate of everything when ``messages`` no
+        longer starts with what was sent last (after a compaction, another list)."""
+        self._sent = messages
+        return self.enabled and self._anchor.count(messages) >= self.threshold_tokens
 
     def update_model(self, model: str, context_length: int, **kwargs: Any) -> None:
         """Switch window: ``threshold_tokens`` and every budget follow the new length."""
@@ -228,6 +238,8 @@ class ContextCompressor(ContextEngine):
         self._backoff = 0
         self._last_error = None
         self._frozen = None
+        self._sent = None
+        self._anchor.reset()
 
     def get_status(self) -> dict[str, Any]:
         status = super().get_status()
@@ -338,6 +350,8 @@ class ContextCompressor(ContextEngine):
         report.messages_after = len(out)
         report.tokens_after = after
         if changed:
+            self._sent = out
+            self._anchor.reset()
             self.last_prompt_tokens = after
             if after >= self.threshold_tokens and self._backoff == 0:
                 self._backoff = self.backoff_turns

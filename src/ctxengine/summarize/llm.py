@@ -192,10 +192,10 @@ class LlmSummarizer:
         return int(budget * 1.5) + 256
 
     def _run(self, span: Sequence[Message], previous: str | None, focus: str | None, budget: int, room: int) -> str:
-        summary = previous
-        for chunk in chunk_span(span, room) or [""]:
+        chunks = chunk_span(span, room) or [""]
+        summary = self._call(chunks[0], previous, focus, budget)
+        for chunk in chunks[1:]:
             summary = self._call(chunk, summary, focus, budget)
-        assert summary is not None
         return summary
 
     def _call(self, chunk: str, previous: str | None, focus: str | None, budget: int) -> str:
