@@ -174,3 +174,10 @@ def test_long_sessions_figure() -> None:
     assert ca.over_window == 0 and ca.invalid_requests == 0
     assert ca.min_session_retention == 1.0
     assert ca.anthropic_cost <= 0.55 * none.anthropic_cost
+
+
+def test_cli_rejects_bad_options_with_one_line() -> None:
+    res = CliRunner().invoke(cli, ["bench", str(TAU), "--compose", "0"])
+    assert res.exit_code == 2 and "--compose" in res.output
+    res = CliRunner().invoke(cli, ["bench", str(TAU), "--model", "no-such-model", "--limit", "1"])
+    assert res.exit_code == 2 and "no input price" in res.output

@@ -31,6 +31,7 @@ from ctxengine.bench.replay import percentile
 from ctxengine.config import Config
 from ctxengine.cost import AnthropicCache, CostReport, OpenAICache, PrefixHasher
 from ctxengine.engine import ContextEngine
+from ctxengine.errors import ConfigError
 from ctxengine.facts import FACT_KINDS, Facts, context_text, extract_facts, missing_facts
 from ctxengine.io import Session
 from ctxengine.manager import ContextManager, default_store
@@ -412,10 +413,10 @@ class BenchResult:
         }
 
 
-def _profile(name: str) -> ModelProfile:
+def _profile(name: str, overrides: Mapping[str, Mapping[str, Any]] | None = None) -> ModelProfile:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnknownModelWarning)
-        return resolve_model(name)
+        return resolve_model(name, overrides=overrides)
 
 
 def run_bench(
@@ -434,8 +435,11 @@ def run_bench(
     costs can be given relative to it."""
     cfg = config or Config()
     names = list(dict.fromkeys(["none", *engines]))
-    amodel = _profile(anthropic_model)
-    omodel = _profile(openai_model)
+    amodel = _profile(anthropic_model, cfg.models)
+    omodel = _profile(openai_model, cfg.models)
+    for given, prof in ((anthropic_model, amodel), (openai_model, omodel)):
+        if prof.input <= 0:
+            raise ConfigError(f"model {given!r} has no input price in the model table; choose a priced model or add models.{given}.input to the config")
     with tempfile.TemporaryDirectory(prefix="ctxengine-bench-") as tmp:
         # engines that keep originals (lcm) get a throwaway SQLite store of their own
         store = default_store(cfg.with_overrides(store={"enabled": True, "backend": "sqlite", "path": str(Path(tmp) / "bench.db")}))

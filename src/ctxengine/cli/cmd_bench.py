@@ -15,15 +15,15 @@ DEFAULT_ENGINES = ("mask10", "rules", "compressor", "lcm", "cacheaware")
 @click.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--engine", "-e", "engines", multiple=True, help="Engine to run (repeatable). Default: every built-in engine and the mask10 baseline; 'none' always runs.")
-@click.option("--context-length", "-n", type=int, default=128_000, show_default=True, help="Window the engines work against.")
-@click.option("--compose", "compose_n", type=int, default=1, show_default=True, help="Chain N trajectories of each file into one long session.")
+@click.option("--context-length", "-n", type=click.IntRange(min=1), default=128_000, show_default=True, help="Window the engines work against.")
+@click.option("--compose", "compose_n", type=click.IntRange(min=1), default=1, show_default=True, help="Chain N trajectories of each file into one long session.")
 @click.option("--model", default="claude-sonnet-4.5", show_default=True, help="Model whose Anthropic cache rules and price the cost uses.")
 @click.option("--openai-model", default="gpt-4o", show_default=True, help="Model whose OpenAI automatic caching and price the cost uses.")
 @click.option("--placement", type=click.Choice(["system_and_3", "planner"]), default="system_and_3", show_default=True, help="Where cache breakpoints go.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="config.yaml for the engines' settings.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write every measurement as JSON.")
 @click.option("--chart", "chart_out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write a chart: OUT.png or OUT.html.")
-@click.option("--limit", type=int, default=None, help="Use only the first N sessions (after composing).")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N sessions (after composing).")
 def bench(
     files: tuple[Path, ...],
     engines: tuple[str, ...],
@@ -49,7 +49,7 @@ def bench(
     for f in files:
         sessions.extend(compose_sessions(read_sessions(f), compose_n))
     if limit is not None:
-        sessions = sessions[: max(0, limit)]
+        sessions = sessions[:limit]
     if not sessions:
         raise click.UsageError("no sessions to replay")
     names = list(engines) or list(DEFAULT_ENGINES)
