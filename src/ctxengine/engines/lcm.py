@@ -176,6 +176,7 @@ class LcmEngine(ContextEngine):
         self.counter: TokenCounter = counter or EstimateCounter()
         self.session_id = session_id
         self._hows: list[str] = []
+        self._facts_tight = False
         self.deterministic = summarizer is None
 
     @classmethod
@@ -256,6 +257,7 @@ class LcmEngine(ContextEngine):
             self.last_report = report
             return []
         ids = self.store.record_messages(self.session_id, msgs)
+        tail_cuts = self._cut_giant_outputs(msgs, ids)
         head = 0
         while head < len(msgs) and msgs[head].get("role") in ("system", "developer"):
             head += 1
@@ -293,6 +295,8 @@ class LcmEngine(ContextEngine):
         # originals a previous compaction left before a summary (a then-latest user message) stay:
         # folding them would rewrite the compacted prefix the prompt cache already holds
         last_node = max((k for k, it in enumerate(items) if it.is_node), default=-1)
+        foldable = [m for k, it in enumerate(items) if not it.is_node and k > last_node and not it.start <= latest_user < it.end for m in msgs[it.start : it.end]]
+        self._facts_tight = self._facts_would_overflow(msgs, foldable)
         for k, it in enumerate(items):
             if it.is_node:
                 flush()
@@ -314,7 +318,9 @@ class LcmEngine(ContextEngine):
                 out_middle.append(entry)
                 if latest_user >= 0 and entry is msgs[latest_user]:
                     role = "assistant"
-        out = [*msgs[:head], *out_middle, *msgs[tail_start:]]
+        tail = [tail_cuts.get(i, msgs[i]) for i in range(tail_start, len(msgs))]
+        replaced.extend(i for i in tail_cuts if i >= tail_start)
+        out = [*msgs[:head], *out_middle, *tail]
         after = self.counter.count_messages(out)
         if after >= before:
             # never grow the context: nothing worth folding yet
@@ -332,6 +338,37 @@ class LcmEngine(ContextEngine):
         report.elapsed_ms = (time.perf_counter() - t0) * 1000.0
         self.last_report = report
         return out
+
+    def _cut_giant_outputs(self, msgs: list[Message], ids: list[str]) -> dict[int, Message]:
+        """Tool outputs larger than the whole fresh-tail budget, cut to their first and last
+        lines (plus the paths, URLs and error lines of the cut part) before they are sent; each
+        cut output is a one-message node, so ``lcm_expand`` returns it whole.
+
+        A single recursive listing of 100K tokens would otherwise keep the request over the
+        window however much older history is folded.
+        """
+        limit = int(self.context_length * self.fresh_tail_ratio)
+        cuts: dict[int, Message] = {}
+        for i, m in enumerate(msgs):
+            if m.get("role") != "tool" or is_summary(m):
+                continue
+            tokens = self.counter.count_messages([m])
+            if tokens <= limit:
+                continue
+            children = [("message", ids[i])]
+            nid = _node_id(0, children)
+            text = self._existing(nid)
+            if text is None:
+                kept, cut_part = _head_tail(content_text(m.get("content")), max(200, limit // 4))
+                facts = digest([{"role": "tool", "tool_call_id": "cut", "content": cut_part}], 0, self._fact_budget())
+                text = (
+                    f"[ctxengine:lcm node={nid} depth=0] Output of {tokens:,} tokens cut to its first and last lines; "
+                    f'the original is kept verbatim. Expand for details: lcm_expand(node_id="{nid}") returns it whole, '
+                    f"lcm_grep searches it.\n{kept}" + (f"\nIn the cut part:\n{facts}" if facts else "")
+                )
+                self.store.add_node(self.session_id, nid, depth=0, text=text, children=children, meta={"messages": 1, "tokens": tokens, "summarizer": "cut"})
+            cuts[i] = {**m, "content": text}
+        return cuts
 
     def _tail_start(self, msgs: list[Message], units: list[tuple[int, int]]) -> int:
         """First index of the fresh tail: whole units from the end, at most
@@ -401,8 +438,27 @@ class LcmEngine(ContextEngine):
                 if text and estimate(text) <= int(budget * 1.5) and estimate(text) < span_tokens // 2:
                     users = _quoted_users(span, text)
                     return (f"{users}\n{text}" if users else text), f"llm:{budget}"
-            return digest(span, target, self.leaf_fact_tokens), "extractive-after-llm"
-        return digest(span, target, self.leaf_fact_tokens), "extractive"
+            return digest(span, target, self._fact_budget()), "extractive-after-llm"
+        return digest(span, target, self._fact_budget()), "extractive"
+
+    def _fact_budget(self) -> int:
+        """Verbatim fact tokens one node may show: ``leaf_fact_tokens``; when showing every fact
+        of the folded spans would not fit the window, at most 1/16 of the window per node (the
+        rest stays one ``lcm_grep`` away)."""
+        if self._facts_tight:
+            return min(self.leaf_fact_tokens, self.context_length // 16)
+        return self.leaf_fact_tokens
+
+    def _facts_would_overflow(self, msgs: list[Message], foldable: list[Message]) -> bool:
+        """True when the context with every fact of ``foldable`` shown verbatim would exceed the
+        window: what is not folded, plus the facts, plus the user texts the digests quote."""
+        if not foldable:
+            return False
+        folded = {id(m) for m in foldable}
+        kept = self.counter.count_messages([m for m in msgs if id(m) not in folded])
+        facts = extract_facts([m for m in foldable if not is_summary(m)])
+        shown = sum(estimate(f) + 2 for f in facts.all())
+        return kept + shown > self.context_length
 
     def _condense(self, layer: list[_Item | Message], focus_topic: str | None, notes: list[str]) -> list[_Item | Message]:
         """Merge ``condense_after`` adjacent nodes of one depth into a node one level up, repeatedly."""
@@ -590,6 +646,33 @@ class LcmEngine(ContextEngine):
         status = super().get_status()
         status["session_id"] = self.session_id
         return status
+
+
+def _head_tail(text: str, tokens: int) -> tuple[str, str]:
+    """The first and last lines of ``text`` within about ``tokens`` (two thirds head, one third
+    tail; long lines cut to 300 characters), with a marker line; and the cut middle."""
+    lines = text.splitlines()
+    budget = tokens * 4
+    head: list[str] = []
+    used = 0
+    for line in lines:
+        line = line[:300]
+        if used + len(line) > budget * 2 // 3:
+            break
+        head.append(line)
+        used += len(line) + 1
+    tail: list[str] = []
+    used = 0
+    for line in reversed(lines[len(head) :]):
+        line = line[:300]
+        if used + len(line) > budget // 3:
+            break
+        tail.append(line)
+        used += len(line) + 1
+    tail.reverse()
+    middle = lines[len(head) : len(lines) - len(tail)]
+    kept = "\n".join([*head, f"[... {len(middle):,} lines cut ...]", *tail])
+    return kept, "\n".join(middle)
 
 
 def _pick(args: Mapping[str, Any], *names: str) -> dict[str, Any]:
