@@ -73,16 +73,16 @@ tested per engine, not here.
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import hypothesis.internal.conjecture.engine as _hypothesis_engine
 from hypothesis import HealthCheck, Verbosity, given
 from hypothesis import seed as hypothesis_seed
 from hypothesis import settings as hypothesis_settings
-from hypothesis.errors import Flaky
 
 from ctxengine.engine import ContextEngine
 from ctxengine.facts import FACT_KINDS, context_text, extract_facts, missing_facts
@@ -441,28 +441,21 @@ class _Harness:
         return sent
 
 
-class _ShrinkBudget:
-    """Bounds the time hypothesis spends shrinking a failure (each example runs an engine on
-    whole conversations, so its default five minutes would be spent on slow engines): once the
-    budget is spent, every new candidate passes at once, except the last failing example,
-    which hypothesis replays to report."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.first_failure: float | None = None
-        self.last_failing: str | None = None
-        self.last_violation: ContractViolation | None = None
-
-    def skip(self, conv: list[Message]) -> bool:
-        if self.first_failure is None or time.monotonic() - self.first_failure <= self.seconds:
-            return False
-        return _dumps(conv) != self.last_failing
-
-    def failed(self, conv: list[Message], exc: ContractViolation) -> None:
-        if self.first_failure is None:
-            self.first_failure = time.monotonic()
-        self.last_failing = _dumps(conv)
-        self.last_violation = exc
+@contextmanager
+def _shrink_limit(seconds: float) -> Iterator[None]:
+    """Bound the time hypothesis spends shrinking a failure (five minutes by default, long when
+    each example runs an engine over whole conversations). The limit is a module constant of
+    hypothesis' engine; when a hypothesis version lacks it, its default applies."""
+    name = "MAX_SHRINKING_SECONDS"
+    old = getattr(_hypothesis_engine, name, None)
+    if old is None:
+        yield
+        return
+    setattr(_hypothesis_engine, name, seconds)
+    try:
+        yield
+    finally:
+        setattr(_hypothesis_engine, name, old)
 
 
 def check_engine_contract(
@@ -495,8 +488,6 @@ def check_engine_contract(
         harness.report.notes.append("threshold_tokens is 0: invariant 3 (under the threshold) not checked")
     strategy = conversations(max_turns=max_turns, huge_tokens=huge_tokens)
 
-    shrink = _ShrinkBudget(shrink_seconds)
-
     @hypothesis_settings(
         max_examples=examples,
         deadline=None,
@@ -507,22 +498,12 @@ def check_engine_contract(
     )
     @given(strategy)
     def prop(conv: list[Message]) -> None:
-        if shrink.skip(conv):
-            return
-        try:
-            harness.run(conv)
-        except ContractViolation as exc:
-            shrink.failed(conv, exc)
-            raise
+        harness.run(conv)
 
     if seed is not None:
         prop = hypothesis_seed(seed)(prop)
-    try:
+    with _shrink_limit(shrink_seconds):
         prop()
-    except Flaky as exc:
-        if shrink.last_violation is None:
-            raise
-        raise shrink.last_violation from exc
     if harness.report.turn_compactions == 0:
         harness.report.notes.append(
             f"no compaction fired on the per-turn path (threshold {harness.threshold:,} tokens): "

@@ -131,6 +131,28 @@ def _maybe_text(text: st.SearchStrategy[str]) -> st.SearchStrategy[str | None]:
     return st.sampled_from([None, ""]) | text
 
 
+def _pick(draw: st.DrawFn, options: tuple[Any, ...] | list[Any]) -> Any:
+    """One of ``options`` (shrinks towards the first); cheaper than a new sampled_from."""
+    return options[draw(_int(0, len(options) - 1))]
+
+
+def _shuffle(draw: st.DrawFn, items: list[Any]) -> list[Any]:
+    """A permutation of ``items`` (Fisher-Yates; shrinks towards the original order)."""
+    out = list(items)
+    for i in range(len(out) - 1):
+        j = i + draw(_int(0, len(out) - 1 - i))
+        out[i], out[j] = out[j], out[i]
+    return out
+
+
+_SHORT_TEXT = st.text(max_size=10)
+
+
+@lru_cache(maxsize=1)
+def _tool_input() -> st.SearchStrategy[dict[str, Any]]:
+    return st.dictionaries(st.text(max_size=6), json_values(), max_size=3)
+
+
 def _rare(draw: st.DrawFn, one_in: int) -> bool:
     return draw(_int(0, one_in - 1)) == 0
 
@@ -138,11 +160,11 @@ def _rare(draw: st.DrawFn, one_in: int) -> bool:
 def _user_content(draw: st.DrawFn, multimodal: bool, text: st.SearchStrategy[str]) -> Any:
     if multimodal and _rare(draw, 4):
         parts: list[dict[str, Any]] = [{"type": "text", "text": draw(text)}]
-        for url in draw(st.lists(st.sampled_from(_IMAGE_URLS), min_size=1, max_size=2)):
+        for url in [_pick(draw, _IMAGE_URLS) for _ in range(draw(_int(1, 2)))]:
             parts.append({"type": "image_url", "image_url": {"url": url}})
         if _rare(draw, 3):
             parts[-1]["cache_control"] = {"type": "ephemeral"}
-        return draw(st.permutations(parts))
+        return _shuffle(draw, parts)
     return draw(text)
 
 
@@ -175,7 +197,7 @@ def conversations(
     small = texts()
     tool_text = texts(huge_tokens=huge_tokens)
     msgs: list[Message] = []
-    if system if system is not None else draw(st.booleans()):
+    if system if system is not None else draw(_int(0, 1)) == 1:
         msgs.append({"role": "system", "content": draw(small)})
     used_ids: list[str] = []
     counter = 0
@@ -202,16 +224,16 @@ def conversations(
             for _c in range(k):
                 reusable = [i for i in used_ids if i not in group_ids]
                 if reuse_ids and reusable and _rare(draw, 6):
-                    cid = draw(st.sampled_from(reusable))
+                    cid = _pick(draw, reusable)
                 else:
                     counter += 1
                     cid = f"call_{counter}"
                 group_ids.add(cid)
-                name = draw(st.sampled_from(_TOOL_NAMES))
+                name = _pick(draw, _TOOL_NAMES)
                 if non_json_arguments and _rare(draw, 15):
-                    arguments = "path=" + draw(st.sampled_from(_PATHS)) + " {unclosed"
+                    arguments = "path=" + _pick(draw, _PATHS) + " {unclosed"
                 else:
-                    args = {"path": draw(st.sampled_from(_PATHS)), "query": draw(st.text(max_size=10))}
+                    args = {"path": _pick(draw, _PATHS), "query": draw(_SHORT_TEXT)}
                     if _rare(draw, 3):
                         args["options"] = draw(json_values())
                     arguments = json.dumps(args, ensure_ascii=False)
@@ -228,10 +250,10 @@ def conversations(
                 if extra_keys and _rare(draw, 3):
                     result["name"] = c["function"]["name"]
                 results.append(result)
-            msgs.extend(draw(st.permutations(results)) if len(results) > 1 else results)
+            msgs.extend(_shuffle(draw, results))
             used_ids.extend(c["id"] for c in calls if c["id"] not in used_ids)
             last_had_calls = bool(calls)
-        if last_had_calls and draw(st.booleans()):
+        if last_had_calls and draw(_int(0, 1)) == 1:
             msgs.append({"role": "assistant", "content": draw(small)})
     return msgs
 
@@ -244,7 +266,7 @@ _CACHE_CONTROLS = ({"type": "ephemeral"}, {"type": "ephemeral", "ttl": "1h"})
 
 def _maybe_cache(draw: st.DrawFn, block: dict[str, Any]) -> dict[str, Any]:
     if _rare(draw, 5):
-        block["cache_control"] = dict(draw(st.sampled_from(_CACHE_CONTROLS)))
+        block["cache_control"] = dict(_pick(draw, _CACHE_CONTROLS))
     return block
 
 
@@ -259,12 +281,12 @@ def _a_image_block(draw: st.DrawFn) -> dict[str, Any]:
     kind = draw(_int(0, 3))
     source: dict[str, Any]
     if kind == 0:
-        source = {"type": "url", "url": draw(st.sampled_from((*_IMAGE_URLS[1:], "https://example.com/a b.jpg")))}
+        source = {"type": "url", "url": _pick(draw, (*_IMAGE_URLS[1:], "https://example.com/a b.jpg"))}
     elif kind == 1:
         source = {"type": "file", "file_id": "file_011CNha8iCJcU1wXNR6q4V8w"}
     else:
-        media = draw(st.sampled_from(("image/png", "image/jpeg", "image/gif", "image/webp")))
-        source = {"type": "base64", "media_type": media, "data": draw(st.sampled_from(("iVBORw0KGgo=", "/9j/4AAQSkZJRg==", "")))}
+        media = _pick(draw, ("image/png", "image/jpeg", "image/gif", "image/webp"))
+        source = {"type": "base64", "media_type": media, "data": _pick(draw, ("iVBORw0KGgo=", "/9j/4AAQSkZJRg==", ""))}
     return _maybe_cache(draw, {"type": "image", "source": source})
 
 
@@ -289,7 +311,7 @@ def _a_tool_result(draw: st.DrawFn, tool_use_id: str, text: st.SearchStrategy[st
             for _ in range(draw(_int(0, 3)))
         ]
     if _rare(draw, 4):
-        block["is_error"] = draw(st.booleans())
+        block["is_error"] = draw(_int(0, 1)) == 1
     return _maybe_cache(draw, block)
 
 
@@ -299,9 +321,9 @@ def _a_assistant(draw: st.DrawFn, text: st.SearchStrategy[str], counter: list[in
     blocks: list[dict[str, Any]] = []
     for _ in range(draw(_int(0, 2))):
         if _rare(draw, 3):
-            blocks.append({"type": "redacted_thinking", "data": draw(st.sampled_from(("EmwKAhgBEgy3va3pzix/LafPsn4a", "Ep0BCkYIBRgCKkA=")))})
+            blocks.append({"type": "redacted_thinking", "data": _pick(draw, ("EmwKAhgBEgy3va3pzix/LafPsn4a", "Ep0BCkYIBRgCKkA="))})
         else:
-            blocks.append({"type": "thinking", "thinking": draw(text), "signature": draw(st.sampled_from(("ErUBCkYIBRgCIkB", "EqQBCgIYAhIM1gbcDa9GJwZA")))})
+            blocks.append({"type": "thinking", "thinking": draw(text), "signature": _pick(draw, ("ErUBCkYIBRgCIkB", "EqQBCgIYAhIM1gbcDa9GJwZA"))})
     for _ in range(draw(_int(0, 2))):
         blocks.append(_a_text_block(draw, text))
     ids: list[str] = []
@@ -309,9 +331,9 @@ def _a_assistant(draw: st.DrawFn, text: st.SearchStrategy[str], counter: list[in
         counter[0] += 1
         cid = f"toolu_{counter[0]:04d}"
         ids.append(cid)
-        blocks.append(_maybe_cache(draw, {"type": "tool_use", "id": cid, "name": draw(st.sampled_from(_TOOL_NAMES)), "input": draw(st.dictionaries(st.text(max_size=6), json_values(), max_size=3))}))
+        blocks.append(_maybe_cache(draw, {"type": "tool_use", "id": cid, "name": _pick(draw, _TOOL_NAMES), "input": draw(_tool_input())}))
     if len(blocks) > 1 and _rare(draw, 3):
-        blocks = list(draw(st.permutations(blocks)))
+        blocks = _shuffle(draw, blocks)
     msg: dict[str, Any] = {"role": "assistant", "content": blocks}
     if _rare(draw, 15):
         msg["x_request_id"] = "req_42"
@@ -327,7 +349,7 @@ def _a_user_with_results(draw: st.DrawFn, pending: list[str], text: st.SearchStr
         return [{"role": "user", "content": results[:cut]}, {"role": "user", "content": results[cut:] + others}]
     blocks = results + others
     if _rare(draw, 3):
-        blocks = list(draw(st.permutations(blocks)))
+        blocks = _shuffle(draw, blocks)
     msg: dict[str, Any] = {"role": "user", "content": blocks}
     if _rare(draw, 15):
         msg["x_turn"] = 7
@@ -359,7 +381,7 @@ def anthropic_payloads(draw: st.DrawFn, *, max_turns: int = 5, huge_tokens: int 
         if pending:
             messages.extend(_a_user_with_results(draw, pending, text))
             pending = []
-        elif draw(st.booleans()):
+        elif draw(_int(0, 1)) == 1:
             messages.append({"role": "user", "content": draw(text)})
         else:
             messages.append({"role": "user", "content": [_a_other_block(draw, text) for _ in range(draw(_int(0, 3)))]})

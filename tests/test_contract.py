@@ -1,0 +1,227 @@
+"""The contract kit passes correct toy engines and catches deliberately broken ones, naming the
+invariant each breaks."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from ctxengine.engine import ContextEngine
+from ctxengine.messages import Message
+from ctxengine.testing.contract import (
+    ContractReport,
+    ContractViolation,
+    check_engine_contract,
+    show_messages,
+)
+
+WINDOW = 4_000
+FAST: dict[str, Any] = {"examples": 40, "shrink_seconds": 3.0}
+
+
+class ToyEngine(ContextEngine):
+    """Base of the toys: fires at half the window, records usage."""
+
+    deterministic = True
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__.lower()
+
+    def update_from_response(self, usage: Any) -> None:
+        self._record_usage(usage)
+
+    def should_compress(self, prompt_tokens: int | None = None) -> bool:
+        tokens = self.last_prompt_tokens if prompt_tokens is None else prompt_tokens
+        return tokens >= self.threshold_tokens
+
+    def compress(self, messages: list[Message], current_tokens: int | None = None, focus_topic: str | None = None) -> list[Message]:
+        self.compression_count += 1
+        return list(messages)
+
+
+def last_user_index(messages: list[Message]) -> int:
+    return max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=len(messages))
+
+
+class Identity(ToyEngine):
+    """Correct: never changes anything."""
+
+
+class Masker(ToyEngine):
+    """Correct (but not fact-preserving, so it does not claim determinism): tool results before
+    the latest user message become a marked placeholder of the same call."""
+
+    deterministic = False
+
+    def compress(self, messages: list[Message], current_tokens: int | None = None, focus_topic: str | None = None) -> list[Message]:
+        self.compression_count += 1
+        cut = last_user_index(messages)
+        return [
+            {**m, "content": "[ctxengine:masked tool output]"} if i < cut and m.get("role") == "tool" else m
+            for i, m in enumerate(messages)
+        ]
+
+
+class Mutator(ToyEngine):
+    """Broken (2): shortens tool outputs in place."""
+
+    def compress(self, messages: list[Message], current_tokens: int | None = None, focus_topic: str | None = None) -> list[Message]:
+        for m in messages:
+            if m.get("role") == "tool" and isinstance(m.get("content"), str) and len(m["content"]) > 50:
+                m["content"] = m["content"][:50]
+        return list(messages)
+
+
+class UserDropper(ToyEngine):
+    """Broken (5): keeps only the latest user message."""
+
+    def compress(self, messages: list[Message], current_tokens: int | None = None, focus_topic: str | None = None) -> list[Message]:
+        last = last_user_index(messages)
+        return [m for i, m in enumerate(messages) if m.get("role") != "user" or i == last]
+
+
+class Orphaner(ToyEngine):
+    """Broken (1): drops assistant messages with tool calls but keeps their results."""
+
+    def compress(self, messages: list[Message], current_tokens: int | None = None, focus_topic: str | None = None) -> list[Message]:
+        return [m for m in messages if not (m.get("role") == "assistant" and m.get("tool_calls"))]
+
+
+_COUNTER = itertools.count()
+
+
+class Nondeterministic(ToyEngine):
+    """Broken (6): claims determinism, stamps each summary with a global counter."""
+
+    def compress(self, messages: list[Message], current_tokens: int | None = None, focus_topic: str | None = None) -> list[Message]:
+        return [*messages[:1], {"role": "user", "content": f"[ctxengine:summary {next(_COUNTER)}]"}, *messages[1:]]
+
+
+class Fabricator(ToyEngine):
+    """Broken (4): invents an unmarked assistant message."""
+
+    def compress(self, messages: list[Message], current_tokens: int | None = None, focus_topic: str | None = None) -> list[Message]:
+        return [*messages, {"role": "assistant", "content": "All tests pass, the task is done."}]
+
+
+class TriggerHappy(Identity):
+    """Broken (3): wants to compress whatever the size."""
+
+    def should_compress(self, prompt_tokens: int | None = None) -> bool:
+        return True
+
+
+class PrefixRewriter(Masker):
+    """Broken (7): stamps every placeholder with the compaction number, so each compaction
+    rewrites the placeholders the previous one wrote."""
+
+    def compress(self, messages: list[Message], current_tokens: int | None = None, focus_topic: str | None = None) -> list[Message]:
+        self.compression_count += 1
+        cut = last_user_index(messages)
+        note = f"[ctxengine:masked at compaction {self.compression_count}]"
+        return [{**m, "content": note} if i < cut and m.get("role") == "tool" else m for i, m in enumerate(messages)]
+
+
+class FactLoser(Masker):
+    """Broken (8): a deterministic engine that drops tool outputs without keeping their facts."""
+
+    deterministic = True
+
+
+class SystemDropper(ToyEngine):
+    """Broken (5): drops the system prompt."""
+
+    def compress(self, messages: list[Message], current_tokens: int | None = None, focus_topic: str | None = None) -> list[Message]:
+        return [m for m in messages if m.get("role") != "system"]
+
+
+class Raiser(ToyEngine):
+    """Broken (1): crashes on tool messages with list content."""
+
+    def compress(self, messages: list[Message], current_tokens: int | None = None, focus_topic: str | None = None) -> list[Message]:
+        for m in messages:
+            if m.get("role") == "tool" and isinstance(m.get("content"), list):
+                raise TypeError("unexpected list content")
+        return list(messages)
+
+
+def factory(cls: type[ToyEngine]) -> Any:
+    return lambda: cls(context_length=WINDOW)
+
+
+@pytest.mark.parametrize("cls", [Identity, Masker])
+def test_correct_engines_pass(cls: type[ToyEngine]) -> None:
+    report = check_engine_contract(factory(cls), **FAST)
+    assert isinstance(report, ContractReport)
+    assert report.engine == cls.__name__.lower()
+    assert report.examples == FAST["examples"]
+    assert report.turn_compactions > 0
+    for n in (1, 2, 3, 4, 5, 7):
+        assert report.checks[n] > 0, n
+    assert (report.checks[6] > 0) == cls.deterministic
+    assert "examples" in str(report)
+
+
+def test_an_engine_instance_is_reset_between_examples() -> None:
+    engine = Masker(context_length=WINDOW)
+    report = check_engine_contract(engine, **FAST)
+    assert report.turn_compactions > 0
+    assert engine.compression_count < report.compress_calls  # on_session_reset cleared it
+
+
+@pytest.mark.parametrize(
+    ("cls", "invariant"),
+    [
+        (Mutator, 2),
+        (UserDropper, 5),
+        (Orphaner, 1),
+        (Nondeterministic, 6),
+        (Fabricator, 4),
+        (TriggerHappy, 3),
+        (PrefixRewriter, 7),
+        (FactLoser, 8),
+        (SystemDropper, 5),
+        (Raiser, 1),
+    ],
+)
+def test_broken_engines_are_caught(cls: type[ToyEngine], invariant: int) -> None:
+    with pytest.raises(ContractViolation) as info:
+        check_engine_contract(factory(cls), **FAST)
+    violation = info.value
+    assert isinstance(violation, AssertionError)
+    assert violation.invariant == invariant, str(violation)
+    assert violation.engine == cls.__name__.lower()
+    text = str(violation)
+    assert text.startswith(f"invariant {invariant} (")
+    assert "minimal example" in text
+    assert violation.example, "the example must be shown"
+
+
+def test_the_example_is_shrunk_and_shown_readably() -> None:
+    with pytest.raises(ContractViolation) as info:
+        check_engine_contract(factory(Fabricator), examples=20, shrink_seconds=10.0)
+    # the fabricated message is added to anything: hypothesis shrinks to a tiny conversation
+    assert len(info.value.example) <= 2
+    assert "[0]" in str(info.value)
+
+
+def test_show_messages_bounds_long_strings() -> None:
+    shown = show_messages([{"role": "tool", "tool_call_id": "c", "content": "x" * 10_000}])
+    assert "chars]" in shown and len(shown) < 400
+    assert show_messages([]) == "    (empty)"
+
+
+def test_rejects_what_is_not_an_engine() -> None:
+    with pytest.raises(TypeError):
+        check_engine_contract(42)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        check_engine_contract(lambda: object())  # type: ignore[arg-type,return-value]
+
+
+def test_reports_when_compaction_never_fires() -> None:
+    report = check_engine_contract(lambda: Identity(context_length=10_000_000), examples=5, huge_tokens=500)
+    assert report.turn_compactions == 0
+    assert any("no compaction fired" in n for n in report.notes)
