@@ -262,6 +262,13 @@ class ContextCompressor(ContextEngine):
         current_tokens: int | None = None,
         focus_topic: str | None = None,
     ) -> list[Message]:
+        """Compact ``messages`` (never mutated) and return the new list; see the module docstring.
+
+        ``current_tokens`` is the prompt size to judge against the threshold (the estimate of
+        ``messages`` when ``None``). Under the threshold the list comes back unchanged, unless
+        a ``focus_topic`` is given (a manual ``/compress <topic>``). :attr:`last_report` says
+        what happened, including ``fallback`` (``"extractive"`` or ``"unchanged"``).
+        """
         t0 = time.perf_counter()
         msgs = list(messages)
         toks = [self.counter.count_messages([m]) for m in msgs]
@@ -449,7 +456,9 @@ class ContextCompressor(ContextEngine):
     # phase 4
     def _assemble(self, head: list[Message], summary: str, pulled: list[Message], tail: list[Message]) -> list[Message]:
         head = list(head)
-        if self.compression_count == 0 and head and head[0].get("role") == "system":
+        # the first compaction only: once a prefix is frozen (even by a cut without summary)
+        # the system prompt is part of it and must stay byte-identical
+        if self.compression_count == 0 and self._frozen is None and head and head[0].get("role") == "system":
             head[0] = self._with_note(head[0])
         body = f"{self._header}\n\n{summary}\n{SUMMARY_END}"
         prev_role = head[-1].get("role") if head else None
