@@ -255,3 +255,11 @@ def test_llm_from_config_builds_the_client() -> None:
         assert s.summarize(span()) == TEMPLATE.strip()
         assert server.requests[0].body["model"] == "local-model"
 
+
+
+def test_max_tokens_is_capped_for_the_model() -> None:
+    with StubServer([StubReply.ok(TEMPLATE), StubReply.ok(TEMPLATE)]) as server:
+        client = OpenAICompatClient(base_url=server.openai_base_url, api_key="k", max_retries=0)
+        LlmSummarizer(client, "m", context_length=200_000, max_output_tokens=4_000).summarize(span(), budget_tokens=10_000)
+        LlmSummarizer(client, "m", context_length=200_000).summarize(span(), budget_tokens=2_000)
+        assert [r.body["max_tokens"] for r in server.requests] == [4_000, 3_256]

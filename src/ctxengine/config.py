@@ -91,6 +91,7 @@ class SummarizerConfig(_Section):
     timeout: float = Field(60.0, gt=0)
     max_retries: int = Field(2, ge=0)
     context_length: int | None = Field(None, gt=0, description="The summarizer's own window; looked up from the model table when unset.")
+    max_output_tokens: int = Field(8192, ge=256, description="Ceiling of the summarizer's max_tokens: most models reject more than 8,192 output tokens.")
 
 
 class AuxiliaryConfig(_Section):

@@ -482,16 +482,16 @@ class ContextCompressor(ContextEngine):
             else:
                 merged = body
             return [*head, {**first, "content": merged}, *tail[1:]]
-        first = tail[0] if tail and not pulled else None
+        opener = tail[0] if tail and not pulled else None
         if (
-            first is not None
-            and first.get("role") == "user"
-            and isinstance(first.get("content"), str)
+            opener is not None
+            and opener.get("role") == "user"
+            and isinstance(opener.get("content"), str)
             and any(m.get("role") == "user" for m in tail[1:])
         ):
             # assistant … [summary] … user (not the latest one): the summary opens that user
             # message, whose words stay verbatim after it
-            return [*head, {**first, "content": f"{body}\n\n{first['content']}"}, *tail[1:]]
+            return [*head, {**opener, "content": f"{body}\n\n{opener['content']}"}, *tail[1:]]
         # no role avoids a repeat and nothing to merge into: user, so the first non-system
         # message stays a user message (providers merge consecutive user turns)
         return [*head, {"role": "user", "content": body}, *pulled, *tail]

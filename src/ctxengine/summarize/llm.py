@@ -122,7 +122,8 @@ class LlmSummarizer:
     """Summaries from an LLM (see the module docstring).
 
     ``context_length`` is the summarizer model's own window (looked up from the model table
-    when ``None``); ``timeout`` applies per call.
+    when ``None``); ``timeout`` applies per call; ``max_output_tokens`` caps the ``max_tokens``
+    of each request (a summary budget of 10,000 would otherwise ask more than most models give).
     """
 
     name = "llm"
@@ -134,6 +135,7 @@ class LlmSummarizer:
         *,
         context_length: int | None = None,
         timeout: float = 60.0,
+        max_output_tokens: int = 8192,
     ) -> None:
         self.client = client
         self.model = model
@@ -143,6 +145,7 @@ class LlmSummarizer:
                 context_length = resolve_model(model).context_length
         self.context_length = int(context_length)
         self.timeout = float(timeout)
+        self.max_output_tokens = int(max_output_tokens)
         self.calls = 0
         self._system = _prompt("system.md")
         self._first = Template(_prompt("summarize.md"))
@@ -156,7 +159,13 @@ class LlmSummarizer:
 
         if not config.model:
             raise SummarizerError("auxiliary.compression.model is not set: there is no LLM to summarize with")
-        return cls(build_client(config), config.model, context_length=config.context_length, timeout=config.timeout)
+        return cls(
+            build_client(config),
+            config.model,
+            context_length=config.context_length,
+            timeout=config.timeout,
+            max_output_tokens=config.max_output_tokens,
+        )
 
     def summarize(
         self,
@@ -186,10 +195,10 @@ class LlmSummarizer:
             )
         return room
 
-    @staticmethod
-    def _max_tokens(budget: int) -> int:
-        # the budget is a target; leave the model room to finish the template
-        return int(budget * 1.5) + 256
+    def _max_tokens(self, budget: int) -> int:
+        # the budget is a target: leave the model room to finish the template, within what
+        # the model accepts as max_tokens
+        return min(int(budget * 1.5) + 256, self.max_output_tokens)
 
     def _run(self, span: Sequence[Message], previous: str | None, focus: str | None, budget: int, room: int) -> str:
         chunks = chunk_span(span, room) or [""]
