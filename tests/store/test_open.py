@@ -59,7 +59,7 @@ def test_postgres_connection_errors_are_store_errors() -> None:
 def test_a_file_that_is_not_a_database(tmp_path: Path) -> None:
     bad = tmp_path / "not.db"
     bad.write_bytes(b"this is not sqlite" * 100)
-    with pytest.raises(StoreError, match="not.db"):
+    with pytest.raises(StoreError, match=r"not\.db"):
         SqliteStore(bad)
 
 

@@ -294,7 +294,8 @@ class LcmEngine(ContextEngine):
 
         # originals a previous compaction left before a summary (a then-latest user message) stay:
         # folding them would rewrite the compacted prefix the prompt cache already holds
-        last_node = max((k for k, it in enumerate(items) if it.is_node), default=-1)
+        # (a group holding an output cut earlier counts as such a summary: it was one)
+        last_node = max((k for k, it in enumerate(items) if it.is_node or any(is_summary(m) for m in msgs[it.start : it.end])), default=-1)
         foldable = [m for k, it in enumerate(items) if not it.is_node and k > last_node and not it.start <= latest_user < it.end for m in msgs[it.start : it.end]]
         self._facts_tight = self._facts_would_overflow(msgs, foldable)
         for k, it in enumerate(items):
@@ -349,18 +350,25 @@ class LcmEngine(ContextEngine):
         """
         limit = int(self.context_length * self.fresh_tail_ratio)
         cuts: dict[int, Message] = {}
-        for i, m in enumerate(msgs):
-            if m.get("role") != "tool" or is_summary(m):
-                continue
-            tokens = self.counter.count_messages([m])
-            if tokens <= limit:
-                continue
+        sizes = [self.counter.count_messages([m]) if m.get("role") == "tool" and not is_summary(m) else 0 for m in msgs]
+        giant = [i for i, t in enumerate(sizes) if t > limit]
+        if not giant:
+            return cuts
+        parts = {i: _head_tail(content_text(msgs[i].get("content")), max(200, limit // 4)) for i in giant}
+        # every fact of the cut parts shown, unless that alone would overflow the window
+        others = self.counter.count_messages(msgs) - sum(sizes[i] for i in giant)
+        cut_facts = extract_facts([{"role": "tool", "tool_call_id": "cut", "content": parts[i][1]} for i in giant])
+        tight = others + sum(estimate(f) + 2 for f in cut_facts.all()) > self.context_length
+        budget = min(self.leaf_fact_tokens, self.context_length // 16) if tight else self.leaf_fact_tokens
+        for i in giant:
+            m = msgs[i]
+            tokens = sizes[i]
             children = [("message", ids[i])]
             nid = _node_id(0, children)
             text = self._existing(nid)
             if text is None:
-                kept, cut_part = _head_tail(content_text(m.get("content")), max(200, limit // 4))
-                facts = digest([{"role": "tool", "tool_call_id": "cut", "content": cut_part}], 0, self._fact_budget())
+                kept, cut_part = parts[i]
+                facts = digest([{"role": "tool", "tool_call_id": "cut", "content": cut_part}], 0, budget)
                 text = (
                     f"[ctxengine:lcm node={nid} depth=0] Output of {tokens:,} tokens cut to its first and last lines; "
                     f'the original is kept verbatim. Expand for details: lcm_expand(node_id="{nid}") returns it whole, '
