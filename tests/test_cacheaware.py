@@ -138,3 +138,20 @@ def test_reset_forgets_originals() -> None:
     eng.on_session_reset()
     assert not eng.retrievable("20: line 20 of output 0 with some words in it")
     assert eng.get_status()["originals_kept"] == 0
+
+
+def test_batches_weigh_the_cache_reads_the_provider_reported() -> None:
+    """After a compaction, usage with no cache reads (a placement that only keeps the system
+    prompt warm) makes the next batch wait until it pays for a full rewrite."""
+    decisions = []
+    for reads_all in (True, False):
+        eng = CacheAwareEngine(context_length=100_000, settings=CacheAwareSettings(keep_recent=1, batch=2, batch_tokens=10**9, min_horizon=1))
+        for _ in range(20):  # a session with some history: the first batch pays
+            eng.update_from_response({"prompt_tokens": 1000})
+        msgs = _session(12)
+        out = eng.compress(msgs)
+        assert out != msgs and eng.last_report is not None
+        eng.update_from_response({"prompt_tokens": 5000, "cache_read_input_tokens": 10**6 if reads_all else 0, "cache_creation_input_tokens": 100})
+        grown = [*out, *_session(14)[len(msgs):]]
+        decisions.append(eng.should_compress_preflight(grown))
+    assert decisions == [True, False]

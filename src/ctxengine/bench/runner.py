@@ -253,7 +253,8 @@ def run_session(
         if tokens > context_length:
             run.over_window += 1
         bps = mgr.breakpoints(working, session_id=sid, tokens=toks)
-        run.anthropic.calls.append(anth.call(working, bps, tokens=toks))
+        billed = anth.call(working, bps, tokens=toks)
+        run.anthropic.calls.append(billed)
         run.openai.calls.append(oai.call(working, tokens=toks))
         run.request_tokens.append(tokens)
         last_request = working
@@ -262,7 +263,15 @@ def run_session(
         while j < len(msgs) and msgs[j].get("role") != "assistant":
             j += 1
         completion = count(msgs[i])
-        mgr.update_from_response({"prompt_tokens": tokens, "completion_tokens": completion, "total_tokens": tokens + completion}, session_id=sid)
+        # the usage a provider would report, cache fields included (engines may learn from them)
+        usage = {
+            "prompt_tokens": tokens,
+            "completion_tokens": completion,
+            "total_tokens": tokens + completion,
+            "cache_read_input_tokens": billed.read_tokens,
+            "cache_creation_input_tokens": billed.write_tokens,
+        }
+        mgr.update_from_response(usage, session_id=sid)
         working = [*working, *msgs[i:j]]
         i = j
     run.hygiene_fired = int(mgr.status(sid)["hygiene_fired"])

@@ -88,7 +88,9 @@ class CacheAwareSettings:
     max_action_chars: int = 160
     cost_aware: bool = True
     """Cut a batch only when it pays for its cache rewrite (Anthropic rates, see
-    :func:`ctxengine.cost.compaction_break_even`); off: cut as soon as a batch is full."""
+    :func:`ctxengine.cost.compaction_break_even`); off: cut as soon as a batch is full. The
+    prefix a cut leaves untouched counts as cached in the proportion the provider's usage
+    (``cache_read_input_tokens``) showed after the previous compaction."""
     min_horizon: int = 8
 
 
@@ -115,6 +117,8 @@ class CacheAwareEngine(ContextEngine):
         self._recallable: set[str] = set()
         self._tok: dict[int, tuple[Mapping[str, Any], int]] = {}
         self._calls = 0
+        self._expected_stable: int | None = None
+        self._stable_ratio = 1.0
         self._fact_memo: dict[int, tuple[Mapping[str, Any], Facts]] = {}
 
     @classmethod
@@ -150,8 +154,15 @@ class CacheAwareEngine(ContextEngine):
 
     # -- the contract -----------------------------------------------------------------------
     def update_from_response(self, usage: Any) -> None:
-        self._record_usage(usage)
+        u = self._record_usage(usage)
         self._calls += 1
+        if self._expected_stable is not None and (u.cache_read_tokens or u.cache_write_tokens):
+            # the first response after a compaction says how much of the prefix we kept was
+            # really read from cache (a rolling placement such as system_and_3 reads only the
+            # system prompt): later batches are weighed with what the provider delivers
+            if self._expected_stable > 0:
+                self._stable_ratio = min(1.0, u.cache_read_tokens / self._expected_stable)
+            self._expected_stable = None
 
     def should_compress(self, prompt_tokens: int | None = None) -> bool:
         tokens = self.last_prompt_tokens if prompt_tokens is None else prompt_tokens
@@ -166,6 +177,8 @@ class CacheAwareEngine(ContextEngine):
         self._originals.clear()
         self._recallable.clear()
         self._calls = 0
+        self._expected_stable = None
+        self._stable_ratio = 1.0
 
     def get_tool_schemas(self) -> list[dict[str, Any]]:
         return [
@@ -250,7 +263,7 @@ class CacheAwareEngine(ContextEngine):
         toks = [self._tokens(m) for m in messages]
         before = sum(toks)
         saved = sum(max(0, t - _RECORD_TOKENS) for t in sizes)
-        stable = sum(toks[: waiting[0]])
+        stable = int(sum(toks[: waiting[0]]) * self._stable_ratio)
         horizon = max(s.min_horizon, self._calls)
         return compaction_break_even(before, before - saved, stable) <= horizon
 
@@ -285,6 +298,11 @@ class CacheAwareEngine(ContextEngine):
                 notes.append(f"folded {folded} messages into digests")
         if out == messages:
             return list(messages)
+        first_changed = next(
+            (i for i, (a, b) in enumerate(zip(out, messages, strict=False)) if a is not b and a != b),
+            min(len(out), len(messages)),
+        )
+        self._expected_stable = sum(self._tokens(m) for m in out[:first_changed])
         self.compression_count += 1
         self.last_report = CompactionReport(
             self.name,
