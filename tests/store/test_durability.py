@@ -165,3 +165,23 @@ def test_many_processes_append_to_one_session(store_factory: Any, backend: str) 
     for w in range(CONCURRENT_PROCESSES):  # nothing lost, each writer's order kept
         assert [c for c in contents if c.startswith(f"w{w} ")] == [f"w{w} #{i}" for i in range(n)]
     assert json.loads(json.dumps(store.get_session("shared").length)) == len(contents)
+
+
+def test_bulk_import_indexes_at_the_end_and_after_a_crash(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "bulk.db")
+    with store.bulk():
+        store.record_many([(f"s{i}", [{"role": "user", "content": f"bulk message number{i}"}]) for i in range(50)])
+        with store._read() as cur:  # not indexed yet (a search would still find them by a scan)
+            assert cur.execute("SELECT COUNT(*) FROM blobs_fts_docsize").fetchone()[0] == 0
+        store.record_messages("meanwhile", [{"role": "user", "content": "indexed at once"}])
+    assert [h.snippet for h in store.search("number7")] == ["bulk message number7"]
+    assert len(store.search("bulk message", limit=100)) == 50
+    # a bulk block that never ended (the process died): the next open indexes the rows
+    store._local.defer_fts = True
+    store.record_messages("lost", [{"role": "user", "content": "written unindexed"}])
+    store.close()
+    again = SqliteStore(tmp_path / "bulk.db")
+    with again._read() as cur:
+        assert cur.execute("SELECT COUNT(*) FROM blobs_fts_docsize").fetchone()[0] == 52
+    assert [h.snippet for h in again.search("unindexed")] == ["written unindexed"]
+    assert again.integrity_check() == ["ok"]
