@@ -67,7 +67,7 @@ from ctxengine.messages import (
     tool_calls,
 )
 from ctxengine.models import DEFAULT_CONTEXT_LENGTH
-from ctxengine.tokens import estimate_message_tokens
+from ctxengine.tokens import estimate, estimate_message_tokens
 
 __all__ = ["MARK", "RulesEngine", "RulesSettings"]
 
@@ -289,23 +289,28 @@ def _head_tail(text: str, head: int, tail: int) -> tuple[list[str], int]:
     return kept, removed
 
 
-def _facts_lines(missing: Facts, budget_chars: int | None = None) -> tuple[list[str], int, int]:
+def _facts_lines(missing: Facts, budget_tokens: int | None = None) -> tuple[list[str], int, int]:
     """Render facts as lines: errors first (most telling), then URLs, then paths.
 
-    With ``budget_chars``, stop before exceeding it. Returns (lines, kept, dropped).
+    With ``budget_tokens``, facts are taken in that order while their estimated tokens fit
+    (a fact too large is skipped, smaller ones after it may still fit). Returns (lines, kept,
+    dropped).
     """
     lines: list[str] = []
     used = 0
     kept = dropped = 0
 
-    def room(n: int) -> bool:
-        return budget_chars is None or used + n <= budget_chars
+    def take(cost: int) -> bool:
+        nonlocal used
+        if budget_tokens is not None and used + cost > budget_tokens:
+            return False
+        used += cost
+        return True
 
     for e in missing.errors:
         line = f"error: {e}"
-        if room(len(line) + 1):
+        if take(estimate(line) + 1):
             lines.append(line)
-            used += len(line) + 1
             kept += 1
         else:
             dropped += 1
@@ -313,19 +318,17 @@ def _facts_lines(missing: Facts, budget_chars: int | None = None) -> tuple[list[
         if not items:
             continue
         parts: list[str] = []
-        acc = len(label) + 3
+        opened = False
         for item in items:
-            n = len(item) + len(sep)
-            if room(acc + n):
+            cost = estimate(sep + item) + (0 if opened else estimate(label) + 2)
+            if take(cost):
                 parts.append(item)
-                acc += n
+                opened = True
                 kept += 1
             else:
                 dropped += 1
         if parts:
-            line = f"{label}: {sep.join(parts)}"
-            lines.append(line)
-            used += len(line) + 1
+            lines.append(f"{label}: {sep.join(parts)}")
     return lines, kept, dropped
 
 
@@ -564,6 +567,13 @@ class _Pass:
             self._last_resort(tail_start)
         if self.total > self.window:
             self._squeeze()
+        if self.total > self.window:
+            self._drop_facts(tail_start)
+        if self.total > self.window:
+            self.notes.append(
+                f"still over the window ({self.total} > {self.window} estimated tokens): "
+                "what remains is user messages, the system prompt and protected turns"
+            )
         out: list[Message] = []
         for i, m in enumerate(self.src):
             if i in self.new:
@@ -733,6 +743,8 @@ class _Pass:
         call: Mapping[str, Any] | None,
         call_text: str,
         max_tokens: int | None,
+        *,
+        learn: bool = True,
     ) -> tuple[Message, int] | None:
         """A record standing for tool result ``r``: a header, the head and tail lines unless
         ``kind`` is ``tool``, then the facts neither shown by the record or its call nor
@@ -750,134 +762,156 @@ class _Pass:
             header = f"{MARK}{kind}: {preview} → {status}, {len(text)} chars, {nlines} lines{why}]"
             body, _ = _head_tail(text, self.s.head_lines, self.s.tail_lines)
         kept = "\n".join([header, *body])
-        missing = _missing(facts, kept + "\n" + call_text, self.known)
+        own = _missing(facts, kept + "\n" + call_text)
+        if max_tokens is None and len(kept) + sum(len(x) + 1 for x in _facts_lines(own)[0]) >= len(text):
+            # not shorter on its own: keep the original. Decided without the facts known from
+            # elsewhere, which grow between compactions, so the verdict never flips later.
+            return None
+        missing = _missing(own, "", self.known)
         msg, dropped = self._fit(r, kept, missing, max_tokens)
         if len(content_text(msg.get("content"))) >= len(text):
             return None
-        self._learn(missing)
+        if learn:
+            self._learn(missing)
         return msg, dropped
 
     @staticmethod
     def _fit(r: Message, kept: str, missing: Facts, max_tokens: int | None) -> tuple[Message, int]:
+        """``r`` with content ``kept`` plus the facts lines; with ``max_tokens``, as many facts
+        as keep the message within it. Returns the message and how many facts were left out."""
         flines, _, dropped = _facts_lines(missing)
         msg = {**r, "content": "\n".join([kept, *flines])}
-        if max_tokens is None or not flines or estimate_message_tokens(msg) <= max_tokens:
+        if max_tokens is None or not flines:
             return msg, dropped
-        base = estimate_message_tokens({**r, "content": kept})
-        full = len(msg["content"]) - len(kept)
-        room = max_tokens - base
-        budget = max(0, full * room // max(1, estimate_message_tokens(msg) - base))
+        over = estimate_message_tokens(msg) - max_tokens
+        if over <= 0:
+            return msg, dropped
+        room = max_tokens - estimate_message_tokens({**r, "content": kept})
         while True:
-            flines, _, dropped = _facts_lines(missing, budget)
+            flines, _, dropped = _facts_lines(missing, max(0, room))
             msg = {**r, "content": "\n".join([kept, *flines])}
-            if not flines or estimate_message_tokens(msg) <= max_tokens:
+            over = estimate_message_tokens(msg) - max_tokens
+            if over <= 0 or not flines:
                 return msg, dropped
-            budget = budget * 7 // 8
+            room -= max(1, over)  # rounding made the sum of parts undercount: retry tighter
 
     # -- never over the window ----------------------------------------------------------------
     def _last_resort(self, tail_start: int) -> None:
-        """Cut the largest tool outputs of the protected tail (and re-cut records this pass
-        wrote, whose facts lists may be huge) until the context is under the trigger again.
+        """Cut the largest tool outputs of the protected tail (head and tail lines plus every
+        fact) until the context is under the trigger again.
 
-        Facts are all kept when the result fits the window; otherwise as many as fit halfway
-        between the trigger and the window, and a note says how many did not.
+        Cut records never let other records rely on their facts (no dedupe against them), so
+        if some of their facts must go later (:meth:`_drop_facts`), nothing else is lost.
         """
-        candidates = [
-            i
-            for i in range(len(self.src))
-            if self.src[i].get("role") == "tool"
-            and not _is_marked(self.src[i])
-            and ((i >= tail_start and i not in self.new) or self.new.get(i) is not None)
-        ]
-        candidates.sort(key=lambda i: (-self.tokens[i], i))
+        candidates = self._tail_candidates(tail_start)
         for i in candidates:
             if self.total <= self.threshold:
                 break
-            r = self.src[i]
-            text = content_text(r.get("content"))
-            if len(text) <= self.s.max_tool_output_chars:
-                continue
-            facts = _result_facts(r)
-            failed = _failed(facts.errors)
-            call = self._call_of(i)
-            call_text = message_text(self._current(self._owner(i)) or {})
-            others = self.total - self.tokens[i]
-            built = self._record(r, text, facts, failed, "cut", call, call_text, None)
-            if built is None or others + estimate_message_tokens(built[0]) > self.window:
-                # its facts alone overflow: keep as many as fit halfway between the trigger
-                # and the window, leaving the agent room for a few more turns
-                budget = max(0, (self.threshold + self.window) // 2 - others)
-                built = self._record(r, text, facts, failed, "cut", call, call_text, budget)
-            if built is None:
-                continue
-            msg, dropped = built
-            self._set(i, msg)
-            self.cuts += 1
-            where = "protected" if i >= tail_start else "compacted"
-            note = f"last resort: cut {where} tool output at message {i} ({len(text)} chars) to fit the window"
-            if dropped:
-                note += f"; {dropped} of its {len(facts.paths) + len(facts.urls) + len(facts.errors)} facts did not fit and were left out"
-            self.notes.append(note)
+            built = self._cut(i, None)
+            if built is not None:
+                self.cuts += 1
+                self._cut_note(i, *built)
+
+    def _tail_candidates(self, tail_start: int) -> list[int]:
+        found = [
+            i
+            for i in range(tail_start, len(self.src))
+            if i not in self.new
+            and self.src[i].get("role") == "tool"
+            and not _is_marked(self.src[i])
+            and len(content_text(self.src[i].get("content"))) > self.s.max_tool_output_chars
+        ]
+        found.sort(key=lambda i: (-self.tokens[i], i))
+        return found
+
+    def _cut_note(self, i: int, facts: Facts, dropped: int) -> None:
+        text = content_text(self.src[i].get("content"))
+        note = f"last resort: cut protected tool output at message {i} ({len(text)} chars) to fit the window"
+        if dropped:
+            note += f"; {dropped} of its {len(facts)} facts did not fit the window and were left out"
+        self.notes.append(note)
+
+    def _cut(self, i: int, max_tokens: int | None) -> tuple[Facts, int] | None:
+        """Replace protected tool output ``i`` by a cut record; None when that is not shorter."""
+        r = self.src[i]
+        text = content_text(r.get("content"))
+        facts = _result_facts(r)
+        failed = _failed(facts.errors)
+        call = self._call_of(i)
+        call_text = message_text(self._current(self._owner(i)) or {})
+        built = self._record(r, text, facts, failed, "cut", call, call_text, max_tokens, learn=False)
+        if built is None:
+            return None
+        self._set(i, built[0])
+        return facts, built[1]
+
+    def _records(self) -> list[int]:
+        """Tool records this compaction wrote, largest first. Records of earlier compactions
+        are never rewritten: they are the cached prefix."""
+        found = [
+            i
+            for i, m in self.new.items()
+            if m is not None and m.get("role") == "tool" and _is_marked(m)
+        ]
+        found.sort(key=lambda i: (-self.tokens[i], i))
+        return found
+
+    @staticmethod
+    def _record_parts(text: str) -> tuple[str, Facts]:
+        """A record's header line and every fact it shows (its lines and its listed facts)."""
+        header, _, rest = text.partition("\n")
+        body = "\n".join(x for x in rest.splitlines() if not x.startswith(_FACT_LINE_PREFIXES))
+        facts = Facts(
+            [],
+            list(dict.fromkeys([*_fact_items(rest, "paths: ", ", "), *paths_in(body)])),
+            list(dict.fromkeys([*_fact_items(rest, "urls: ", " "), *urls_in(body)])),
+            [],
+            list(dict.fromkeys([*_fact_items(rest, "error: ", None), *_error_lines(body)])),
+        )
+        return header, _missing(facts, header)
 
     def _squeeze(self) -> None:
-        """Final fallback when records of earlier compactions alone overflow the window:
-        reduce the largest records to their header and facts, never dropping a fact. This
-        rewrites the compacted prefix, so it is only ever done to stay inside the window."""
-        records = [
-            i
-            for i in range(len(self.src))
-            if (m := self._current(i)) is not None and m.get("role") == "tool" and _is_marked(m)
-        ]
-        records.sort(key=lambda i: (-self.tokens[i], i))
-        for i in records:
+        """Still over the window: reduce the largest records this compaction wrote to their
+        header and facts (their head and tail lines go), dropping no fact."""
+        for i in self._records():
             if self.total <= self.window:
                 break
-            m = self._current(i)
-            assert m is not None
-            lines = content_text(m.get("content")).splitlines()
-            header = lines[0] if lines else MARK + "tool]"
-            rest = "\n".join(lines[1:])
-            body_text = "\n".join(x for x in lines[1:] if not x.startswith(_FACT_LINE_PREFIXES))
-            facts = Facts(
-                [],
-                list(dict.fromkeys([*paths_in(body_text), *_fact_items(rest, "paths: ", ", ")])),
-                list(dict.fromkeys([*urls_in(body_text), *_fact_items(rest, "urls: ", " ")])),
-                [],
-                list(dict.fromkeys([*_error_lines(body_text), *_fact_items(rest, "error: ", None)])),
-            )
-            msg, _ = self._fit(m, header, _missing(facts, header), None)
-            if len(content_text(msg.get("content"))) >= len(content_text(m.get("content"))):
-                continue
-            self._set(i, msg)
-            self.notes.append(f"squeezed the record at message {i} to its header and facts to stay inside the window")
-        for i in records:
-            if self.total <= self.window:
-                break
-            # facts alone overflow the window (a giant listing's paths): keep as many as fit
             m = self._current(i)
             assert m is not None
             text = content_text(m.get("content"))
-            header, _, rest = text.partition("\n")
-            facts = Facts(
-                [],
-                list(dict.fromkeys(_fact_items(rest, "paths: ", ", "))),
-                list(dict.fromkeys(_fact_items(rest, "urls: ", " "))),
-                [],
-                list(dict.fromkeys(_fact_items(rest, "error: ", None))),
-            )
-            if not len(facts):
+            header, facts = self._record_parts(text)
+            msg, _ = self._fit(m, header, facts, None)
+            if len(content_text(msg.get("content"))) < len(text):
+                self._set(i, msg)
+                self.notes.append(f"squeezed the record at message {i} to its header and facts to stay inside the window")
+
+    def _drop_facts(self, tail_start: int) -> None:
+        """Facts alone overflow the window (a listing with more distinct paths than the window
+        holds): take them from the largest record this compaction wrote or protected output,
+        paths before URLs before error lines. Such a message keeps facts up to halfway between
+        the trigger and the window, not up to the window itself: the agent needs room for its
+        next turns, and later outputs need room for their own facts (records already sent are
+        never rewritten). Reported in the notes."""
+        pool = [*self._records(), *self._tail_candidates(tail_start)]
+        pool.sort(key=lambda i: (-self.tokens[i], i))
+        ceiling = (self.threshold + self.window) // 2
+        for i in pool:
+            if self.total <= self.window:
+                break
+            budget = max(0, ceiling - (self.total - self.tokens[i]))
+            m = self._current(i)
+            assert m is not None
+            if not _is_marked(m):
+                built = self._cut(i, budget)
+                if built is not None:
+                    self.cuts += 1
+                    self._cut_note(i, *built)
                 continue
-            others = self.total - self.tokens[i]
-            msg, dropped = self._fit(m, header, facts, max(0, self.window - others))
-            if dropped == 0:
-                continue
-            self._set(i, msg)
-            self.notes.append(f"dropped {dropped} facts of the record at message {i}: the facts alone overflow the window")
-        if self.total > self.window:
-            self.notes.append(
-                f"still over the window ({self.total} > {self.window} estimated tokens): "
-                "what remains is user messages, the system prompt and protected turns"
-            )
+            header, facts = self._record_parts(content_text(m.get("content")))
+            msg, dropped = self._fit(m, header, facts, budget)
+            if dropped and estimate_message_tokens(msg) < self.tokens[i]:
+                self._set(i, msg)
+                self.notes.append(f"dropped {dropped} of {len(facts)} facts of the record at message {i}: the facts alone overflow the window")
 
     def _owner(self, i: int) -> int:
         j = i
