@@ -295,3 +295,26 @@ def test_summaries_after_the_latest_user_message_are_the_assistants(store: Sqlit
     again = _engine(store).compress(grown)
     assert [m for m in again if is_summary(m)][: len(summaries)] == summaries or len([m for m in again if is_summary(m)]) < len(summaries)
     assert not any("[ctxengine:lcm" in content_text(m["content"]).split("\n", 1)[1] for m in again if is_summary(m) and "\n" in content_text(m["content"]))
+
+
+def test_a_giant_new_output_is_cut_before_it_is_sent(store: SqliteStore) -> None:
+    listing = "\n".join(f"./src/pkg{i // 50}/Module{i}.java" for i in range(6000))
+    msgs: list[Message] = [
+        {"role": "system", "content": "agent"},
+        {"role": "user", "content": "list the files"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "ls", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "ls", "content": listing},
+    ]
+    eng = _engine(store, context_length=32_000)
+    out = eng.compress(msgs)
+    assert [v for v in validate(out) if v.severity == "error"] == []
+    assert out[:3] == msgs[:3]
+    cut = out[3]
+    assert cut["tool_call_id"] == "ls" and is_summary(cut)
+    assert eng.counter.count_messages(out) < 32_000
+    text = content_text(cut["content"])
+    assert "./src/pkg0/Module0.java" in text and "./src/pkg119/Module5999.java" in text  # head and tail
+    node = NODE_RE.match(text).group(1)  # type: ignore[union-attr]
+    whole = eng.expand(node, max_tokens=200_000)
+    assert whole["messages"][0]["message"] == msgs[3]
+    assert eng.retrievable("./src/pkg60/Module3000.java")
