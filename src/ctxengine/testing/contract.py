@@ -49,15 +49,14 @@ It checks, on every ``compress`` call (``W`` the input, ``O`` the output):
    engines give byte-identical outputs for the forced compaction and for every request of the
    replay.
 7. **Prefix stability** — let compaction *k* turn ``W_k`` into ``O_k`` and the next one turn
-   ``W_j = O_k + appended`` into ``O_j``. The region compaction *k* wrote ends where the
-   longest common suffix of ``O_k`` and ``W_k`` (the untouched tail) begins. Its *stable
-   prefix* is that region up to its first marked summary that is not a tool result (an engine
-   may update a summary iteratively, which rewrites the summary and what follows it; marked
-   tool results are records of one output). Compaction *j* must leave the stable prefix
-   byte-identical (JSON, key order included), except that it may fold a span of it into a
-   marked summary: the first message it changes must then be that summary. What is forbidden
-   is editing old messages in place: the already-compacted prefix is read from the prompt
-   cache, and re-editing it on every compaction costs a full cache write each time.
+   ``W_j = O_k + appended`` into ``O_j``. The messages compaction *k* wrote (those of ``O_k``
+   that are not in ``W_k`` verbatim: cut outputs, records, a note on the system prompt) are
+   final: each must still be in ``O_j`` byte for byte (JSON, key order included). The one
+   exception is a fold: when the first message of ``O_j`` that differs from ``O_k`` is a marked
+   summary (not a tool result), the span from there on was folded into a summary in one batch
+   (iterative summaries update themselves this way), and anything after it may change.
+   Editing already-compacted messages in place is what is forbidden: they are read from the
+   prompt cache, and re-editing them costs a cache write of everything after them each time.
 8. **Preservation guarantee** (deterministic engines) — the facts of ``W``
    (:func:`ctxengine.facts.extract_facts`: user texts, file paths, URLs, tool names, error
    lines) all occur in the text of ``O``; after the replay, the facts of the whole
@@ -374,23 +373,22 @@ class _Harness:
 
     def check_prefix(self, prev_in: list[Message], prev_out: list[Message], inp: list[Message], out: list[Message], where: str) -> None:
         self.count(7)
+        before = {_dumps(m) for m in prev_in}
         a = [_dumps(m) for m in prev_out]
-        b = [_dumps(m) for m in prev_in]
-        suffix = 0
-        while suffix < min(len(a), len(b)) and a[-1 - suffix] == b[-1 - suffix]:
-            suffix += 1
-        end = len(a) - suffix
-        stable = next((i for i in range(end) if _is_fold(prev_out[i])), end)
-        now = [_dumps(m) for m in out[:stable]]
-        if now != a[:stable]:
-            idx = next((i for i, (x, y) in enumerate(zip(now, a[:stable], strict=False)) if x != y), min(len(now), stable))
-            if idx < len(out) and _is_fold(out[idx]):
-                return  # the span from idx on was folded into a summary: one batch rewrite
+        written = [(i, key) for i, (key, m) in enumerate(zip(a, prev_out, strict=True)) if key not in before and not _is_fold(m)]
+        now = [_dumps(m) for m in out]
+        first = next((i for i, (x, y) in enumerate(zip(now, a, strict=False)) if x != y), min(len(now), len(a)))
+        if first < len(out) and _is_fold(out[first]):
+            return  # a span from `first` on was folded into a summary: one batch rewrite
+        left = Counter(now)
+        for i, key in written:
+            if left[key] > 0:
+                left[key] -= 1
+                continue
             raise self.fail(
                 7,
-                f"this compaction rewrote message {idx} of the stable prefix the previous compaction produced "
-                f"(its first {stable} messages) in place; it may only change what follows, or fold a span "
-                f"from there on into a marked summary\n"
+                f"this compaction re-edited message {i}, which the previous compaction wrote (records are final; "
+                f"only a fold of the span into a marked summary may replace them)\n"
                 f"  previous output:\n{show_messages(prev_out)}\n  this output:\n{show_messages(out)}",
                 inp,
                 where,
