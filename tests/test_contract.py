@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from ctxengine.engine import ContextEngine
-from ctxengine.messages import Message
+from ctxengine.messages import Message, content_text, is_summary, message_text
 from ctxengine.testing.contract import (
     ContractReport,
     ContractViolation,
@@ -148,11 +148,50 @@ class Raiser(ToyEngine):
         return list(messages)
 
 
+class KeepsOriginals(FactLoser):
+    """Correct: like FactLoser, but the masked outputs stay retrievable (``retrievable``), which
+    the preservation guarantee accepts ("or retrievable verbatim from the store")."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.originals: list[str] = []
+
+    def compress(self, messages: list[Message], current_tokens: int | None = None, focus_topic: str | None = None) -> list[Message]:
+        cut = last_user_index(messages)
+        self.originals += [message_text(m) for m in messages[:cut] if m.get("role") == "tool"]
+        return super().compress(messages, current_tokens, focus_topic)
+
+    def retrievable(self, fact: str) -> bool:
+        return any(fact in text for text in self.originals)
+
+
+class Folder(ToyEngine):
+    """Correct: folds everything before the latest user message into one marked summary that
+    quotes the user messages (and the previous summary) verbatim; rewriting the summary at each
+    compaction is a fold, which prefix stability allows."""
+
+    deterministic = False
+
+    def compress(self, messages: list[Message], current_tokens: int | None = None, focus_topic: str | None = None) -> list[Message]:
+        head = messages[:1] if messages and messages[0].get("role") == "system" else []
+        cut = last_user_index(messages)
+        span = messages[len(head) : cut]
+        if not span:
+            return list(messages)
+        quoted = [
+            content_text(m.get("content")).split("\n", 1)[-1] if is_summary(m) else content_text(m.get("content"))
+            for m in span
+            if m.get("role") == "user" or is_summary(m)
+        ]
+        summary = {"role": "assistant", "content": "\n".join(["[ctxengine:summary of earlier turns]", *quoted])}
+        return [*head, summary, *messages[cut:]]
+
+
 def factory(cls: type[ToyEngine]) -> Any:
     return lambda: cls(context_length=WINDOW)
 
 
-@pytest.mark.parametrize("cls", [Identity, Masker])
+@pytest.mark.parametrize("cls", [Identity, Masker, KeepsOriginals, Folder])
 def test_correct_engines_pass(cls: type[ToyEngine]) -> None:
     report = check_engine_contract(factory(cls), **FAST)
     assert isinstance(report, ContractReport)
