@@ -27,8 +27,29 @@ from typing import Any
 from ctxengine.bench.replay import ReplayResult, percentile, replay_session
 from ctxengine.engines.rules import RulesEngine, RulesSettings
 from ctxengine.facts import FACT_KINDS
+from ctxengine.messages import Message
+from ctxengine.tokens import estimate_messages_tokens_rough
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+class _FloorProbe(RulesEngine):
+    """The rules engine, also recording for each compaction that changed something the largest
+    reduction any engine keeping the same anchors could reach: everything removed except the
+    system prompt, the user messages and the protected tail."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.attainable: list[float] = []
+
+    def compress(self, messages: list[Message], current_tokens: int | None = None, focus_topic: str | None = None) -> list[Message]:
+        out = super().compress(messages, current_tokens, focus_topic)
+        if out != messages:
+            tail = self.protected_tail_start(messages)
+            keep = [m for m in messages[:tail] if m.get("role") in ("system", "developer", "user")] + list(messages[tail:])
+            before = estimate_messages_tokens_rough(messages)
+            self.attainable.append(1.0 - estimate_messages_tokens_rough(keep) / before if before else 0.0)
+        return out
 
 
 def load(data: Path) -> list[dict[str, Any]]:
@@ -66,11 +87,14 @@ def main() -> int:
         return 2
 
     results: list[ReplayResult] = []
+    floors: list[float] = []
     for t in trajectories:
         best: ReplayResult | None = None
-        for _ in range(max(1, args.repeat)):
-            engine = RulesEngine(context_length=args.context_length, settings=settings)
+        for rep in range(max(1, args.repeat)):
+            engine = _FloorProbe(context_length=args.context_length, settings=settings)
             res = replay_session(t["messages"], engine, session_id=t["id"])
+            if rep == 0:
+                floors += engine.attainable
             if best is None:
                 best = res
             else:  # same decisions every run; keep the fastest time per compaction
@@ -99,6 +123,11 @@ def main() -> int:
     print(f"invalid requests {sum(r.invalid_requests for r in results)}; over the window {sum(r.over_window for r in results)}")
     if reds:
         print(f"token reduction per compaction: median {statistics.median(reds):.1%} (min {min(reds):.1%}, max {max(reds):.1%})")
+    if floors:
+        print(
+            f"  upper bound at those compactions (everything but system prompt, user messages and the protected "
+            f"tail removed): median {statistics.median(floors):.1%}"
+        )
     if lat:
         print(f"compaction latency: p50 {percentile(lat, 50):.2f} ms, p95 {percentile(lat, 95):.2f} ms, max {max(lat):.2f} ms")
     all_t = sum(total.values())

@@ -306,7 +306,7 @@ def test_facts_that_cannot_fit_the_window_are_partly_kept_and_reported() -> None
     out = e.compress(msgs)
     assert estimate_messages_tokens_rough(out) <= 32_000
     assert e.last_report is not None
-    assert any("did not fit" in n for n in e.last_report.notes)
+    assert any("left out" in n for n in e.last_report.notes)
     kept = sum(1 for p in listing.splitlines() if p in out[-1]["content"])
     assert 100 < kept < 6000
 
@@ -378,7 +378,7 @@ def test_replay_every_trajectory_valid_inside_the_window_and_facts_kept(trajecto
         assert res.invalid_requests == 0, (t["id"], res.invalid_details)
         assert res.over_window == 0, t["id"]
         for kind in FACT_KINDS:
-            if kind == "paths" and any("did not fit" in n for n in notes):
+            if kind == "paths" and any("left out" in n for n in notes):
                 continue  # a listing with more distinct paths than the window holds
             assert res.facts_kept[kind] == res.facts_total[kind], (t["id"], kind, res.facts_missing.get(kind))
 
@@ -394,3 +394,11 @@ def test_compacting_each_whole_trajectory_keeps_every_fact_and_is_idempotent(tra
         assert errors_of(out) == [], t["id"]
         assert len(missing_facts(extract_facts(msgs), context_text(out))) == 0, t["id"]
         assert RulesEngine(context_length=1_000_000).compress(out) == out, t["id"]
+
+
+@pytest.mark.parametrize("window", [1000, 4000])
+def test_the_engine_contract_kit_passes(window: int) -> None:
+    from ctxengine.testing.contract import check_engine_contract
+
+    report = check_engine_contract(lambda: RulesEngine(context_length=window), examples=25)
+    assert report.turn_compactions > 0

@@ -466,6 +466,12 @@ class RulesEngine(ContextEngine):
         status["notes"] = list(self.notes)
         return status
 
+    def protected_tail_start(self, messages: Sequence[Message]) -> int:
+        """Index where the protected tail of ``messages`` begins (``len`` when nothing is
+        protected): the last ``protect_last_n_turns`` turns, a turn being a user message or
+        an assistant message with its tool results."""
+        return _tail_start(self.settings.protect_last_n_turns, messages, group_spans(messages))
+
     def compress(
         self,
         messages: list[Message],
@@ -498,6 +504,18 @@ class RulesEngine(ContextEngine):
             elapsed_ms=(time.perf_counter() - t0) * 1000.0,
         )
         return out
+
+
+def _tail_start(n: int, messages: Sequence[Message], spans: list[tuple[int, int]]) -> int:
+    if n <= 0:
+        return len(messages)
+    counted = 0
+    for start, _end in reversed(spans):
+        if messages[start].get("role") in ("user", "assistant"):
+            counted += 1
+            if counted == n:
+                return start
+    return 0
 
 
 class _Pass:
@@ -549,9 +567,15 @@ class _Pass:
         spans = group_spans(self.src)
         tail_start = self._tail_start(spans)
         system_cutoff = self._system_cutoff()
+        # Everything up to the last record of an earlier compaction was settled by it (kept
+        # or recorded) and is sent from the cache: never revisit it. This also freezes
+        # protected messages that preceded a last-resort cut.
+        settled = max((i + 1 for i, m in enumerate(self.src) if _is_marked(m)), default=0)
         for start, end in spans:
             if start >= tail_start:
                 break
+            if start < settled:
+                continue
             first = self.src[start]
             role = first.get("role")
             if role == "assistant" and (end - start > 1 or tool_calls(first)):
@@ -585,16 +609,7 @@ class _Pass:
         return out
 
     def _tail_start(self, spans: list[tuple[int, int]]) -> int:
-        n = self.s.protect_last_n_turns
-        if n <= 0:
-            return len(self.src)
-        counted = 0
-        for start, _end in reversed(spans):
-            if self.src[start].get("role") in ("user", "assistant"):
-                counted += 1
-                if counted == n:
-                    return start
-        return 0
+        return _tail_start(self.s.protect_last_n_turns, self.src, spans)
 
     def _system_cutoff(self) -> int:
         """Index of the user message that ends turn ``drop_system_after_turn`` (system
@@ -810,7 +825,7 @@ class _Pass:
             built = self._cut(i, None)
             if built is not None:
                 self.cuts += 1
-                self._cut_note(i, *built)
+                self._cut_note(i, built[0], built[1])
 
     def _tail_candidates(self, tail_start: int) -> list[int]:
         found = [
@@ -831,8 +846,10 @@ class _Pass:
             note += f"; {dropped} of its {len(facts)} facts did not fit the window and were left out"
         self.notes.append(note)
 
-    def _cut(self, i: int, max_tokens: int | None) -> tuple[Facts, int] | None:
-        """Replace protected tool output ``i`` by a cut record; None when that is not shorter."""
+    def _cut(self, i: int, max_tokens: int | None, *, apply: bool = True) -> tuple[Facts, int, Message] | None:
+        """A cut record for protected tool output ``i`` (set in place unless ``apply`` is
+        False); None when that is not shorter. Returns its facts, how many were left out, and
+        the record."""
         r = self.src[i]
         text = content_text(r.get("content"))
         facts = _result_facts(r)
@@ -842,8 +859,9 @@ class _Pass:
         built = self._record(r, text, facts, failed, "cut", call, call_text, max_tokens, learn=False)
         if built is None:
             return None
-        self._set(i, built[0])
-        return facts, built[1]
+        if apply:
+            self._set(i, built[0])
+        return facts, built[1], built[0]
 
     def _records(self) -> list[int]:
         """Tool records this compaction wrote, largest first. Records of earlier compactions
@@ -888,30 +906,56 @@ class _Pass:
     def _drop_facts(self, tail_start: int) -> None:
         """Facts alone overflow the window (a listing with more distinct paths than the window
         holds): take them from the largest record this compaction wrote or protected output,
-        paths before URLs before error lines. Such a message keeps facts up to halfway between
-        the trigger and the window, not up to the window itself: the agent needs room for its
-        next turns, and later outputs need room for their own facts (records already sent are
-        never rewritten). Reported in the notes."""
+        paths before URLs before error lines (records already sent are never rewritten).
+
+        When what must go is large anyway, the message keeps facts only up to halfway between
+        the trigger and the window, so the agent has room for its next turns and later outputs
+        for their own facts; when little must go, it keeps every fact that fits the window.
+        Reported in the notes."""
         pool = [*self._records(), *self._tail_candidates(tail_start)]
         pool.sort(key=lambda i: (-self.tokens[i], i))
         ceiling = (self.threshold + self.window) // 2
         for i in pool:
             if self.total <= self.window:
                 break
-            budget = max(0, ceiling - (self.total - self.tokens[i]))
             m = self._current(i)
             assert m is not None
-            if not _is_marked(m):
-                built = self._cut(i, budget)
-                if built is not None:
-                    self.cuts += 1
-                    self._cut_note(i, *built)
+            others = self.total - self.tokens[i]
+            chosen: tuple[Message, int, int] | None = None
+            for budget in (max(0, ceiling - others), max(0, self.window - others)):
+                built = self._shrink(i, m, budget)
+                if built is None:
+                    continue
+                msg, dropped, total_facts, lost = built
+                chosen = (msg, dropped, total_facts)
+                if others + estimate_message_tokens(msg) + estimate("\n".join(lost)) > self.window:
+                    break  # what it leaves out could not have fitted anyway
+            if chosen is None:
                 continue
+            msg, dropped, total_facts = chosen
+            self._set(i, msg)
+            if not _is_marked(m):
+                self.cuts += 1
+            self.notes.append(
+                f"message {i}: {dropped} of its {total_facts} facts left out: they alone overflow the window"
+            )
+
+    def _shrink(self, i: int, m: Message, budget: int) -> tuple[Message, int, int, list[str]] | None:
+        """``m`` (a record this compaction wrote, or an uncut protected output) reduced to fit
+        ``budget`` tokens; with its dropped-fact count, fact count and the facts it lost."""
+        if _is_marked(m):
             header, facts = self._record_parts(content_text(m.get("content")))
             msg, dropped = self._fit(m, header, facts, budget)
-            if dropped and estimate_message_tokens(msg) < self.tokens[i]:
-                self._set(i, msg)
-                self.notes.append(f"dropped {dropped} of {len(facts)} facts of the record at message {i}: the facts alone overflow the window")
+            if estimate_message_tokens(msg) >= self.tokens[i]:
+                return None
+        else:
+            built = self._cut(i, budget, apply=False)
+            if built is None:
+                return None
+            facts, dropped, msg = built
+        text = content_text(msg.get("content"))
+        lost = [f for f in facts.all() if f not in text]
+        return msg, dropped, len(facts), lost
 
     def _owner(self, i: int) -> int:
         j = i
