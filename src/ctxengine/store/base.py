@@ -38,7 +38,7 @@ from typing import Any, ClassVar, Literal
 from ctxengine.errors import InputError, NotFoundError, StoreError
 from ctxengine.messages import Message, message_text
 from ctxengine.store.migrations import Backend, apply_migrations, current_version
-from ctxengine.tokens import MESSAGE_OVERHEAD_TOKENS, estimate, estimate_message_tokens
+from ctxengine.tokens import MESSAGE_OVERHEAD_TOKENS, estimate_message_tokens
 
 __all__ = [
     "EXPORT_FORMAT",
@@ -321,9 +321,9 @@ def _prepare(messages: Sequence[Message], parent_id: str | None) -> list[_Prepar
         b = blob_hash(canon)
         mid = message_id(parent_id, b)
         text = _search_text(m)
-        # tokens of the searchable text (+ the per-message overhead): a size for listings,
-        # cheaper than a full message count and within a few tokens of it for text messages
-        out.append(_Prepared(canon, b, mid, str(m.get("role", "")), text, estimate(text) + MESSAGE_OVERHEAD_TOKENS))
+        # a size for listings (characters / 4 + the per-message overhead): the exact estimate
+        # costs as much as hashing the message, and ingest speed matters more here
+        out.append(_Prepared(canon, b, mid, str(m.get("role", "")), text, (len(text) + 3) // 4 + MESSAGE_OVERHEAD_TOKENS))
         parent_id = mid
     return out
 
