@@ -57,6 +57,7 @@ It checks, on every ``compress`` call (``W`` the input, ``O`` the output):
    (iterative summaries update themselves this way), and anything after it may change.
    Editing already-compacted messages in place is what is forbidden: they are read from the
    prompt cache, and re-editing them costs a cache write of everything after them each time.
+   Not checked while the system prompt and user messages alone overflow the window.
 8. **Preservation guarantee** (deterministic engines) — the facts of ``W``
    (:func:`ctxengine.facts.extract_facts`: user texts, file paths, URLs, tool names, error
    lines) all occur in the text of ``O``; after the replay, the facts of the whole
@@ -153,8 +154,9 @@ class ContractReport:
     (0 means the generated sessions never reached the threshold: use a smaller
     ``context_length``, or invariants 3 and 7 were barely exercised); ``facts_beyond_window``
     counts facts missing from outputs that could not have held them inside the window;
-    ``anchors_beyond_window`` counts inputs whose system prompt and user messages alone
-    overflow the window (only the latest user message is then required verbatim).
+    ``anchors_beyond_window`` counts checks made on inputs whose system prompt and user
+    messages alone overflow the window (only the latest user message is then required
+    verbatim, and prefix stability is not checked).
     """
 
     engine: str
@@ -338,8 +340,7 @@ class _Harness:
         kept = Counter(_dumps(m) for m in out if m.get("role") == "user")
         summaries = "\n".join(content_text(m.get("content")) for m in out if is_summary(m))
         needed = Counter(_dumps(m) for m in users)
-        system = [inp[0]] if inp[0].get("role") in ("system", "developer") else []
-        if estimate_messages_tokens_rough(system + users) > self.context_length > 0:
+        if self.anchors_overflow(inp):
             # the anchors alone overflow the window: something of them has to give
             self.report.anchors_beyond_window += 1
             users = users[-1:] if not final else []
@@ -353,6 +354,11 @@ class _Harness:
                 raise self.fail(5, f"user message {idx} is neither in the output verbatim nor quoted verbatim in a marked summary: {show_messages([u])}", inp, where)
         if not final and users and _dumps(users[-1]) not in kept:
             raise self.fail(5, f"the latest user message (input message {inp.index(users[-1])}) is not in the output verbatim", inp, where)
+
+    def anchors_overflow(self, messages: list[Message]) -> bool:
+        """True when the system prompt and the user messages alone exceed the window."""
+        anchors = [m for i, m in enumerate(messages) if m.get("role") == "user" or (i == 0 and m.get("role") in ("system", "developer"))]
+        return estimate_messages_tokens_rough(anchors) > self.context_length > 0
 
     def check_facts(self, engine: ContextEngine, inp: list[Message], out: list[Message], where: str) -> None:
         self.count(8)
@@ -372,6 +378,10 @@ class _Harness:
             raise self.fail(8, f"{len(missing)} fact(s) of the input are missing from the output: {shown}", inp, where)
 
     def check_prefix(self, prev_in: list[Message], prev_out: list[Message], inp: list[Message], out: list[Message], where: str) -> None:
+        if self.anchors_overflow(inp):
+            # nothing can fit: squeezing what was already cut is the engine's last resort
+            self.report.anchors_beyond_window += 1
+            return
         self.count(7)
         before = {_dumps(m) for m in prev_in}
         a = [_dumps(m) for m in prev_out]
