@@ -22,8 +22,8 @@ Six rules, in the seed's priority order:
 
 **Preservation guarantee.** Whatever a rule removes, the file paths, URLs and error lines of
 the removed text (as :mod:`ctxengine.facts` defines them, the same definitions the benchmark
-uses) are appended verbatim to the record that replaces it (``paths: …``, ``urls: …``,
-``error: …``), deduplicated only against the rest of that record and its own tool call, so a
+uses) are appended verbatim to the record that replaces it (a ``[facts]`` block of
+``urls: …``, ``paths: …`` and ``errors:`` lines), deduplicated only against the rest of that record and its own tool call, so a
 later compaction can never make them disappear. Tool names survive because calls are kept.
 
 **Batches and prefix stability.** A compaction compacts everything outside the protected tail
@@ -139,7 +139,10 @@ _FAILURE_RE = re.compile(
 (rule 1 collapses it). Narrower than the error facts: a file view that merely names
 ``IOException`` in its code did not fail, though those lines are still kept as facts."""
 
-_FACT_LINE_PREFIXES = ("error: ", "paths: ", "urls: ")
+FACTS_HEADER = "[facts]"
+"""Line that opens the facts block of a record: ``urls: …`` and ``paths: …`` (space
+separated, as neither contains spaces) then ``errors:`` and one error line per line. Separators
+cost what a newline costs, so a facts block measures what its facts measure."""
 
 
 _ERROR_WORDS = re.compile(
@@ -242,25 +245,26 @@ class _FactIndex:
 
     @staticmethod
     def _record_facts(text: str) -> frozenset[str]:
-        out: list[str] = []
-        for line in text.splitlines():
-            if line.startswith("error: "):
-                out.append(line[7:])
-            elif line.startswith("paths: "):
-                out += line[7:].split(", ")
-            elif line.startswith("urls: "):
-                out += line[6:].split(" ")
-        return frozenset(out)
+        return frozenset(_split_record(text)[1].all())
 
 
-def _fact_items(text: str, prefix: str, sep: str | None) -> list[str]:
-    """The facts listed on ``prefix`` lines of a record, in order."""
-    out: list[str] = []
-    for line in text.splitlines():
-        if line.startswith(prefix):
-            rest = line[len(prefix) :]
-            out += rest.split(sep) if sep else [rest]
-    return out
+def _split_record(text: str) -> tuple[str, Facts]:
+    """A record's text before its facts block, and the facts the block lists."""
+    before, sep, block = text.rpartition("\n" + FACTS_HEADER + "\n")
+    if not sep:
+        return text, Facts()
+    facts = Facts()
+    in_errors = False
+    for line in block.split("\n"):
+        if in_errors:
+            facts.errors.append(line)
+        elif line.startswith("urls: "):
+            facts.urls += line[6:].split(" ")
+        elif line.startswith("paths: "):
+            facts.paths += line[7:].split(" ")
+        elif line == "errors:":
+            in_errors = True
+    return before, facts
 
 
 def _is_marked(message: Mapping[str, Any]) -> bool:
@@ -289,47 +293,42 @@ def _head_tail(text: str, head: int, tail: int) -> tuple[list[str], int]:
     return kept, removed
 
 
-def _facts_lines(missing: Facts, budget_tokens: int | None = None) -> tuple[list[str], int, int]:
-    """Render facts as lines: errors first (most telling), then URLs, then paths.
+def _facts_lines(missing: Facts, budget_tokens: int | None = None) -> tuple[list[str], Facts, int]:
+    """Render facts as a block (see :data:`FACTS_HEADER`).
 
-    With ``budget_tokens``, facts are taken in that order while their estimated tokens fit
-    (a fact too large is skipped, smaller ones after it may still fit). Returns (lines, kept,
-    dropped).
+    With ``budget_tokens``, facts are chosen errors first (most telling), then URLs, then
+    paths, while their estimated tokens fit (a fact too large is skipped; smaller ones after
+    it may still fit). Returns (lines, the facts kept, how many were left out).
     """
-    lines: list[str] = []
-    used = 0
-    kept = dropped = 0
-
-    def take(cost: int) -> bool:
-        nonlocal used
-        if budget_tokens is not None and used + cost > budget_tokens:
-            return False
-        used += cost
-        return True
-
-    for e in missing.errors:
-        line = f"error: {e}"
-        if take(estimate(line) + 1):
-            lines.append(line)
-            kept += 1
-        else:
-            dropped += 1
-    for label, items, sep in (("urls", missing.urls, " "), ("paths", missing.paths, ", ")):
+    kept = Facts()
+    dropped = 0
+    used = estimate(FACTS_HEADER) + 4 if budget_tokens is not None else 0
+    for kind, label in (("errors", "errors:"), ("urls", "urls: "), ("paths", "paths: ")):
+        items = getattr(missing, kind)
         if not items:
             continue
-        parts: list[str] = []
-        opened = False
+        chosen: list[str] = getattr(kept, kind)
         for item in items:
-            cost = estimate(sep + item) + (0 if opened else estimate(label) + 2)
-            if take(cost):
-                parts.append(item)
-                opened = True
-                kept += 1
-            else:
+            cost = estimate(item) + (0 if chosen else estimate(label) + 1)
+            if budget_tokens is not None and used + cost > budget_tokens:
                 dropped += 1
-        if parts:
-            lines.append(f"{label}: {sep.join(parts)}")
-    return lines, kept, dropped
+                continue
+            used += cost
+            chosen.append(item)
+    return _render_facts(kept), kept, dropped
+
+
+def _render_facts(facts: Facts) -> list[str]:
+    if not (facts.paths or facts.urls or facts.errors):
+        return []
+    lines = [FACTS_HEADER]
+    if facts.urls:
+        lines.append("urls: " + " ".join(facts.urls))
+    if facts.paths:
+        lines.append("paths: " + " ".join(facts.paths))
+    if facts.errors:
+        lines += ["errors:", *facts.errors]
+    return lines
 
 
 def _missing(facts: Facts, kept_text: str, known: frozenset[str] | set[str] = frozenset()) -> Facts:
@@ -792,23 +791,39 @@ class _Pass:
 
     @staticmethod
     def _fit(r: Message, kept: str, missing: Facts, max_tokens: int | None) -> tuple[Message, int]:
-        """``r`` with content ``kept`` plus the facts lines; with ``max_tokens``, as many facts
+        """``r`` with content ``kept`` plus the facts block; with ``max_tokens``, as many facts
         as keep the message within it. Returns the message and how many facts were left out."""
         flines, _, dropped = _facts_lines(missing)
         msg = {**r, "content": "\n".join([kept, *flines])}
-        if max_tokens is None or not flines:
-            return msg, dropped
-        over = estimate_message_tokens(msg) - max_tokens
-        if over <= 0:
+        if max_tokens is None or not flines or estimate_message_tokens(msg) <= max_tokens:
             return msg, dropped
         room = max_tokens - estimate_message_tokens({**r, "content": kept})
         while True:
-            flines, _, dropped = _facts_lines(missing, max(0, room))
+            flines, chosen, dropped = _facts_lines(missing, max(0, room))
             msg = {**r, "content": "\n".join([kept, *flines])}
             over = estimate_message_tokens(msg) - max_tokens
             if over <= 0 or not flines:
-                return msg, dropped
-            room -= max(1, over)  # rounding made the sum of parts undercount: retry tighter
+                break
+            room -= max(1, over)
+        # the per-fact costs round up: top up with facts that still fit, checked exactly
+        failures = 0
+        for kind in ("errors", "urls", "paths"):
+            have: list[str] = getattr(chosen, kind)
+            taken = set(have)
+            for item in getattr(missing, kind):
+                if failures >= 16:
+                    break
+                if item in taken:
+                    continue
+                have.append(item)
+                trial = {**r, "content": "\n".join([kept, *_render_facts(chosen)])}
+                if estimate_message_tokens(trial) <= max_tokens:
+                    msg, dropped, failures = trial, dropped - 1, 0
+                    taken.add(item)
+                else:
+                    have.pop()
+                    failures += 1
+        return msg, dropped
 
     # -- never over the window ----------------------------------------------------------------
     def _last_resort(self, tail_start: int) -> None:
@@ -877,14 +892,14 @@ class _Pass:
     @staticmethod
     def _record_parts(text: str) -> tuple[str, Facts]:
         """A record's header line and every fact it shows (its lines and its listed facts)."""
-        header, _, rest = text.partition("\n")
-        body = "\n".join(x for x in rest.splitlines() if not x.startswith(_FACT_LINE_PREFIXES))
+        before, listed = _split_record(text)
+        header, _, body = before.partition("\n")
         facts = Facts(
             [],
-            list(dict.fromkeys([*_fact_items(rest, "paths: ", ", "), *paths_in(body)])),
-            list(dict.fromkeys([*_fact_items(rest, "urls: ", " "), *urls_in(body)])),
+            list(dict.fromkeys([*listed.paths, *paths_in(body)])),
+            list(dict.fromkeys([*listed.urls, *urls_in(body)])),
             [],
-            list(dict.fromkeys([*_fact_items(rest, "error: ", None), *_error_lines(body)])),
+            list(dict.fromkeys([*listed.errors, *_error_lines(body)])),
         )
         return header, _missing(facts, header)
 
