@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from ctxengine.boundaries import group_spans
 from ctxengine.engine import CompactionReport, ContextEngine
 from ctxengine.errors import ConfigError, CtxEngineError, InputError, NotFoundError, SummarizerError
-from ctxengine.facts import extract_facts
+from ctxengine.facts import FACT_KINDS, Facts, extract_facts
 from ctxengine.messages import Message, content_text, is_summary, message_text
 from ctxengine.models import DEFAULT_CONTEXT_LENGTH
 from ctxengine.summarize.base import Summarizer
@@ -177,6 +177,7 @@ class LcmEngine(ContextEngine):
         self.session_id = session_id
         self._hows: list[str] = []
         self._facts_tight = False
+        self._fact_cache: dict[int, Facts] = {}
         self.deterministic = summarizer is None
 
     @classmethod
@@ -278,6 +279,7 @@ class LcmEngine(ContextEngine):
         replaced: list[int] = []
         notes: list[str] = []
         self._hows = []
+        self._fact_cache = {}
         # fold runs of originals (the latest user message is a barrier and stays verbatim)
         layer: list[_Item | Message] = []
         run: list[_Item] = []
@@ -336,6 +338,7 @@ class LcmEngine(ContextEngine):
         report.replaced = sorted(set(replaced))
         report.notes = notes
         report.fallback = "extractive" if "extractive-after-llm" in self._hows else None
+        self._fact_cache = {}  # keyed by object id: valid only while the input list is alive
         report.elapsed_ms = (time.perf_counter() - t0) * 1000.0
         self.last_report = report
         return out
@@ -447,7 +450,22 @@ class LcmEngine(ContextEngine):
                     users = _quoted_users(span, text)
                     return (f"{users}\n{text}" if users else text), f"llm:{budget}"
             return digest(span, target, self._fact_budget()), "extractive-after-llm"
-        return digest(span, target, self._fact_budget()), "extractive"
+        return digest(span, target, self._fact_budget(), facts=self._facts(span)), "extractive"
+
+    def _facts(self, messages: Sequence[Message]) -> Facts:
+        """Facts of ``messages``, extracted once per message object within a ``compress`` call
+        (the overflow check and the digests read the same messages)."""
+        merged: dict[str, dict[str, None]] = {k: {} for k in FACT_KINDS}
+        for m in messages:
+            if is_summary(m):
+                continue
+            f = self._fact_cache.get(id(m))
+            if f is None:
+                f = extract_facts([m])
+                self._fact_cache[id(m)] = f
+            for k in FACT_KINDS:
+                merged[k].update(dict.fromkeys(getattr(f, k)))
+        return Facts(*(list(merged[k]) for k in FACT_KINDS))
 
     def _fact_budget(self) -> int:
         """Verbatim fact tokens one node may show: ``leaf_fact_tokens``; when showing every fact
@@ -464,7 +482,7 @@ class LcmEngine(ContextEngine):
             return False
         folded = {id(m) for m in foldable}
         kept = self.counter.count_messages([m for m in msgs if id(m) not in folded])
-        facts = extract_facts([m for m in foldable if not is_summary(m)])
+        facts = self._facts(foldable)
         shown = sum(estimate(f) + 2 for f in facts.all())
         return kept + shown > self.context_length
 
@@ -706,7 +724,7 @@ def _quoted_users(span: Sequence[Message], text: str) -> str:
     return "\n".join(lines)
 
 
-def digest(span: Sequence[Message], budget_tokens: int, fact_tokens: int = 4000) -> str:
+def digest(span: Sequence[Message], budget_tokens: int, fact_tokens: int = 4000, *, facts: Facts | None = None) -> str:
     """The deterministic digest of a span.
 
     User messages verbatim (always: they are the task); then the preservation facts — tool
@@ -715,7 +733,8 @@ def digest(span: Sequence[Message], budget_tokens: int, fact_tokens: int = 4000)
     ``fact_tokens`` (a recursive listing of thousands of paths) are counted, not shown: they
     stay one ``lcm_grep`` away, which is what keeps a fold of such an output small.
     """
-    facts = extract_facts([m for m in span if not is_summary(m)])
+    if facts is None:
+        facts = extract_facts([m for m in span if not is_summary(m)])
     lines: list[str] = []
     for m in span:
         if m.get("role") == "user" and is_summary(m):
