@@ -7,18 +7,20 @@ import itertools
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 from ctxengine.engine import ContextEngine
-from ctxengine.messages import Message, content_text, is_summary, message_text
+from ctxengine.messages import Message, content_text, is_summary, message_text, validate
 from ctxengine.testing.contract import (
     ContractReport,
     ContractViolation,
     check_engine_contract,
     show_messages,
 )
+from ctxengine.testing.strategies import conversations
 
 WINDOW = 4_000
-FAST: dict[str, Any] = {"examples": 40, "shrink_seconds": 3.0}
+FAST: dict[str, Any] = {"examples": 30, "shrink_seconds": 3.0}
 
 
 class ToyEngine(ContextEngine):
@@ -264,3 +266,34 @@ def test_reports_when_compaction_never_fires() -> None:
     report = check_engine_contract(lambda: Identity(context_length=10_000_000), examples=5, huge_tokens=500)
     assert report.turn_compactions == 0
     assert any("no compaction fired" in n for n in report.notes)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(conversations())
+def test_generated_conversations_are_valid(messages: list[Message]) -> None:
+    assert [v for v in validate(messages) if v.severity == "error"] == []
+
+
+FEATURES: dict[str, Any] = {
+    "reused tool-call ids": lambda ms: any(v.code == "reused_tool_call_id" for v in validate(ms)),
+    "parallel tool calls": lambda ms: any(len(m.get("tool_calls") or []) >= 2 for m in ms),
+    "multimodal user parts": lambda ms: any(m["role"] == "user" and isinstance(m["content"], list) for m in ms),
+    "CJK text": lambda ms: any("上下文" in message_text(m) or "你好" in message_text(m) for m in ms),
+    "emoji": lambda ms: any("🚀" in message_text(m) or "🙂" in message_text(m) for m in ms),
+    "huge tool output": lambda ms: any(m["role"] == "tool" and len(content_text(m["content"])) > 5_000 for m in ms),
+    "empty content": lambda ms: any(m.get("content") in ("", None) for m in ms),
+    "unknown keys": lambda ms: any("x_trace" in m for m in ms),
+    "system prompt": lambda ms: bool(ms) and ms[0]["role"] == "system",
+}
+
+
+def test_generated_conversations_cover_what_real_sessions_hold() -> None:
+    seen: set[str] = set()
+
+    @settings(max_examples=150, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(conversations(huge_tokens=4_000))
+    def collect(messages: list[Message]) -> None:
+        seen.update(name for name, predicate in FEATURES.items() if predicate(messages))
+
+    collect()
+    assert sorted(set(FEATURES) - seen) == []

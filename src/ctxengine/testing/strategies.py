@@ -223,7 +223,7 @@ def conversations(
             group_ids: set[str] = set()
             for _c in range(k):
                 reusable = [i for i in used_ids if i not in group_ids]
-                if reuse_ids and reusable and _rare(draw, 6):
+                if reuse_ids and reusable and _rare(draw, 4):
                     cid = _pick(draw, reusable)
                 else:
                     counter += 1
