@@ -210,42 +210,29 @@ def _failed(errors: Sequence[str]) -> bool:
 
 
 class _FactIndex:
-    """Facts already present in messages this engine never removes, cached by text.
+    """Facts listed by records, cached by the record's text.
 
-    User messages are never touched and records (``[ctxengine:`` messages) are never
-    rewritten, so a fact they show stays in the context; records need not repeat it. Keyed by
-    the text itself (not by object identity), so copies of a list hit the same entries.
+    Records (``[ctxengine:`` messages) are never rewritten, so a fact they list stays in the
+    context and later records need not repeat it. Keyed by the text itself (not by object
+    identity), so copies of a list hit the same entries.
     """
 
     MAX_ENTRIES = 8192
 
     def __init__(self) -> None:
-        self._cache: dict[tuple[str, str], frozenset[str]] = {}
+        self._cache: dict[str, frozenset[str]] = {}
 
     def of(self, message: Mapping[str, Any]) -> frozenset[str]:
-        role = message.get("role")
         text = content_text(message.get("content"))
-        if role == "user":
-            key = ("u", text)
-        elif text.startswith(MARK):
-            key = ("r", text)
-        else:
+        if message.get("role") == "user" or not text.startswith(MARK):
             return frozenset()
-        hit = self._cache.get(key)
+        hit = self._cache.get(text)
         if hit is None:
-            hit = self._user_facts(text) if key[0] == "u" else self._record_facts(text)
+            hit = frozenset(_split_record(text)[1].all())
             if len(self._cache) >= self.MAX_ENTRIES:
                 self._cache.clear()
-            self._cache[key] = hit
+            self._cache[text] = hit
         return hit
-
-    @staticmethod
-    def _user_facts(text: str) -> frozenset[str]:
-        return frozenset([*paths_in(text), *urls_in(text), *_error_lines(text)])
-
-    @staticmethod
-    def _record_facts(text: str) -> frozenset[str]:
-        return frozenset(_split_record(text)[1].all())
 
 
 def _split_record(text: str) -> tuple[str, Facts]:
@@ -331,15 +318,14 @@ def _render_facts(facts: Facts) -> list[str]:
     return lines
 
 
-def _missing(facts: Facts, kept_text: str, known: frozenset[str] | set[str] = frozenset()) -> Facts:
-    """The facts of ``facts`` neither in ``kept_text`` nor already ``known`` to the context."""
-    return Facts(
-        [],
-        [p for p in facts.paths if p not in known and p not in kept_text],
-        [u for u in facts.urls if u not in known and u not in kept_text],
-        [],
-        [e for e in facts.errors if e not in known and e not in kept_text],
-    )
+def _missing(facts: Facts, kept_text: str, known: frozenset[str] | set[str] = frozenset(), anchors: str = "") -> Facts:
+    """The facts of ``facts`` not in ``kept_text``, not ``known`` from records and not in the
+    ``anchors`` text (user messages, which are never touched)."""
+
+    def gone(f: str) -> bool:
+        return f not in known and f not in kept_text and f not in anchors
+
+    return Facts([], [p for p in facts.paths if gone(p)], [u for u in facts.urls if gone(u)], [], [e for e in facts.errors if gone(e)])
 
 
 def _call_preview(call: Mapping[str, Any] | None) -> str:
@@ -540,10 +526,11 @@ class _Pass:
         self.replaced: set[int] = set()
         self.notes: list[str] = []
         self.cuts = 0
-        # facts shown by messages that are never removed (users, earlier records)
+        # facts shown by messages that are never removed: records (listed facts) and users
         self.known: set[str] = set()
         for m in messages:
             self.known.update(index.of(m))
+        self.anchors = "\n".join(content_text(m.get("content")) for m in messages if m.get("role") == "user")
 
     # -- bookkeeping ----------------------------------------------------------------------
     def _set(self, i: int, message: Message | None) -> None:
@@ -665,7 +652,7 @@ class _Pass:
         facts = Facts()
         for j in superseded:
             facts = facts.merge(_result_facts(src[j]))
-        missing = _missing(facts, message_text(src[last]), self.known)
+        missing = _missing(facts, message_text(src[last]), self.known, self.anchors)
         lines, _, _ = _facts_lines(missing)
         for j in superseded:
             self._set(j, None)
@@ -781,7 +768,7 @@ class _Pass:
             # not shorter on its own: keep the original. Decided without the facts known from
             # elsewhere, which grow between compactions, so the verdict never flips later.
             return None
-        missing = _missing(own, "", self.known)
+        missing = _missing(own, "", self.known, self.anchors)
         msg, dropped = self._fit(r, kept, missing, max_tokens)
         if len(content_text(msg.get("content"))) >= len(text):
             return None
