@@ -11,9 +11,16 @@ import pytest
 
 from ctxengine.bench.replay import replay_session
 from ctxengine.config import Config
-from ctxengine.engines.rules import MARK, RulesEngine, RulesSettings, _error_lines
+from ctxengine.engines.rules import MARK, RulesEngine, RulesSettings, _error_lines, _paths_in
 from ctxengine.errors import InvalidMessages
-from ctxengine.facts import FACT_KINDS, context_text, error_lines, extract_facts, missing_facts
+from ctxengine.facts import (
+    FACT_KINDS,
+    context_text,
+    error_lines,
+    extract_facts,
+    missing_facts,
+    paths_in,
+)
 from ctxengine.messages import is_summary, validate
 from ctxengine.registry import create_engine
 from ctxengine.tokens import estimate_messages_tokens_rough
@@ -348,11 +355,13 @@ def test_report_counts_and_focus_topic_is_ignored() -> None:
 
 
 # -- the real trajectories ------------------------------------------------------------------------------
-def test_fast_error_lines_equal_the_facts_definition(trajectories: list[dict[str, Any]]) -> None:
+def test_fast_error_lines_and_paths_equal_the_facts_definitions(trajectories: list[dict[str, Any]]) -> None:
     texts = [m["content"] for t in trajectories for m in t["messages"] if isinstance(m.get("content"), str)]
     texts += ["a error\r\nb", "x\x0bfailed here\x0cq", "ünïcode ERROR\nok", "İ error", "0 errors", "Exception"]
+    texts += ["see https://x.org/a/b.py and a/b.py\r\nc/d.txt", "/usr/lib/x\n~/a/b.md https://h.io/usr/lib/x", "//a/b.c"]
     for text in texts:
         assert _error_lines(text) == error_lines(text)
+        assert _paths_in(text) == paths_in(text)
 
 
 class _Recording(RulesEngine):

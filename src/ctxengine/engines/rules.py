@@ -195,6 +195,18 @@ def _error_lines(text: str) -> list[str]:
     return list(out)
 
 
+def _paths_in(text: str) -> list[str]:
+    """Exactly :func:`ctxengine.facts.paths_in`, several times faster on long outputs.
+
+    A path contains ``/`` and never spans lines, and whether it is part of a URL is decided
+    by text that also contains ``/``, so only the lines holding a ``/`` need the pattern.
+    Equality with the original on every trajectory is a test.
+    """
+    if "/" not in text:
+        return []
+    return paths_in("\n".join(line for line in text.split("\n") if "/" in line))
+
+
 def _result_facts(message: Mapping[str, Any]) -> Facts:
     """:func:`ctxengine.facts.extract_facts` of one tool or assistant message (no users)."""
     text = message_text(message)
@@ -202,7 +214,7 @@ def _result_facts(message: Mapping[str, Any]) -> Facts:
         return Facts()
     tools = [tool_call_name(c) for c in tool_calls(message)]
     errors = _error_lines(content_text(message.get("content")))
-    return Facts([], paths_in(text), urls_in(text), list(dict.fromkeys(tools)), errors)
+    return Facts([], _paths_in(text), urls_in(text), list(dict.fromkeys(tools)), errors)
 
 
 def _failed(errors: Sequence[str]) -> bool:
@@ -705,7 +717,7 @@ class _Pass:
                 new_calls.append(c)
                 continue
             kept: dict[str, Any] = {ELIDED_KEY: len(args), "head": args[:ARGS_HEAD]}
-            facts = Facts([], paths_in(args), urls_in(args), [], [])
+            facts = Facts([], _paths_in(args), urls_in(args), [], [])
             missing = _missing(facts, json.dumps(kept, ensure_ascii=False))
             flines, _, _ = _facts_lines(missing)
             if flines:
@@ -883,7 +895,7 @@ class _Pass:
         header, _, body = before.partition("\n")
         facts = Facts(
             [],
-            list(dict.fromkeys([*listed.paths, *paths_in(body)])),
+            list(dict.fromkeys([*listed.paths, *_paths_in(body)])),
             list(dict.fromkeys([*listed.urls, *urls_in(body)])),
             [],
             list(dict.fromkeys([*listed.errors, *_error_lines(body)])),
