@@ -538,6 +538,7 @@ class _Pass:
         self.replaced: set[int] = set()
         self.notes: list[str] = []
         self.cuts = 0
+        self.open_from = 0
         # facts shown by messages that are never removed: records (listed facts) and users
         self.known: set[str] = set()
         for m in messages:
@@ -569,6 +570,7 @@ class _Pass:
         # or recorded) and is sent from the cache: never revisit it. This also freezes
         # protected messages that preceded a last-resort cut.
         settled = max((i + 1 for i, m in enumerate(self.src) if _is_marked(m)), default=0)
+        self.open_from = min(settled, tail_start)
         for start, end in spans:
             if start >= tail_start:
                 break
@@ -926,7 +928,9 @@ class _Pass:
         the trigger and the window, so the agent has room for its next turns and later outputs
         for their own facts; when little must go, it keeps every fact that fits the window.
         Reported in the notes."""
-        pool = [*self._records(), *self._tail_candidates(tail_start)]
+        # outputs no earlier compaction settled: the protected tail, and outputs the rules
+        # kept whole because a record with all their facts would not be shorter
+        pool = [*self._records(), *self._tail_candidates(min(tail_start, self.open_from))]
         pool.sort(key=lambda i: (-self.tokens[i], i))
         ceiling = (self.threshold + self.window) // 2
         for i in pool:
