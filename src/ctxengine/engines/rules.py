@@ -2,11 +2,11 @@
 
 Six rules, in the seed's priority order:
 
-1. **Collapse succeeded tool pairs.** A tool result without error lines becomes a one-line
+1. **Collapse succeeded tool pairs.** A tool result that reports no failure becomes a one-line
    record, ``[ctxengine:tool: read_file("config.yaml") → ok, 347 chars]``; the assistant's call
    stays (so the pair stays a valid, shorter pair, never an orphan) and call arguments longer
    than ``max_tool_output_chars`` are elided to a small JSON object.
-2. **Truncate large tool outputs.** A result that reports an error (or every result when
+2. **Truncate large tool outputs.** A result that reports a failure (or every result when
    ``keep_tool_summary`` is off) and is longer than ``max_tool_output_chars`` keeps its first
    ``head_lines`` and last ``tail_lines`` lines around ``[...truncated N lines...]``.
 3. **Drop system messages after turn** ``drop_system_after_turn``: later system messages become
@@ -22,24 +22,27 @@ Six rules, in the seed's priority order:
 
 **Preservation guarantee.** Whatever a rule removes, the file paths, URLs and error lines of
 the removed text (as :mod:`ctxengine.facts` defines them, the same definitions the benchmark
-uses) are appended verbatim to the record that replaces it (a ``[facts]`` block of
-``urls: …``, ``paths: …`` and ``errors:`` lines), deduplicated only against the rest of that record and its own tool call, so a
-later compaction can never make them disappear. Tool names survive because calls are kept.
+uses) are appended verbatim to the record that replaces it: a ``[facts]`` block of ``urls:``,
+``paths:`` and ``errors:`` lines. A fact is left out only when it is already shown by the
+record itself, its own tool call, a user message, or the facts block of a record written by an
+earlier compaction; none of those is ever removed, so a later compaction cannot lose it. Tool
+names survive because calls are kept.
 
 **Batches and prefix stability.** A compaction compacts everything outside the protected tail
 at once (a manual ``compress`` too), so the next trigger is far away; when even that cannot
 bring the context down to ``target_ratio`` of the window, the next trigger waits until a whole
-batch (trigger − target) has accumulated (:meth:`RulesEngine.should_compress`). Every record
-starts with ``[ctxengine:`` and is never rewritten, and every decision depends only on a
-message and its own tool group, so what was left alone stays alone: the prefix sent after a
-compaction is byte-stable until the next one, and applying the engine twice gives the same
-output as once.
+batch (trigger − target) has accumulated (:meth:`RulesEngine.should_compress`). Records start
+with ``[ctxengine:`` and are never rewritten, and everything up to the last record of an
+earlier compaction is settled and never revisited, so the prefix sent after a compaction stays
+byte-stable (prompt caches stay warm) and applying the engine twice gives the same output as
+once. Each keep-or-record verdict depends only on the message and its own tool group.
 
 **Never over the window.** If the result still exceeds the window (the protected tail holds a
-giant tool output), the largest tool outputs in the tail are cut the same way as a last resort,
-until the context is back under the trigger threshold; their facts are kept as far as the
-window allows (a recursive listing can hold more distinct paths than any window), and
-``last_report.notes`` and :meth:`RulesEngine.get_status` say so.
+giant tool output), the largest tool outputs in the tail are cut the same way as a last resort
+until the context is back under the trigger threshold, keeping every fact. Only when facts
+alone overflow the window (a recursive listing can hold more distinct paths than any window)
+are some left out, from the largest output this compaction touches, paths first; a note in
+``last_report.notes`` and :meth:`RulesEngine.get_status` says how many.
 """
 
 from __future__ import annotations
