@@ -515,15 +515,25 @@ class ContextCompressor(ContextEngine):
         if total <= limit:
             return msgs
         out = list(msgs)
-        order = sorted((i for i, m in enumerate(msgs) if i >= start and m.get("role") == "tool"), key=lambda i: -toks[i])
+        # Outputs an earlier pass already cut are final: re-cutting them would rewrite text that
+        # was sent and cached (prefix stability) for a few tokens each time.
+        tools = [
+            i
+            for i, m in enumerate(msgs)
+            if i >= start and m.get("role") == "tool" and _CLIP_NOTE not in content_text(m.get("content"))
+        ]
+        order = sorted(tools, key=lambda i: -toks[i])
         for i in order:
             if total <= limit:
                 break
             excess = total - limit
             keep = max(200, toks[i] - excess - 50)
             clipped = _clip_output(content_text(msgs[i].get("content")), keep, self.counter.count)
-            out[i] = {**msgs[i], "content": clipped}
-            new = self.counter.count_messages([out[i]])
+            candidate = {**msgs[i], "content": clipped}
+            new = self.counter.count_messages([candidate])
+            if new >= toks[i]:
+                continue  # cutting would not shrink it: leave the message byte-identical
+            out[i] = candidate
             total += new - toks[i]
             report.notes.append(f"tool output at {i} cut from {toks[i]:,} to {new:,} tokens to fit the window")
         if total > limit:
@@ -588,6 +598,9 @@ def _pruned(m: Message, facts: Facts) -> Message:
     return {**m, "content": "\n".join([PRUNED_MARKER, *dict.fromkeys(d for d in digest if d)])}
 
 
+_CLIP_NOTE = "lines cut by ctxengine to fit the context window"
+
+
 def _clip_output(text: str, keep_tokens: int, count: Callable[[str], int]) -> str:
     """Head and tail lines of ``text`` within about ``keep_tokens`` (by ``count``), plus the
     error lines, URLs and paths of the cut middle, as many as fit."""
@@ -619,6 +632,6 @@ def _clip_output(text: str, keep_tokens: int, count: Callable[[str], int]) -> st
             break
         kept.append(f)
         used += t
-    note = f"[... {len(cut)} lines cut by ctxengine to fit the context window"
+    note = f"[... {len(cut)} {_CLIP_NOTE}"
     note += f"; named in them: {', '.join(kept)}]" if kept else "]"
     return "\n".join([*head, note, *tail])
