@@ -11,7 +11,7 @@ import pytest
 
 from ctxengine.bench.replay import replay_session
 from ctxengine.config import Config
-from ctxengine.engines.rules import MARK, RulesEngine, RulesSettings, _error_lines, _paths_in
+from ctxengine.engines.rules import MARK, RulesEngine, RulesSettings
 from ctxengine.errors import InvalidMessages
 from ctxengine.facts import (
     FACT_KINDS,
@@ -19,7 +19,6 @@ from ctxengine.facts import (
     error_lines,
     extract_facts,
     missing_facts,
-    paths_in,
 )
 from ctxengine.messages import is_summary, validate
 from ctxengine.registry import create_engine
@@ -355,15 +354,6 @@ def test_report_counts_and_focus_topic_is_ignored() -> None:
 
 
 # -- the real trajectories ------------------------------------------------------------------------------
-def test_fast_error_lines_and_paths_equal_the_facts_definitions(trajectories: list[dict[str, Any]]) -> None:
-    texts = [m["content"] for t in trajectories for m in t["messages"] if isinstance(m.get("content"), str)]
-    texts += ["a error\r\nb", "x\x0bfailed here\x0cq", "ünïcode ERROR\nok", "İ error", "0 errors", "Exception"]
-    texts += ["see https://x.org/a/b.py and a/b.py\r\nc/d.txt", "/usr/lib/x\n~/a/b.md https://h.io/usr/lib/x", "//a/b.c"]
-    for text in texts:
-        assert _error_lines(text) == error_lines(text)
-        assert _paths_in(text) == paths_in(text)
-
-
 class _Recording(RulesEngine):
     """The rules engine, remembering the notes of every compaction of a replay."""
 

@@ -29,7 +29,6 @@ threshold backs off ``backoff_turns`` turns instead of firing again every turn.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -308,7 +307,7 @@ class ContextCompressor(ContextEngine):
                     m = {**m, "content": rest}
                 else:
                     continue
-            facts = _message_facts(m)
+            facts = extract_facts([m])
             for k in FACT_KINDS:
                 acc[k].update(dict.fromkeys(getattr(facts, k)))
             span.append(_pruned(m, facts))
@@ -554,35 +553,6 @@ def _split_summary(text: str) -> tuple[str, str]:
     if at >= 0:
         body = body[at:]
     return body.strip(), rest
-
-
-_ERROR_HINT_RE = re.compile(r"error|exception|traceback|fail|fatal|panic|denied|not found|no such file|cannot find symbol|segmentation fault")
-
-
-def _message_facts(m: Message) -> Facts:
-    """:func:`ctxengine.facts.extract_facts` of one message, faster on long tool outputs.
-
-    Facts never span lines, and every line :func:`~ctxengine.facts.error_lines` reports holds
-    one of the error words above (lower-cased), every path or URL a ``/``. A long tool output
-    is therefore split into its error-word lines and its ``/`` lines, and the public fact
-    functions run on those alone: the same facts at a fraction of the regex work.
-    """
-    content = m.get("content")
-    if m.get("role") not in ("tool", "function") or not isinstance(content, str) or len(content) <= 2000:
-        return extract_facts([m])
-    # one pass over the lower-cased text finds the lines that may report an error
-    spans: dict[tuple[int, int], None] = {}
-    for hit in _ERROR_HINT_RE.finditer(content.lower()):
-        pos = hit.start()
-        end = content.find("\n", pos)
-        spans[(content.rfind("\n", 0, pos) + 1, len(content) if end < 0 else end)] = None
-    err_text = "\n".join(content[a:b] for a, b in spans)
-    slash_text = "\n".join(ln for ln in content.splitlines() if "/" in ln) if "/" in content else ""
-    return Facts(
-        paths=paths_in(slash_text) if slash_text else [],
-        urls=urls_in(slash_text) if slash_text else [],
-        errors=error_lines(err_text) if err_text else [],
-    )
 
 
 def _pruned(m: Message, facts: Facts) -> Message:

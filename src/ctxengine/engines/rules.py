@@ -55,10 +55,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ctxengine import facts as _facts
 from ctxengine.boundaries import group_spans
 from ctxengine.engine import CompactionReport, ContextEngine
-from ctxengine.facts import Facts, paths_in, urls_in
+from ctxengine.facts import Facts, error_lines, paths_in, urls_in
 from ctxengine.messages import (
     Message,
     check,
@@ -148,76 +147,14 @@ separated, as neither contains spaces) then ``errors:`` and one error line per l
 cost what a newline costs, so a facts block measures what its facts measure."""
 
 
-_ERROR_WORDS = re.compile(
-    "error|exception|traceback|failed|failure|fatal|panic|denied|not found|no such file"
-    "|cannot find symbol|segmentation fault"
-)
-"""Every line :func:`ctxengine.facts.error_lines` keeps contains one of these words (once
-lowercased), so ASCII lines without any are skipped without running its costly pattern."""
-
-
-_OTHER_BREAKS = "\r\x0b\x0c\x1c\x1d\x1e"
-"""Line breaks ``str.splitlines`` honours in ASCII text besides ``\\n``."""
-
-
-def _error_lines(text: str) -> list[str]:
-    """Exactly :func:`ctxengine.facts.error_lines`, several times faster.
-
-    The facts pattern is case-insensitive with a ``\\w*`` branch, so it costs ~1 µs per line;
-    a literal prefilter on lowercased ASCII lines skips the lines that cannot match (non-ASCII
-    lines always take the full check, since case folding differs there). Equality with the
-    original on every trajectory is a test.
-    """
-    pattern = _facts._ERROR_RE
-    noise = _facts._ERROR_NOISE_RE
-    out: dict[str, None] = {}
-
-    def keep(line: str) -> None:
-        s = line.strip()
-        if s and len(s) >= 4 and pattern.search(s) and not noise.match(s):
-            out[s[: _facts.MAX_ERROR_LINE].rstrip()] = None
-
-    if text.isascii() and not any(c in text for c in _OTHER_BREAKS):
-        # lines are split by "\n" only and lower() keeps offsets: visit just the lines that
-        # hold a keyword, in order
-        low = text.lower()
-        end = -1
-        for m in _ERROR_WORDS.finditer(low):
-            if m.start() < end:
-                continue
-            start = text.rfind("\n", 0, m.start()) + 1
-            end = text.find("\n", m.end())
-            if end < 0:
-                end = len(text)
-            keep(text[start:end])
-        return list(out)
-    for line in text.splitlines():
-        if line.isascii() and _ERROR_WORDS.search(line.lower()) is None:
-            continue
-        keep(line)
-    return list(out)
-
-
-def _paths_in(text: str) -> list[str]:
-    """Exactly :func:`ctxengine.facts.paths_in`, several times faster on long outputs.
-
-    A path contains ``/`` and never spans lines, and whether it is part of a URL is decided
-    by text that also contains ``/``, so only the lines holding a ``/`` need the pattern.
-    Equality with the original on every trajectory is a test.
-    """
-    if "/" not in text:
-        return []
-    return paths_in("\n".join(line for line in text.split("\n") if "/" in line))
-
-
 def _result_facts(message: Mapping[str, Any]) -> Facts:
     """:func:`ctxengine.facts.extract_facts` of one tool or assistant message (no users)."""
     text = message_text(message)
     if not text:
         return Facts()
     tools = [tool_call_name(c) for c in tool_calls(message)]
-    errors = _error_lines(content_text(message.get("content")))
-    return Facts([], _paths_in(text), urls_in(text), list(dict.fromkeys(tools)), errors)
+    errors = error_lines(content_text(message.get("content")))
+    return Facts([], paths_in(text), urls_in(text), list(dict.fromkeys(tools)), errors)
 
 
 def _failed(errors: Sequence[str]) -> bool:
@@ -722,7 +659,7 @@ class _Pass:
                 new_calls.append(c)
                 continue
             kept: dict[str, Any] = {ELIDED_KEY: len(args), "head": args[:ARGS_HEAD]}
-            facts = Facts([], _paths_in(args), urls_in(args), [], [])
+            facts = Facts([], paths_in(args), urls_in(args), [], [])
             missing = _missing(facts, json.dumps(kept, ensure_ascii=False))
             flines, _, _ = _facts_lines(missing)
             if flines:
@@ -900,10 +837,10 @@ class _Pass:
         header, _, body = before.partition("\n")
         facts = Facts(
             [],
-            list(dict.fromkeys([*listed.paths, *_paths_in(body)])),
+            list(dict.fromkeys([*listed.paths, *paths_in(body)])),
             list(dict.fromkeys([*listed.urls, *urls_in(body)])),
             [],
-            list(dict.fromkeys([*listed.errors, *_error_lines(body)])),
+            list(dict.fromkeys([*listed.errors, *error_lines(body)])),
         )
         return header, _missing(facts, header)
 

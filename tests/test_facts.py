@@ -1,0 +1,99 @@
+"""The preservation-guarantee facts: what counts as a path, URL, tool name and error line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ctxengine.facts import (
+    _ERROR_NOISE_RE,
+    _ERROR_RE,
+    MAX_ERROR_LINE,
+    Facts,
+    context_text,
+    error_lines,
+    extract_facts,
+    missing_facts,
+    paths_in,
+    urls_in,
+)
+
+
+def _reference_error_lines(text: str) -> list[str]:
+    """The definition, line by line (what the fast scan must equal)."""
+    out: dict[str, None] = {}
+    for line in text.splitlines():
+        s = line.strip()
+        if s and len(s) >= 4 and _ERROR_RE.search(s) and not _ERROR_NOISE_RE.match(s):
+            out[s[:MAX_ERROR_LINE].rstrip()] = None
+    return list(out)
+
+
+def _whole(text: str) -> list[str]:
+    """Paths never span lines: scanning each line on its own is the reference."""
+    seen: dict[str, None] = {}
+    for line in text.split("\n"):
+        for p in paths_in(line):
+            seen[p] = None
+    return list(seen)
+
+
+def test_paths_urls_and_errors_are_found() -> None:
+    text = (
+        "Reading src/app/main.py and /etc/nginx/nginx.conf, see https://docs.example.com/a/b.html.\n"
+        "Traceback (most recent call last):\n"
+        "ValueError: bad input\n"
+        "Tests run: 5, Failures: 0, Errors: 0\n"
+        "com.example.Foo is a class, not a path"
+    )
+    assert paths_in(text) == ["src/app/main.py", "/etc/nginx/nginx.conf"]
+    assert urls_in(text) == ["https://docs.example.com/a/b.html"]
+    assert error_lines(text) == ["Traceback (most recent call last):", "ValueError: bad input"]
+
+
+def test_url_paths_are_not_file_paths() -> None:
+    assert paths_in("see https://h.io/usr/lib/x.py only") == []
+    assert paths_in("https://h.io/usr/lib/x.py and usr/lib/x.py") == ["usr/lib/x.py"]
+
+
+def test_long_error_lines_are_cut() -> None:
+    line = "error: " + "x" * 1000
+    assert error_lines(line) == [line[:MAX_ERROR_LINE]]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["a error\r\nb", "x\x0bfailed here\x0cq", "ünïcode ERROR\nok", "İ error", "0 errors", "Exception", "NullPointerException at x"],
+)
+def test_fast_error_scan_equals_the_definition_on_edge_cases(text: str) -> None:
+    assert error_lines(text) == _reference_error_lines(text)
+
+
+@pytest.mark.slow
+def test_fast_scans_equal_the_definitions_on_every_trajectory(trajectories: list[dict[str, Any]]) -> None:
+    texts = [m["content"] for t in trajectories for m in t["messages"] if isinstance(m.get("content"), str)]
+    assert len(texts) > 500
+    for text in texts:
+        assert error_lines(text) == _reference_error_lines(text)
+        assert paths_in(text) == _whole(text)
+
+
+def test_extract_facts_by_kind_and_missing() -> None:
+    msgs = [
+        {"role": "system", "content": "You may read /etc/secret/config.yaml"},
+        {"role": "user", "content": "Fix the crash in api/server.py"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "api/server.py"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "KeyError: 'user_id' raised in api/handlers.py\nsee https://bugs.example.org/42"},
+    ]
+    f = extract_facts(msgs)
+    assert f.users == ["Fix the crash in api/server.py"]
+    assert f.tools == ["read_file"]
+    assert f.paths == ["api/server.py", "api/handlers.py"]  # the system prompt contributes nothing
+    assert f.urls == ["https://bugs.example.org/42"]
+    assert f.errors == ["KeyError: 'user_id' raised in api/handlers.py"]
+    assert len(f) == 6
+    gone = missing_facts(f, context_text(msgs[:2]))
+    assert gone.urls == ["https://bugs.example.org/42"] and gone.users == [] and gone.tools == ["read_file"]
+    merged = f.merge(Facts(paths=["x/y.py", "api/server.py"]))
+    assert merged.paths == ["api/server.py", "api/handlers.py", "x/y.py"]
