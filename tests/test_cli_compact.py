@@ -179,3 +179,20 @@ def test_an_engine_returning_an_invalid_chat_is_an_engine_error(tmp_path: Path) 
     res = run("compact", str(EXAMPLE), "--engine", "dropper", "--config", str(cfg))
     assert res.exit_code == 2
     assert "engine 'dropper' returned an invalid chat" in res.stderr and "valid in, valid out" in res.stderr
+
+
+@pytest.mark.parametrize("engine", ["compressor", "lcm", "cacheaware"])
+def test_every_builtin_engine_compacts_the_example(engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The quick start's job with each built-in engine; lcm keeps its originals in the store."""
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "compacted.json"
+    res = run("compact", str(EXAMPLE), "--engine", engine, "--context-length", "32000", "-o", str(out))
+    assert res.exit_code == 0, res.output
+    msgs = json.loads(out.read_text(encoding="utf-8"))["messages"]
+    assert [v for v in validate(msgs) if v.severity == "error"] == []
+    assert estimate_messages_tokens_rough(msgs) < estimate_messages_tokens_rough(example()["messages"])
+    users = [m for m in example()["messages"] if m["role"] == "user"]
+    assert users[-1] in msgs  # the latest user message is kept verbatim
+    if engine == "lcm":
+        listed = run("sessions", "list")
+        assert example()["id"] in listed.output

@@ -28,6 +28,7 @@ from ctxengine.io import Session, parse_sessions, read_sessions
 from ctxengine.messages import Message, validate
 from ctxengine.models import resolve_model
 from ctxengine.registry import EngineRegistry, create_engine
+from ctxengine.storage import SessionRecorder
 from ctxengine.tokens import ExactCounter, estimate_messages_tokens_rough
 
 PROGRESS_MIN_SESSIONS = 5
@@ -119,6 +120,16 @@ def _table(rows: list[list[str]], align: str) -> list[str]:
     return out
 
 
+def _store_for(config: Config) -> SessionRecorder:
+    """The store the lossless engine keeps originals in: the configured one (so
+    ``ctxengine sessions`` can expand them later), or a throwaway in-memory one when the store is
+    disabled."""
+    from ctxengine.store import open_store
+    from ctxengine.store.sqlite import SqliteStore
+
+    return open_store(config.store) if config.store.enabled else SqliteStore(":memory:")
+
+
 @click.command()
 @click.argument("file", metavar="FILE|-")
 @click.option("--engine", "engine_name", metavar="NAME", help="Engine to run (default: context.engine from the config).")
@@ -135,9 +146,10 @@ def compact(file: str, engine_name: str | None, config_path: str | None, context
     outputs: list[list[Message]] = []
     rows = [["session", "messages", "tokens", "after", "reduction", "engine", "ms"]]
     before_total = after_total = 0
+    services: dict[str, Any] = {"store": _store_for(config)} if name == "lcm" else {}
     with _progress(inp.sessions, "compacting") as sessions:
         for session in sessions:
-            engine = create_engine(config, name=name, context_length=n)
+            engine = create_engine(config, name=name, context_length=n, **services)
             engine.on_session_start(session.id)
             before = estimate_messages_tokens_rough(session.messages)
             t0 = time.perf_counter()
