@@ -95,7 +95,7 @@ def _context_length(config: Config, context_length: int | None, model: str | Non
 @contextmanager
 def _progress(items: Sequence[Session], label: str) -> Iterator[Any]:
     if len(items) >= PROGRESS_MIN_SESSIONS:
-        with click.progressbar(items, label=label, file=click.get_text_stream("stderr")) as bar:
+        with click.progressbar(items, label=label, file=sys.stderr) as bar:
             yield bar
     else:
         yield items
