@@ -873,11 +873,9 @@ class _Pass:
         pool = [*self._records(), *self._tail_candidates(min(tail_start, self.open_from))]
         pool.sort(key=lambda i: (-self.tokens[i], i))
         ceiling = (self.threshold + self.window) // 2
-        for i in pool:
-            if self.total <= self.window:
-                break
-            m = self._current(i)
-            assert m is not None
+        shrunk: dict[int, tuple[Message, int, int]] = {}  # index -> (message before, dropped, facts)
+
+        def choose(i: int, m: Message) -> tuple[Message, int, int] | None:
             others = self.total - self.tokens[i]
             chosen: tuple[Message, int, int] | None = None
             for budget in (max(0, ceiling - others), max(0, self.window - others)):
@@ -886,14 +884,37 @@ class _Pass:
                     continue
                 msg, dropped, total_facts, lost = built
                 chosen = (msg, dropped, total_facts)
+                if lost:
+                    # facts another message still shows are not lost
+                    rest = "\n".join(message_text(c) for j in range(len(self.src)) if j != i and (c := self._current(j)) is not None)
+                    lost = [f for f in lost if f not in rest]
                 if others + estimate_message_tokens(msg) + estimate("\n".join(lost)) > self.window:
                     break  # what it leaves out could not have fitted anyway
+            return chosen
+
+        for i in pool:
+            if self.total <= self.window:
+                break
+            m = self._current(i)
+            assert m is not None
+            chosen = choose(i, m)
             if chosen is None:
                 continue
-            msg, dropped, total_facts = chosen
-            self._set(i, msg)
+            self._set(i, chosen[0])
+            shrunk[i] = (m, chosen[1], chosen[2])
             if not _is_marked(m):
                 self.cuts += 1
+        # Messages shrunk early were sized while later ones were still large: give each the
+        # room the others left once all of them shrank (nothing here has been sent yet).
+        for i, (m, dropped, total_facts) in shrunk.items():
+            before = self._current(i)
+            self._set(i, m)
+            chosen = choose(i, m)
+            if chosen is not None and chosen[1] < dropped and self.total - self.tokens[i] + estimate_message_tokens(chosen[0]) <= self.window:
+                self._set(i, chosen[0])
+                dropped = chosen[1]
+            else:
+                self._set(i, before)
             self.notes.append(
                 f"message {i}: {dropped} of its {total_facts} facts left out: they alone overflow the window"
             )
