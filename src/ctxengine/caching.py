@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ctxengine.messages import Message, is_summary, tool_calls
+from ctxengine.messages import Message, is_summary, message_blocks
 from ctxengine.models import ModelProfile, resolve_model
 from ctxengine.tokens import estimate_message_tokens
 
@@ -126,19 +126,6 @@ def apply_anthropic_cache_control(
     return apply_breakpoints(
         messages, system_and_3_breakpoints(messages), cache_ttl=cache_ttl, native_anthropic=native_anthropic
     )
-
-
-def message_blocks(message: Mapping[str, Any]) -> int:
-    """How many Anthropic content blocks a message becomes (for the 20-block lookback):
-    one per content part (a string is one text part), one per tool call, at least one."""
-    content = message.get("content")
-    n = 0
-    if isinstance(content, str):
-        n = 1 if content else 0
-    elif isinstance(content, list):
-        n = len(content)
-    n += len(tool_calls(message))
-    return max(1, n)
 
 
 def plan_breakpoints(

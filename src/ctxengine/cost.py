@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ctxengine.messages import Message, tool_calls
+from ctxengine.messages import Message, message_blocks
 from ctxengine.models import ModelProfile
 from ctxengine.tokens import estimate_message_tokens
 
@@ -64,19 +64,6 @@ TTL_SECONDS = {"5m": 300.0, "1h": 3600.0}
 LOOKBACK_BLOCKS = 20
 """Anthropic looks for cache hits at most about 20 content blocks before each breakpoint."""
 
-
-def message_blocks(message: Mapping[str, Any]) -> int:
-    """Content blocks a message becomes at Anthropic: one per content part (a string is one
-    text part), one per tool call, at least one. (The same rule as
-    :func:`ctxengine.caching.message_blocks`; the two modules are independent of each other.)"""
-    content = message.get("content")
-    n = 0
-    if isinstance(content, str):
-        n = 1 if content else 0
-    elif isinstance(content, list):
-        n = len(content)
-    n += len(tool_calls(message))
-    return max(1, n)
 
 DEFAULT_SECONDS_PER_CALL = 20.0
 """Simulated time between two calls when the caller gives no clock: a typical agent step

@@ -26,6 +26,7 @@ __all__ = [
     "content_text",
     "copy_messages",
     "is_summary",
+    "message_blocks",
     "message_text",
     "tool_call_args",
     "tool_call_id",
@@ -281,6 +282,19 @@ def is_summary(message: Mapping[str, Any]) -> bool:
     """
     text = content_text(message.get("content"))
     return text.startswith(SUMMARY_MARKERS)
+
+
+def message_blocks(message: Mapping[str, Any]) -> int:
+    """How many Anthropic content blocks a message becomes (what the 20-block cache lookback
+    counts): one per content part (a string is one text part), one per tool call, at least one."""
+    content = message.get("content")
+    n = 0
+    if isinstance(content, str):
+        n = 1 if content else 0
+    elif isinstance(content, list):
+        n = len(content)
+    n += len(tool_calls(message))
+    return max(1, n)
 
 
 def roles(messages: Sequence[Mapping[str, Any]]) -> list[str]:
