@@ -16,6 +16,7 @@ from ctxengine.facts import (
     extract_facts,
     missing_facts,
     paths_in,
+    retention,
     urls_in,
 )
 
@@ -97,3 +98,14 @@ def test_extract_facts_by_kind_and_missing() -> None:
     assert gone.urls == ["https://bugs.example.org/42"] and gone.users == [] and gone.tools == ["read_file"]
     merged = f.merge(Facts(paths=["x/y.py", "api/server.py"]))
     assert merged.paths == ["api/server.py", "api/handlers.py", "x/y.py"]
+
+
+def test_retention_counts_kept_and_retrievable_facts() -> None:
+    facts = Facts(users=["do it"], paths=["a/b.py", "c/d.py"], errors=["Error: boom"])
+    context = [{"role": "user", "content": "do it"}, {"role": "assistant", "content": "edited a/b.py"}]
+    total, kept, missing = retention(facts, context)
+    assert total == {"users": 1, "paths": 2, "urls": 0, "tools": 0, "errors": 1}
+    assert kept == {"users": 1, "paths": 1, "urls": 0, "tools": 0, "errors": 0}
+    assert missing.paths == ["c/d.py"] and missing.errors == ["Error: boom"]
+    total, kept, missing = retention(facts, context, retrievable=lambda f: f == "c/d.py")
+    assert kept["paths"] == 2 and kept["errors"] == 0 and len(missing) == 1

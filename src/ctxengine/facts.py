@@ -21,7 +21,7 @@ store, can be retrieved verbatim from it).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,7 @@ __all__ = [
     "extract_facts",
     "missing_facts",
     "paths_in",
+    "retention",
     "urls_in",
 ]
 
@@ -227,6 +228,25 @@ def missing_facts(facts: Facts, text: str) -> Facts:
     for k in FACT_KINDS:
         setattr(out, k, [f for f in getattr(facts, k) if f not in text])
     return out
+
+
+def retention(
+    facts: Facts,
+    messages: Iterable[Mapping[str, Any]],
+    retrievable: Callable[[str], bool] | None = None,
+) -> tuple[dict[str, int], dict[str, int], Facts]:
+    """How many of ``facts`` the context ``messages`` keeps, by kind: ``(total, kept, missing)``.
+
+    A fact is kept when its exact text is in the context, or when ``retrievable(fact)`` says an
+    engine with a store can give it back verbatim.
+    """
+    missing = missing_facts(facts, context_text(messages))
+    if retrievable is not None:
+        for k in FACT_KINDS:
+            setattr(missing, k, [f for f in getattr(missing, k) if not retrievable(f)])
+    total = {k: len(getattr(facts, k)) for k in FACT_KINDS}
+    kept = {k: total[k] - len(getattr(missing, k)) for k in FACT_KINDS}
+    return total, kept, missing
 
 
 def context_text(messages: Iterable[Mapping[str, Any]]) -> str:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctxengine.engine import ContextEngine
-from ctxengine.facts import FACT_KINDS, context_text, extract_facts, missing_facts
+from ctxengine.facts import FACT_KINDS, extract_facts, retention
 from ctxengine.messages import Message, validate
 from ctxengine.tokens import EstimateCounter, TokenCounter, estimate_message_tokens
 
@@ -148,17 +148,8 @@ def replay_session(
         working = [*working, *new]
         i = j
     engine.on_session_end(session_id, working)
-    facts = extract_facts(msgs[:seen])
-    text = context_text(last_request)
-    missing = missing_facts(facts, text)
-    if retrievable is not None:
-        for k in FACT_KINDS:
-            setattr(missing, k, [f for f in getattr(missing, k) if not retrievable(f)])
+    result.facts_total, result.facts_kept, missing = retention(extract_facts(msgs[:seen]), last_request, retrievable)
     for k in FACT_KINDS:
-        total = len(getattr(facts, k))
-        miss = getattr(missing, k)
-        result.facts_total[k] = total
-        result.facts_kept[k] = total - len(miss)
-        if miss:
-            result.facts_missing[k] = miss[:20]
+        if getattr(missing, k):
+            result.facts_missing[k] = getattr(missing, k)[:20]
     return result

@@ -32,7 +32,7 @@ from ctxengine.config import Config
 from ctxengine.cost import AnthropicCache, CostReport, OpenAICache, PrefixHasher
 from ctxengine.engine import ContextEngine
 from ctxengine.errors import ConfigError
-from ctxengine.facts import FACT_KINDS, Facts, context_text, extract_facts, missing_facts
+from ctxengine.facts import FACT_KINDS, Facts, extract_facts, retention
 from ctxengine.io import Session
 from ctxengine.manager import ContextManager, default_store
 from ctxengine.messages import Message, validate
@@ -277,18 +277,10 @@ def run_session(
     run.hygiene_fired = int(mgr.status(sid)["hygiene_fired"])
     if facts is None:
         facts = session_facts(session)
-    missing = missing_facts(facts, context_text(last_request))
-    recall = engine_retrievable(engine)
-    if recall is not None:
-        for k in FACT_KINDS:
-            setattr(missing, k, [f for f in getattr(missing, k) if not recall(f)])
+    run.facts_total, run.facts_kept, missing = retention(facts, last_request, engine_retrievable(engine))
     for k in FACT_KINDS:
-        total = len(getattr(facts, k))
-        miss = getattr(missing, k)
-        run.facts_total[k] = total
-        run.facts_kept[k] = total - len(miss)
-        if miss:
-            run.facts_missing[k] = miss[:10]
+        if getattr(missing, k):
+            run.facts_missing[k] = getattr(missing, k)[:10]
     mgr.end_session(sid, working)
     run.elapsed_s = time.perf_counter() - t_start
     return run
