@@ -59,6 +59,7 @@ from ctxengine.messages import (
     Message,
     check,
     content_text,
+    is_summary,
     tool_call_args,
     tool_call_id,
     tool_call_name,
@@ -449,7 +450,8 @@ class ContextManager:
             raise EngineError(f"engine {name!r} broke rule 1 (valid in, valid out): {len(errors)} violation(s): {shown}")
         if before and before[0].get("role") == "system" and (not out or out[0].get("role") != "system"):
             raise EngineError(f"engine {name!r} broke rule 5 (anchors survive): the system prompt is no longer first")
-        last_user = next((m for m in reversed(before) if m.get("role") == "user"), None)
+        # an engine's own user-role summary is not the user's latest message
+        last_user = next((m for m in reversed(before) if m.get("role") == "user" and not is_summary(m)), None)
         if last_user is not None:
             text = content_text(last_user.get("content"))
             if not any(m.get("role") == "user" and content_text(m.get("content")) == text for m in out):
