@@ -14,7 +14,7 @@ from ctxengine.config import Config
 from ctxengine.engine import ContextEngine
 from ctxengine.errors import ConfigError, EngineError, InvalidMessages
 from ctxengine.manager import HYGIENE_RATIO, ContextManager, default_store
-from ctxengine.messages import Message
+from ctxengine.messages import Message, content_text
 
 
 class TinyEngine(ContextEngine):
@@ -399,3 +399,20 @@ def test_store_is_wired_by_default_and_reaches_the_lcm_engine(tmp_path: Any) -> 
         st = mgr.status()
         assert st["store"] == type(mgr.store).__name__ and st["store_errors"] == 0
         assert getattr(mgr.engine(), "store", None) is mgr.store
+
+
+class SummaryRefresher(TinyEngine):
+    """Replaces everything but the system prompt and the real latest user message by one new
+    marked summary (the way folding engines update their own summaries)."""
+
+    def compress(self, messages: list[Message], current_tokens: int | None = None, focus_topic: str | None = None) -> list[Message]:
+        real = [m for m in messages if m.get("role") == "user" and not content_text(m.get("content")).startswith("[ctxengine:")]
+        return [messages[0], real[-1], {"role": "assistant", "content": "[ctxengine:test node=2] folded"}]
+
+
+def test_an_engine_user_role_summary_is_not_the_latest_user_message() -> None:
+    history = [*_history(2), {"role": "user", "content": "[ctxengine:test node=1] earlier turns, folded"}]
+    mgr = _mgr(lambda: SummaryRefresher(context_length=1000, fire_at=1))
+    out = mgr.prepare(history)
+    assert out[1] == {"role": "user", "content": "do it"}
+    assert out[-1]["content"].startswith("[ctxengine:test node=2]")
