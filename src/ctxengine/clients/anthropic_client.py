@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ctxengine.clients.base import looks_like_context_error
+from ctxengine.clients.base import error_message, looks_like_context_error
 from ctxengine.errors import SummarizerAuthError, SummarizerContextError, SummarizerError
 from ctxengine.messages import Message, content_text
 
@@ -69,13 +69,13 @@ class AnthropicClient:
         try:
             resp = client.messages.create(**kwargs)
         except (anthropic.AuthenticationError, anthropic.PermissionDeniedError) as exc:
-            raise SummarizerAuthError(f"{where} rejected the credentials ({exc.status_code}): {_msg(exc)}") from exc
+            raise SummarizerAuthError(f"{where} rejected the credentials ({exc.status_code}): {error_message(exc)}") from exc
         except anthropic.APITimeoutError as exc:
             raise SummarizerError(f"{where} timed out after {timeout:g}s ({self.max_retries} retries)") from exc
         except anthropic.APIConnectionError as exc:
             raise SummarizerError(f"cannot reach {where}: {exc}") from exc
         except anthropic.APIStatusError as exc:
-            text = _msg(exc)
+            text = error_message(exc)
             if exc.status_code in (400, 413) and looks_like_context_error(text):
                 raise SummarizerContextError(f"{where}: the prompt does not fit model {model!r}: {text}") from exc
             raise SummarizerError(f"{where} answered {exc.status_code}: {text}") from exc
@@ -85,12 +85,3 @@ class AnthropicClient:
         if resp.stop_reason == "max_tokens":
             raise SummarizerError(f"{where}: the reply was truncated at max_tokens={max_tokens}")
         return text
-
-
-def _msg(exc: Any) -> str:
-    body = getattr(exc, "body", None)
-    if isinstance(body, dict):
-        err = body.get("error", body)
-        if isinstance(err, dict) and isinstance(err.get("message"), str):
-            return str(err["message"])
-    return str(getattr(exc, "message", exc))

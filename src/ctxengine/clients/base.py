@@ -11,11 +11,11 @@ SDK's own retries with backoff on 429/5xx/timeouts). A reply cut at ``max_tokens
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from ctxengine.messages import Message
 
-__all__ = ["CONTEXT_ERROR_HINTS", "ChatClient", "looks_like_context_error"]
+__all__ = ["CONTEXT_ERROR_HINTS", "ChatClient", "error_message", "looks_like_context_error"]
 
 CONTEXT_ERROR_HINTS = (
     "context length",
@@ -42,3 +42,14 @@ class ChatClient(Protocol):
     """Sends a chat request and returns the reply text ("" when the model returned none)."""
 
     def complete(self, messages: Sequence[Message], *, model: str, max_tokens: int, timeout: float) -> str: ...
+
+
+def error_message(exc: Any) -> str:
+    """The provider's own error text from an SDK exception (both SDKs keep the decoded JSON
+    body as ``exc.body``: ``{"error": {"message": ...}}``), else the exception's message."""
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return str(err["message"])
+    return str(getattr(exc, "message", exc))

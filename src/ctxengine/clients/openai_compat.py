@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ctxengine.clients.base import looks_like_context_error
+from ctxengine.clients.base import error_message, looks_like_context_error
 from ctxengine.errors import SummarizerAuthError, SummarizerContextError, SummarizerError
 from ctxengine.messages import Message
 
@@ -76,13 +76,13 @@ class OpenAICompatClient:
                 timeout=timeout,
             )
         except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
-            raise SummarizerAuthError(f"{where} rejected the credentials ({exc.status_code}): {_msg(exc)}") from exc
+            raise SummarizerAuthError(f"{where} rejected the credentials ({exc.status_code}): {error_message(exc)}") from exc
         except openai.APITimeoutError as exc:
             raise SummarizerError(f"{where} timed out after {timeout:g}s ({self.max_retries} retries)") from exc
         except openai.APIConnectionError as exc:
             raise SummarizerError(f"cannot reach {where}: {exc}") from exc
         except openai.APIStatusError as exc:
-            text = _msg(exc)
+            text = error_message(exc)
             if exc.status_code in (400, 413, 422) and looks_like_context_error(text):
                 raise SummarizerContextError(f"{where}: the prompt does not fit model {model!r}: {text}") from exc
             raise SummarizerError(f"{where} answered {exc.status_code}: {text}") from exc
@@ -96,12 +96,3 @@ class OpenAICompatClient:
         if choice.finish_reason == "length":
             raise SummarizerError(f"{where}: the reply was truncated at max_tokens={max_tokens}")
         return str(text)
-
-
-def _msg(exc: Any) -> str:
-    body = getattr(exc, "body", None)
-    if isinstance(body, dict):
-        err = body.get("error", body)
-        if isinstance(err, dict) and isinstance(err.get("message"), str):
-            return str(err["message"])
-    return str(getattr(exc, "message", exc))
