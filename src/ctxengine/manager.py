@@ -55,6 +55,7 @@ from ctxengine.caching import (
 from ctxengine.config import Config, load_config
 from ctxengine.engine import CompactionReport, ContextEngine, normalize_usage
 from ctxengine.errors import ConfigError, EngineError
+from ctxengine.history import SessionHistory, TurnInput
 from ctxengine.messages import (
     Message,
     check,
@@ -134,6 +135,7 @@ class _Session:
     store_errors: int = 0
     engine_errors: int = 0
     last_compaction: dict[str, Any] | None = None
+    history: SessionHistory = field(default_factory=SessionHistory)
 
 
 def _tool_name(schema: Mapping[str, Any]) -> str:
@@ -284,6 +286,7 @@ class ContextManager:
             s.last_request = None
             s.last_tokens = 0
             s.pressure_warning = None
+            s.history.reset()
 
     def end_session(self, session_id: str | None = None, messages: Sequence[Message] | None = None) -> None:
         """The session ends (exit, expiry): ``on_session_end`` runs and the state is dropped."""
@@ -373,14 +376,13 @@ class ContextManager:
         """
         s = self._session(session_id)
         with s.lock:
-            if self.strict:
-                msgs = check(messages, context="messages passed to prepare", allow_pending_calls=True)
-            else:
-                msgs = list(messages)
+            turn = self._input(s, messages)
+            msgs = turn.messages
             if tools is not None:
                 self.tools(tools, session_id=s.id)
             msgs = self._dispatch_engine_tools(s, msgs)
             history = msgs
+            self._record(s, turn, history)
             enabled = self.config.compression.enabled
             tokens = s.counter.count(msgs)
             if tokens < self.hygiene_threshold:
@@ -398,7 +400,7 @@ class ContextManager:
             s.last_tokens = tokens
             s.turns += 1
             self._update_pressure(s, tokens)
-            self._record(s, history)
+            s.history.finish(turn, history, msgs)
             return msgs
 
     def _compress(self, s: _Session, msgs: list[Message], tokens: int, focus_topic: str | None, trigger: str) -> list[Message]:
@@ -457,12 +459,30 @@ class ContextManager:
             if not any(m.get("role") == "user" and content_text(m.get("content")) == text for m in out):
                 raise EngineError(f"engine {name!r} broke rule 5 (anchors survive): the latest user message was not kept verbatim")
 
-    def _record(self, s: _Session, history: list[Message]) -> None:
+    def _input(self, s: _Session, messages: Sequence[Message]) -> TurnInput:
+        """The input stage: which messages are new (:mod:`ctxengine.history`), validated."""
+        if not isinstance(messages, list | tuple):
+            check(messages, context="messages passed to prepare")  # raises: not a list
+        turn = s.history.begin(messages)
+        if self.strict:
+            turn.check(context="messages passed to prepare")
+        if turn.reset_engine:
+            # the caller's history changed where it was already compacted: the engine's
+            # per-session state (a previous summary) belongs to the dropped branch
+            s.engine.on_session_reset()
+            s.counter.reset()
+            s.hygiene_armed = True
+        return turn
+
+    def _record(self, s: _Session, turn: TurnInput, history: list[Message]) -> None:
+        """Record the turn's input: only what is new when the store's tip is the last working
+        context (:meth:`SessionHistory.record`)."""
         if self.store is None:
             return
         try:
-            self.store.record_messages(s.id, history)
+            s.history.record(self.store, s.id, turn, history)
         except Exception as exc:
+            s.history.forget_tip()
             s.store_errors += 1
             log.warning("session store: recording the history of %s failed: %s", s.id, exc)
 

@@ -200,8 +200,13 @@ class SessionStore(ABC):
         """Record the histories of many sessions at once (one transaction); ids by session."""
 
     @abstractmethod
-    def append_messages(self, session_id: str, messages: Sequence[Message]) -> list[str]:
-        """Append ``messages`` after the session's current tip, atomically; return their ids."""
+    def append_messages(self, session_id: str, messages: Sequence[Message], *, after: str | None = None) -> list[str]:
+        """Append ``messages`` after the session's current tip, atomically; return their ids.
+
+        ``after`` (a message id, e.g. the last id a previous call returned) chains them after
+        that message instead, without reading the tip: the per-turn path of a caller that knows
+        what it recorded last, which then hashes and writes only the new messages.
+        """
 
     @abstractmethod
     def record_compaction(self, session_id: str, report: Mapping[str, Any], before: Sequence[Message], after: Sequence[Message]) -> str:
@@ -517,8 +522,9 @@ class SqlStore(SessionStore):
         known.update(self._ids_to_pks(cur, "messages", list(new)))
         return known
 
-    def _store_chain(self, cur: Any, messages: Sequence[Message], parent_id: str | None = None) -> list[tuple[int, str]]:
-        prepared = _prepare(messages, parent_id)
+    def _store_chain(self, cur: Any, messages: Sequence[Message], parent_id: str | None = None, *, prepared: list[_Prepared] | None = None) -> list[tuple[int, str]]:
+        if prepared is None:
+            prepared = _prepare(messages, parent_id)
         links: list[tuple[str | None, _Prepared]] = []
         parent = parent_id
         for p in prepared:
@@ -579,13 +585,20 @@ class SqlStore(SessionStore):
                 out[session_id] = [mid for _, mid in chain]
         return out
 
-    def append_messages(self, session_id: str, messages: Sequence[Message]) -> list[str]:
+    def append_messages(self, session_id: str, messages: Sequence[Message], *, after: str | None = None) -> list[str]:
+        msgs = list(messages)
+        prepared = _prepare(msgs, after) if after is not None else None  # hashed outside the lock
         with self._write() as cur:
             spk = self._ensure_session(cur, session_id)
             self._lock_session(cur, spk)
-            row = self._one(cur, "SELECT m.id, m.pk FROM sessions s JOIN messages m ON m.pk = s.tip_pk WHERE s.pk = ?", (spk,))
+            if after is not None:
+                row = self._one(cur, "SELECT id, pk FROM messages WHERE id = ?", (after,))
+                if row is None:
+                    raise NotFoundError(f"cannot append to session {session_id!r} after message {after!r}: no such message in the store")
+            else:
+                row = self._one(cur, "SELECT m.id, m.pk FROM sessions s JOIN messages m ON m.pk = s.tip_pk WHERE s.pk = ?", (spk,))
             parent = str(row[0]) if row else None
-            chain = self._store_chain(cur, list(messages), parent)
+            chain = self._store_chain(cur, msgs, parent, prepared=prepared)
             full = ([(int(row[1]), parent)] if row and parent else []) + chain
             self._move_tip(cur, spk, full, "append")
         return [mid for _, mid in chain]
