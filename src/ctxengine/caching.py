@@ -102,13 +102,21 @@ def apply_breakpoints(
     *,
     cache_ttl: str = "5m",
     native_anthropic: bool = False,
+    share_unmarked: bool = False,
 ) -> list[Message]:
-    """A deep copy of ``messages`` with the cache marker on each message of ``indices``."""
+    """A deep copy of ``messages`` with the cache marker on each message of ``indices``.
+
+    ``share_unmarked``: only the marked messages are copied; the others are the caller's own
+    dicts, untouched (the per-turn path: copying a long history every call costs more than
+    everything else a turn does). Treat such a result as read-only.
+    """
     if len(set(indices)) > MAX_BREAKPOINTS:
         raise ValueError(f"at most {MAX_BREAKPOINTS} cache breakpoints, got {len(set(indices))}")
     marker = cache_marker(cache_ttl)
-    out = copy.deepcopy(list(messages))
+    out = list(messages) if share_unmarked else copy.deepcopy(list(messages))
     for i in sorted(set(indices)):
+        if share_unmarked:
+            out[i] = copy.deepcopy(out[i])
         _mark(out[i], marker, native_anthropic)
     return out
 

@@ -46,7 +46,6 @@ from typing import Any, Literal
 
 from ctxengine.caching import (
     CachingStatus,
-    apply_anthropic_cache_control,
     apply_breakpoints,
     caching_status,
     plan_breakpoints,
@@ -70,7 +69,7 @@ from ctxengine.messages import (
 from ctxengine.models import ModelProfile, UnknownModelWarning, resolve_model
 from ctxengine.registry import EngineRegistry
 from ctxengine.storage import SessionRecorder
-from ctxengine.tokens import AnchoredCounter, TokenCounter, estimate_message_tokens, get_counter
+from ctxengine.tokens import AnchoredCounter, TokenCounter, get_counter
 
 __all__ = ["HYGIENE_MIN_MESSAGES", "HYGIENE_RATIO", "ContextManager", "default_store"]
 
@@ -511,13 +510,15 @@ class ContextManager:
             previous = s.last_request
             s.last_request = list(messages)
             s.last_sent = s.last_request
+            planner = self.caching.enabled and self.placement == "planner"
+            toks = list(tokens) if tokens is not None else s.history.message_tokens(messages) if planner else []
         if not self.caching.enabled:
             return []
-        if self.placement == "planner":
+        if planner:
             return plan_breakpoints(
                 messages,
                 min_cache_tokens=self.profile.min_cache_tokens,
-                tokens=list(tokens) if tokens is not None else [estimate_message_tokens(m) for m in messages],
+                tokens=toks,
                 native_anthropic=self.caching.native_anthropic,
                 previous=previous,
             )
@@ -525,15 +526,15 @@ class ContextManager:
 
     def request(self, messages: Sequence[Message], *, session_id: str | None = None) -> list[Message]:
         """The messages to send, with ``cache_control`` markers when caching applies to this
-        model and provider (a deep copy; ``messages`` is untouched)."""
+        model and provider. A new list; ``messages`` is untouched: the marked messages are
+        copies, the others are the same dicts (copying the whole history every turn would cost
+        more than the rest of the turn), so treat the request as read-only."""
         indices = self.breakpoints(messages, session_id=session_id)
         if not self.caching.enabled:
             return list(messages)
         ttl = self.caching.cache_ttl
         native = self.caching.native_anthropic
-        if self.placement == "system_and_3":
-            return apply_anthropic_cache_control(messages, cache_ttl=ttl, native_anthropic=native)
-        return apply_breakpoints(messages, indices, cache_ttl=ttl, native_anthropic=native)
+        return apply_breakpoints(messages, indices, cache_ttl=ttl, native_anthropic=native, share_unmarked=True)
 
     def update_from_response(self, usage: Any, *, session_id: str | None = None) -> None:
         """Record a response's usage (OpenAI or Anthropic shape, dict or SDK object): the engine

@@ -1,0 +1,197 @@
+"""A caller resending its whole history gets the session's working context back (issue 13.5).
+
+The manager recognises the part of a history it has seen, hands the engine the working context
+plus only the new messages, records only those, and starts a branch when the caller edits or
+truncates its history.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxengine.config import Config
+from ctxengine.errors import InvalidMessages
+from ctxengine.history import SessionHistory
+from ctxengine.manager import ContextManager
+from ctxengine.messages import Message, content_text
+from ctxengine.store import SqliteStore
+
+WINDOW = 8_000
+
+
+def _turns(n: int, *, tag: str = "", size: int = 30) -> list[list[Message]]:
+    """``n`` agent turns: an assistant tool call and its (sizeable) result, a user nudge every 5."""
+    out: list[list[Message]] = []
+    for k in range(n):
+        turn: list[Message] = [
+            {"role": "assistant", "content": None, "tool_calls": [{"id": f"{tag}c{k}", "type": "function", "function": {"name": "run", "arguments": f'{{"step": {k}}}'}}]},
+            {"role": "tool", "tool_call_id": f"{tag}c{k}", "content": f"{tag} output of step {k}: " + f"line {k} of /src/{tag}mod{k}.py ok\n" * size},
+        ]
+        if k % 5 == 4:
+            turn.append({"role": "user", "content": f"{tag} keep going after step {k}"})
+        out.append(turn)
+    return out
+
+
+def _head(tag: str = "") -> list[Message]:
+    return [{"role": "system", "content": "You are a careful agent."}, {"role": "user", "content": f"{tag} fix the build, task marker {tag}FIRST"}]
+
+
+def _mgr(store: Any = None, window: int = WINDOW) -> ContextManager:
+    return ContextManager(Config(), model="claude-sonnet-4.5", provider="anthropic", context_length=window, store=store)
+
+
+def _texts(msgs: list[Message]) -> str:
+    return "\n".join(content_text(m.get("content")) for m in msgs)
+
+
+def test_a_caller_resending_its_full_history_compacts_as_often_as_one_keeping_the_prepared_list() -> None:
+    turns = _turns(20)
+    kept, full = _mgr(), _mgr()
+    raw = list(_head())
+    working = kept.prepare(raw, session_id="s")
+    resent = full.prepare(list(raw), session_id="s")
+    assert resent == working
+    for turn in turns:
+        raw = [*raw, *turn]
+        working = kept.prepare([*working, *turn], session_id="s")
+        resent = full.prepare(list(raw), session_id="s")  # a fresh list each turn, as a gateway sends
+        assert resent == working  # the same working context, message for message
+    assert kept.status("s")["compactions"] >= 1  # the scenario does compact
+    assert full.status("s")["compactions"] == kept.status("s")["compactions"] <= 2
+
+
+def test_a_json_decoded_history_is_recognised_by_value() -> None:
+    import json
+
+    mgr = _mgr()
+    raw = list(_head())
+    out: list[Message] = []
+    for turn in _turns(20):
+        raw = [*raw, *turn]
+        out = mgr.prepare(json.loads(json.dumps(raw)), session_id="g")  # new dicts every turn
+    assert mgr.status("g")["compactions"] <= 2
+    assert out[0]["role"] == "system" and content_text(out[-1]["content"]) == content_text(raw[-1]["content"])
+
+
+def test_a_truncated_history_branches_and_drops_the_removed_turns() -> None:
+    mgr = _mgr()
+    raw = list(_head())
+    for turn in _turns(16):
+        raw = [*raw, *turn]
+        mgr.prepare(list(raw), session_id="s")
+    compactions = mgr.status("s")["compactions"]
+    assert compactions >= 1
+    # a retry: the client drops its last turn and sends another one instead
+    retry: list[Message] = [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "retry1", "type": "function", "function": {"name": "run", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "retry1", "content": "retried output"},
+    ]
+    dropped = raw[-2:]
+    out = mgr.prepare([*raw[:-2], *retry], session_id="s")
+    text = _texts(out)
+    assert "retried output" in text
+    assert content_text(dropped[-1]["content"]) not in text  # the dropped output is gone
+    assert not any(m.get("tool_call_id") == dropped[-1]["tool_call_id"] for m in out)
+    assert mgr.status("s")["compactions"] == compactions  # the compacted head was kept, not redone
+    assert mgr.engine("s").__class__.__name__  # the session goes on
+    nxt = mgr.prepare([*raw[:-2], *retry, {"role": "user", "content": "thanks"}], session_id="s")
+    assert nxt[: len(out)] == out and nxt[-1]["content"] == "thanks"
+
+
+def test_an_edit_in_the_compacted_part_starts_over_without_resurrecting_the_old_text() -> None:
+    mgr = _mgr()
+    raw = list(_head())
+    for turn in _turns(16):
+        raw = [*raw, *turn]
+        out = mgr.prepare(list(raw), session_id="s")
+    assert "FIRST" in _texts(out)  # the first user message is an anchor: kept (or summarized)
+    edited = [raw[0], {"role": "user", "content": "a different task, marker SECOND"}, *raw[2:8]]
+    out = mgr.prepare(edited, session_id="s")
+    text = _texts(out)
+    assert "SECOND" in text
+    assert "FIRST" not in text  # neither the old message nor a summary of it comes back
+    assert "step 12" not in text
+
+
+def test_sessions_never_cross() -> None:
+    mgr = _mgr()
+    raws: dict[str, list[Message]] = {"a": list(_head("A")), "b": list(_head("B"))}
+    turns = {"a": _turns(14, tag="A"), "b": _turns(14, tag="B")}
+    outs: dict[str, list[Message]] = {}
+    for k in range(14):
+        for sid in ("a", "b"):
+            raws[sid] = [*raws[sid], *turns[sid][k]]
+            outs[sid] = mgr.prepare(list(raws[sid]), session_id=sid)
+    assert "Bmod" not in _texts(outs["a"]) and "Amod" not in _texts(outs["b"])
+    assert "B output" not in _texts(outs["a"]) and "A output" not in _texts(outs["b"])
+    # a session's raw history sent under the other id is a different conversation there
+    out = mgr.prepare(list(raws["a"]), session_id="b")
+    assert "B output" not in _texts(out)
+
+
+def test_the_prepared_list_caller_keeps_working_as_before() -> None:
+    mgr = _mgr()
+    working = mgr.prepare(_head(), session_id="s")
+    for turn in _turns(16):
+        working = mgr.prepare([*working, *turn], session_id="s")
+    assert mgr.status("s")["compactions"] >= 1
+    # dropping its own latest turn branches from its own list
+    out = mgr.prepare(working[:-2], session_id="s")
+    assert out == working[:-2]
+
+
+def test_only_new_messages_are_validated_with_indices_in_the_callers_list() -> None:
+    mgr = _mgr()
+    raw = list(_head())
+    for turn in _turns(12):
+        raw = [*raw, *turn]
+        mgr.prepare(list(raw), session_id="s")
+    bad = [*raw, {"role": "tool", "tool_call_id": "nobody", "content": "orphan"}]
+    with pytest.raises(InvalidMessages) as info:
+        mgr.prepare(bad, session_id="s")
+    assert [v.index for v in info.value.violations] == [len(raw)]
+    # a call left pending last turn must be answered now
+    call: Message = {"role": "assistant", "content": None, "tool_calls": [{"id": "p1", "type": "function", "function": {"name": "run", "arguments": "{}"}}]}
+    mgr.prepare([*raw, call], session_id="s")
+    with pytest.raises(InvalidMessages, match="p1"):
+        mgr.prepare([*raw, call, {"role": "user", "content": "never mind"}], session_id="s")
+
+
+def test_the_store_records_each_turn_by_appending_only_its_new_messages(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "s.db")
+    mgr = _mgr(store=store)
+    raw = list(_head())
+    out: list[Message] = []
+    for turn in _turns(16):
+        raw = [*raw, *turn]
+        out = mgr.prepare(list(raw), session_id="s")
+    assert mgr.status("s")["store_errors"] == 0
+    assert store.history("s") == out  # the tip is the working context
+    kinds = [e.kind for e in store.events("s")]
+    assert "compaction" in kinds
+    assert kinds.count("append") >= len(kinds) - 2 * kinds.count("compaction") - 1
+    originals = store.originals("s")
+    assert [m for m in originals if m.get("role") == "tool"] == [m for m in raw if m.get("role") == "tool"]
+    store.close()
+
+
+def test_session_history_maps_raw_indices_through_compactions() -> None:
+    h = SessionHistory()
+    msgs: list[Message] = [{"role": "system", "content": "s"}, *({"role": "user", "content": f"u{i}"} for i in range(6))]
+    t = h.begin(msgs)
+    assert t.kind == "first" and t.base == 0
+    compacted = [msgs[0], {"role": "user", "content": "[summary]"}, *msgs[4:]]
+    h.finish(t, t.messages, compacted)
+    assert h.r0 == 4 and h.wpos == [2, 3, 4]
+    more = [*msgs, {"role": "user", "content": "u6"}]
+    t = h.begin(list(more))
+    assert t.kind == "resend" and t.messages == [*compacted, more[-1]] and t.base == len(compacted)
+    h.finish(t, t.messages, t.messages)
+    t = h.begin([*more[:5], {"role": "user", "content": "other"}])  # truncated at raw 5 (verbatim)
+    assert t.kind == "branch" and t.messages == [*compacted[:3], {"role": "user", "content": "other"}]
+    t = h.begin([msgs[0], {"role": "user", "content": "edited"}])  # changed at raw 1 (compacted)
+    assert t.kind == "fresh" and t.reset_engine
