@@ -53,7 +53,7 @@ from ctxengine.caching import (
 )
 from ctxengine.config import Config, load_config
 from ctxengine.engine import CompactionReport, ContextEngine, normalize_usage
-from ctxengine.errors import ConfigError, EngineError
+from ctxengine.errors import ConfigError, EngineError, StoreError
 from ctxengine.history import SessionHistory, TurnInput
 from ctxengine.messages import (
     Message,
@@ -89,28 +89,54 @@ StoreArg = SessionRecorder | Literal["default"] | None
 
 
 def default_store(config: Config) -> SessionRecorder | None:
-    """The store the config asks for (SQLite by default), or ``None`` when storage is off or
-    the store package is unavailable.
+    """The store the config asks for (SQLite by default), or ``None`` when storage is off.
 
     ``ctxengine.store`` is imported lazily, so this module never depends on it; its
-    ``open_store(config.store)`` returns a :class:`~ctxengine.storage.SessionRecorder`. A store
-    that fails to open is logged and treated as absent: the agent keeps working.
+    ``open_store(config.store)`` returns a :class:`~ctxengine.storage.SessionRecorder`.
+
+    A store that cannot be opened (a directory that cannot be created, a file that is not a
+    database, a PostgreSQL server that refuses the connection) is an error here, at
+    construction: :class:`~ctxengine.errors.StoreError` naming the backend and the path,
+    never a warning followed by a session that is silently not recorded. Set
+    ``store.enabled: false`` to run without one.
     """
     if not config.store.enabled:
         return None
     try:
         module = importlib.import_module("ctxengine.store")
-    except ImportError:
-        return None
+    except ImportError as exc:
+        raise StoreError(f"the session store is enabled but cannot be loaded ({exc}); set store.enabled: false to run without it") from exc
     factory = getattr(module, "open_store", None)
     if not callable(factory):
-        return None
+        raise StoreError("the session store is enabled but ctxengine.store has no open_store()")
+    where = _store_location(config)
     try:
         store = factory(config.store)
-    except Exception as exc:  # a broken store must not stop the agent
-        log.warning("session store unavailable: %s: %s", type(exc).__name__, exc)
-        return None
-    return store if isinstance(store, SessionRecorder) else None
+    except ConfigError:
+        raise
+    except StoreError as exc:
+        message = str(exc)
+        raise StoreError(message if where in message else f"cannot open the session store at {where}: {message}") from exc
+    except Exception as exc:
+        raise StoreError(f"cannot open the session store at {where}: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(store, SessionRecorder):
+        raise StoreError(f"the session store at {where} ({type(store).__name__}) cannot record sessions")
+    return store
+
+
+def _store_location(config: Config) -> str:
+    """Where the configured store lives, for error messages (never a DSN: it may hold a password)."""
+    st = config.store
+    if st.backend == "postgres":
+        return f"PostgreSQL (DSN from ${st.dsn_env})"
+    if st.path:
+        return str(st.path)
+    try:
+        import platformdirs
+
+        return str(Path(platformdirs.user_data_dir("ctxengine")) / "sessions.db")
+    except ImportError:  # pragma: no cover - platformdirs is a dependency
+        return "the default SQLite path"
 
 
 @dataclass
