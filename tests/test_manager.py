@@ -292,7 +292,9 @@ def test_update_from_response_reads_both_usage_shapes_and_anchors_counts() -> No
 
 def test_request_adds_markers_only_for_claude() -> None:
     msgs = _history(3)
-    claude = _mgr(model="anthropic/claude-sonnet-4.5")
+    assert _mgr(model="anthropic/claude-sonnet-4.5").placement == "planner"  # the default, by measurement
+    seed_cfg = Config.from_dict({"prompt_caching": {"strategy": "system_and_3"}})
+    claude = _mgr(model="anthropic/claude-sonnet-4.5", config=seed_cfg)
     req = claude.request(msgs)
     assert req[0]["content"][0]["cache_control"] == {"type": "ephemeral"}
     assert "cache_control" not in msgs[0] and msgs[0]["content"] == "sys"

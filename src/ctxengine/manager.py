@@ -46,8 +46,10 @@ from typing import Any, Literal
 
 from ctxengine.caching import (
     CachingStatus,
+    Placement,
     apply_breakpoints,
     caching_status,
+    default_placement,
     plan_breakpoints,
     system_and_3_breakpoints,
 )
@@ -228,7 +230,7 @@ class ContextManager:
         self._lock = threading.Lock()
         pc = config.prompt_caching
         self.caching: CachingStatus = caching_status(model, self.provider, cache_ttl=config.cache_ttl, enabled=pc.enabled)
-        self.placement = pc.strategy
+        self.placement: Placement = default_placement(self.provider) if pc.strategy == "auto" else pc.strategy
 
     @classmethod
     def from_config(
