@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ctxengine.errors import InvalidMessages
-from ctxengine.messages import Message, Violation, validate
+from ctxengine.messages import Message, Violation, is_summary, validate
 from ctxengine.storage import SessionAppender, SessionRecorder
 from ctxengine.tokens import estimate_message_tokens
 
@@ -157,6 +157,8 @@ class SessionHistory:
         self._pending_raw: list[Message] | None = None
         self._pending_r0 = 0
         self._tokens: dict[int, tuple[Message, int]] = {}
+        self._sums: list[int] = []  # running token sums of ``working``
+        self._last_summary = -1  # index of the last summary in ``working``
 
     # -- the turn ----------------------------------------------------------------------------
     def begin(self, messages: Sequence[Message]) -> TurnInput:
@@ -251,24 +253,28 @@ class SessionHistory:
         else:
             self.wpos = pending
             self.r0 = r0
+        old = self.working
         self.raw = raw
         self.working = result
         self.turns += 1
+        self._follow_working(old, result)
 
     def reset(self) -> None:
         """Forget everything (``reset_session``): the next turn is a first turn."""
         self.__init__()  # type: ignore[misc]
 
     # -- the store ---------------------------------------------------------------------------
-    def record(self, store: SessionRecorder, session_id: str, turn: TurnInput, messages: Sequence[Message]) -> None:
+    def record(self, store: SessionRecorder, session_id: str, turn: TurnInput, messages: Sequence[Message], *, appender: SessionAppender | None = None) -> None:
         """Record ``messages`` (the turn's input, engine tool results included) as the session's
         history: only the new messages when the store's tip is the previous working context and
         the store can append, the whole list otherwise (a first turn, a branch, after a
         compaction; the store keeps each message once, so a branch costs its new messages)."""
-        if self._tip is not None and turn.kind in ("continue", "resend") and isinstance(store, SessionAppender):
+        if appender is None and isinstance(store, SessionAppender):
+            appender = store
+        if self._tip is not None and turn.kind in ("continue", "resend") and appender is not None:
             new = list(messages[turn.base :])
             if new:
-                ids = store.append_messages(session_id, new, after=self._tip)
+                ids = appender.append_messages(session_id, new, after=self._tip)
                 self._tip = ids[-1] if ids else self._tip
             return
         self._tip = None
@@ -282,7 +288,29 @@ class SessionHistory:
         """The store's tip moved elsewhere (a compaction, a failed write): record in full next time."""
         self._tip = None
 
-    # -- tokens ------------------------------------------------------------------------------
+    # -- tokens and the planner's inputs -----------------------------------------------------
+    def _follow_working(self, old: list[Message], new: list[Message]) -> None:
+        """Keep the running token sums and the last summary's index of ``working`` up to date,
+        counting only the messages appended since the last turn."""
+        n = len(old)
+        if not (len(new) >= n and len(self._sums) == n and (n == 0 or new[n - 1] is old[-1]) and new[:n] == old):
+            self._sums, self._last_summary, n = [], -1, 0
+        acc = self._sums[-1] if self._sums else 0
+        added = new[n:]
+        for i, t in enumerate(self.message_tokens(added), start=n):
+            acc += t
+            self._sums.append(acc)
+            if is_summary(new[i]):
+                self._last_summary = i
+
+    def planner_inputs(self, messages: Sequence[Message]) -> tuple[list[int], int] | None:
+        """Running token sums and the last summary's index of ``messages`` when it is the
+        working context (what ``prepare`` returned), else ``None``."""
+        w = self.working
+        if len(messages) != len(w) or len(self._sums) != len(w) or not w or messages[-1] is not w[-1] or list(messages) != w:
+            return None
+        return self._sums, self._last_summary
+
     def message_tokens(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
         """Estimated tokens of each message, each message estimated once per session."""
         memo = self._tokens

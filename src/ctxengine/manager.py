@@ -70,7 +70,7 @@ from ctxengine.messages import (
 )
 from ctxengine.models import ModelProfile, UnknownModelWarning, resolve_model
 from ctxengine.registry import EngineRegistry
-from ctxengine.storage import SessionRecorder
+from ctxengine.storage import SessionAppender, SessionRecorder
 from ctxengine.tokens import AnchoredCounter, TokenCounter, get_counter
 
 __all__ = ["HYGIENE_MIN_MESSAGES", "HYGIENE_RATIO", "ContextManager", "default_store"]
@@ -223,6 +223,8 @@ class ContextManager:
         self.context_length = self.profile.context_length
         self.default_session = session_id
         self.store: SessionRecorder | None = default_store(config) if store == "default" else store
+        # checked once: a runtime protocol check costs more than recording a turn
+        self._appender: SessionAppender | None = self.store if isinstance(self.store, SessionAppender) else None
         self._registry = registry
         self._engine_factory = engine_factory
         self._counter = counter or get_counter(config.context.token_counter)
@@ -507,7 +509,7 @@ class ContextManager:
         if self.store is None:
             return
         try:
-            s.history.record(self.store, s.id, turn, history)
+            s.history.record(self.store, s.id, turn, history, appender=self._appender)
         except Exception as exc:
             s.history.forget_tip()
             s.store_errors += 1
@@ -539,14 +541,17 @@ class ContextManager:
             s.last_request = list(messages)
             s.last_sent = s.last_request
             planner = self.caching.enabled and self.placement == "planner"
-            toks = list(tokens) if tokens is not None else s.history.message_tokens(messages) if planner else []
+            known = s.history.planner_inputs(messages) if planner and tokens is None else None
+            toks = list(tokens) if tokens is not None else s.history.message_tokens(messages) if planner and known is None else []
         if not self.caching.enabled:
             return []
         if planner:
             return plan_breakpoints(
                 messages,
                 min_cache_tokens=self.profile.min_cache_tokens,
-                tokens=toks,
+                tokens=toks if known is None else None,
+                prefix_tokens=known[0] if known is not None else None,
+                stable=known[1] if known is not None else None,
                 native_anthropic=self.caching.native_anthropic,
                 previous=previous,
             )
