@@ -195,3 +195,40 @@ def test_session_history_maps_raw_indices_through_compactions() -> None:
     assert t.kind == "branch" and t.messages == [*compacted[:3], {"role": "user", "content": "other"}]
     t = h.begin([msgs[0], {"role": "user", "content": "edited"}])  # changed at raw 1 (compacted)
     assert t.kind == "fresh" and t.reset_engine
+
+
+def test_a_turn_that_fails_is_retried_without_duplicating_the_store(tmp_path: Path) -> None:
+    from ctxengine.engine import ContextEngine
+    from ctxengine.errors import EngineError
+
+    class Breaks(ContextEngine):
+        broken = False
+
+        @property
+        def name(self) -> str:
+            return "breaks"
+
+        def update_from_response(self, usage: Any) -> None:
+            self._record_usage(usage)
+
+        def should_compress(self, prompt_tokens: int | None = None) -> bool:
+            return self.broken
+
+        def compress(self, messages: list[Message], current_tokens: int | None = None, focus_topic: str | None = None) -> list[Message]:
+            return []  # breaks rule 1 when it runs
+
+    engine = Breaks(context_length=WINDOW)
+    store = SqliteStore(tmp_path / "s.db")
+    mgr = ContextManager(Config(), model="gpt-4o", context_length=WINDOW, store=store, engine_factory=lambda: engine)
+    raw = list(_head())
+    turns = _turns(3)
+    for turn in turns[:2]:
+        raw = [*raw, *turn]
+        mgr.prepare(list(raw), session_id="s")
+    engine.broken = True
+    with pytest.raises(EngineError):
+        mgr.prepare([*raw, *turns[2]], session_id="s")
+    engine.broken = False
+    out = mgr.prepare([*raw, *turns[2]], session_id="s")
+    assert store.history("s") == out == [*raw, *turns[2]]
+    store.close()

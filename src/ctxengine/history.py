@@ -153,6 +153,7 @@ class SessionHistory:
         self.compacted = False
         self.turns = 0
         self._tip: str | None = None  # store id of working[-1] when the store's tip is exactly ``working``
+        self._next_tip: str | None = None  # the tip this turn's recording made, kept by :meth:`finish`
         self._pending: list[int] | None = None
         self._pending_raw: list[Message] | None = None
         self._pending_r0 = 0
@@ -228,6 +229,7 @@ class SessionHistory:
     def finish(self, turn: TurnInput, inp: Sequence[Message], out: Sequence[Message]) -> None:
         """Remember the turn: its input ``inp`` (``turn.messages`` plus any engine tool results
         appended) became ``out``, the list returned to the caller."""
+        self._tip, self._next_tip = self._next_tip, None
         pending = self._pending if self._pending is not None else list(range(len(inp)))
         raw = self._pending_raw if self._pending_raw is not None else list(inp)
         r0 = self._pending_r0
@@ -271,22 +273,20 @@ class SessionHistory:
         compaction; the store keeps each message once, so a branch costs its new messages)."""
         if appender is None and isinstance(store, SessionAppender):
             appender = store
+        # the new tip counts once the turn finishes (a turn that raises leaves the old one, so
+        # the next turn branches from there instead of chaining on the failed input)
+        self._next_tip = None
         if self._tip is not None and turn.kind in ("continue", "resend") and appender is not None:
             new = list(messages[turn.base :])
-            if new:
-                ids = appender.append_messages(session_id, new, after=self._tip)
-                self._tip = ids[-1] if ids else self._tip
+            ids = appender.append_messages(session_id, new, after=self._tip) if new else []
+            self._next_tip = ids[-1] if ids else self._tip
             return
-        self._tip = None
         ids = store.record_messages(session_id, list(messages))
-        self._tip = ids[-1] if ids else None
-
-    def tip_recorded(self) -> bool:
-        return self._tip is not None
+        self._next_tip = ids[-1] if ids else None
 
     def forget_tip(self) -> None:
         """The store's tip moved elsewhere (a compaction, a failed write): record in full next time."""
-        self._tip = None
+        self._tip = self._next_tip = None
 
     # -- tokens and the planner's inputs -----------------------------------------------------
     def _follow_working(self, old: list[Message], new: list[Message]) -> None:
