@@ -10,7 +10,12 @@
 
 ``prepare`` does, in order:
 
-1. validates the input (:class:`~ctxengine.errors.InvalidMessages` lists every problem);
+1. maps the input onto the session's working context (:mod:`ctxengine.history`): the list
+   ``prepare`` returned last time plus new messages, or the caller's whole raw history resent
+   (a gateway, a proxy), which gets the working context back plus only the new messages; an
+   edited or truncated history starts a branch. Only the new messages are validated
+   (:class:`~ctxengine.errors.InvalidMessages` lists every problem, with indices in the
+   caller's list), counted and recorded in the store (appended after the last recorded one);
 2. runs the context engine's own tools the model called in the last assistant message
    (``lcm_grep`` …) through ``handle_tool_call`` and appends their results;
 3. **gateway session hygiene** (seeds 000/001): a safety net fixed at 85 % of the model's window,
@@ -21,7 +26,7 @@
    move it from 50 % to 85 %;
 4. the engine's ``should_compress`` (or ``should_compress_preflight``) and ``compress``;
 5. checks what the engine returned and raises :class:`~ctxengine.errors.EngineError` naming
-   the broken rule; records the history and any compaction in the session store.
+   the broken rule; records any compaction in the session store.
 
 One manager serves many sessions (``session_id=`` on every method); each session has its own
 engine instance, token anchor and lock, so calls for one session are serialised while
@@ -399,6 +404,19 @@ class ContextManager:
         focus_topic: str | None = None,
     ) -> list[Message]:
         """What to send this turn (see the module docstring). Never mutates ``messages``.
+
+        ``messages`` is either the list this method returned last time for ``session_id`` plus
+        what happened since, or the caller's **whole raw history** every turn (the gateway and
+        proxy pattern: ``prepare(raw_history, session_id=conversation)``). In the second case
+        the manager recognises the part it has seen (message by message, by identity or by
+        value, so a history decoded from JSON again each turn is recognised too) and returns
+        the session's working context, compacted as before, plus the new messages: resending
+        the history never causes a compaction the prepared list would not. A history edited or
+        truncated by the client (a retry, an edited message) branches: from the change on,
+        the caller's messages replace the old ones; when the change lies in the part already
+        compacted, the history is taken as given and the engine's per-session state is reset,
+        so nothing from the dropped turns comes back. The mapping lives in memory per session
+        (a new manager starts from the history it is given).
 
         ``tools`` (the agent's tool list) is only checked for clashes with engine tools here;
         send :meth:`tools` to the provider.
