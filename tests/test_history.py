@@ -232,3 +232,75 @@ def test_a_turn_that_fails_is_retried_without_duplicating_the_store(tmp_path: Pa
     out = mgr.prepare([*raw, *turns[2]], session_id="s")
     assert store.history("s") == out == [*raw, *turns[2]]
     store.close()
+
+
+class _Folding:
+    """A worst case for resurrection: folds old messages into a summary quoting all their words,
+    and carries its previous summary into the next one (as an iterative summarizer does)."""
+
+    @staticmethod
+    def factory() -> Any:
+        from ctxengine.engine import ContextEngine
+
+        class Folding(ContextEngine):
+            def __init__(self) -> None:
+                super().__init__(context_length=WINDOW)
+                self.previous = ""
+
+            @property
+            def name(self) -> str:
+                return "folding"
+
+            def update_from_response(self, usage: Any) -> None:
+                self._record_usage(usage)
+
+            def should_compress(self, prompt_tokens: int | None = None) -> bool:
+                return False
+
+            def should_compress_preflight(self, messages: list[Message]) -> bool:
+                return len(messages) > 9
+
+            def compress(self, messages: list[Message], current_tokens: int | None = None, focus_topic: str | None = None) -> list[Message]:
+                head, old, tail = messages[:1], messages[1:-4], messages[-4:]
+                while tail and tail[0].get("role") != "user":  # keep the tail's turns whole
+                    old, tail = [*old, tail[0]], tail[1:]
+                if not old:
+                    return messages
+                self.previous = " ".join([self.previous, *(content_text(m.get("content")) for m in old)]).strip()
+                return [*head, {"role": "user", "content": f"[summary] {self.previous}"}, *tail]
+
+            def on_session_reset(self) -> None:
+                self.previous = ""
+
+        return Folding()
+
+
+def test_no_sequence_of_appends_retries_and_edits_resurrects_a_dropped_word() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    ops = st.lists(st.tuples(st.sampled_from(["add", "add", "add", "truncate", "edit"]), st.integers(0, 10_000)), min_size=1, max_size=40)
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.integers(8, 25), ops)
+    def run(grow: int, steps: list[tuple[str, int]]) -> None:
+        mgr = ContextManager(Config(), model="gpt-4o", context_length=WINDOW, engine_factory=_Folding.factory)
+        raw: list[Message] = [{"role": "system", "content": "sys"}]
+        word = 0
+        for op, n in [("add", 0)] * grow + steps:
+            if op == "truncate" and len(raw) > 2:
+                raw = raw[: 1 + n % (len(raw) - 1)]
+            elif op == "edit" and len(raw) > 2:
+                i = 1 + n % (len(raw) - 1)
+                word += 1
+                raw = [*raw[:i], {"role": "user", "content": f"w{word}"}]
+            else:
+                word += 1
+                raw = [*raw, {"role": "user", "content": f"w{word}"}]
+            out = mgr.prepare(list(raw), session_id="p")
+            said = {w for m in raw for w in content_text(m.get("content")).split()}
+            shown = {w for m in out for w in content_text(m.get("content")).split() if w != "[summary]"}
+            assert shown <= said, f"resurrected: {sorted(shown - said)}"
+            assert content_text(out[-1].get("content")) == content_text(raw[-1].get("content"))
+
+    run()

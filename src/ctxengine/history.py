@@ -184,9 +184,11 @@ class SessionHistory:
         q = _common_prefix(given, w)
         k = p - self.r0
         cut = self.wpos[k] if p > 0 and 0 <= k < len(self.wpos) else -1
-        if cut > q:
+        if cut > q and len(given) > self.r0:
             # an edited or truncated raw history, changed where the working context holds it
-            # verbatim: the working context up to the change, then the caller's messages
+            # verbatim: the working context up to the change, then the caller's messages (a
+            # history cut back into the compacted part is not continued: its latest message
+            # would only survive inside a summary)
             new = given[p:]
             self._pending = [*self.wpos[:k], *range(cut, cut + len(new))]
             self._pending_raw = [*raw[:p], *new]
