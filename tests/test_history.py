@@ -304,3 +304,18 @@ def test_no_sequence_of_appends_retries_and_edits_resurrects_a_dropped_word() ->
             assert content_text(out[-1].get("content")) == content_text(raw[-1].get("content"))
 
     run()
+
+
+def test_record_returns_the_ids_of_the_whole_history_while_writing_only_the_new_messages(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "s.db")
+    h = SessionHistory()
+    raw = list(_head())
+    for turn in _turns(4):
+        raw = [*raw, *turn]
+        t = h.begin(list(raw))
+        ids = h.record(store, "s", t, t.messages)
+        h.finish(t, t.messages, t.messages)
+        assert ids == store.history_ids("s")
+        assert t.kind == "first" or t.base == len(raw) - len(turn)
+    assert [e.kind for e in store.events("s")] == ["messages", "append", "append", "append"]
+    store.close()

@@ -152,8 +152,8 @@ class SessionHistory:
         self.wpos: list[int] = []
         self.compacted = False
         self.turns = 0
-        self._tip: str | None = None  # store id of working[-1] when the store's tip is exactly ``working``
-        self._next_tip: str | None = None  # the tip this turn's recording made, kept by :meth:`finish`
+        self._ids: list[str] | None = None  # store ids of ``working`` when the store's tip is exactly ``working``
+        self._next_ids: list[str] | None = None  # what this turn's recording made, kept by :meth:`finish`
         self._pending: list[int] | None = None
         self._pending_raw: list[Message] | None = None
         self._pending_r0 = 0
@@ -231,7 +231,7 @@ class SessionHistory:
     def finish(self, turn: TurnInput, inp: Sequence[Message], out: Sequence[Message]) -> None:
         """Remember the turn: its input ``inp`` (``turn.messages`` plus any engine tool results
         appended) became ``out``, the list returned to the caller."""
-        self._tip, self._next_tip = self._next_tip, None
+        self._ids, self._next_ids = self._next_ids, None
         pending = self._pending if self._pending is not None else list(range(len(inp)))
         raw = self._pending_raw if self._pending_raw is not None else list(inp)
         r0 = self._pending_r0
@@ -252,7 +252,7 @@ class SessionHistory:
             self.wpos = [wp + shift for wp in pending[j:]]
             self.r0 = r0 + j
             self.compacted = True
-            self._tip = None  # the store's tip is the compaction's output, or unknown
+            self._ids = None  # the store's tip is the compaction's output, or unknown
             self._prune_tokens(result)
         else:
             self.wpos = pending
@@ -268,27 +268,31 @@ class SessionHistory:
         self.__init__()  # type: ignore[misc]
 
     # -- the store ---------------------------------------------------------------------------
-    def record(self, store: SessionRecorder, session_id: str, turn: TurnInput, messages: Sequence[Message], *, appender: SessionAppender | None = None) -> None:
+    def record(
+        self, store: SessionRecorder, session_id: str, turn: TurnInput, messages: Sequence[Message], *, appender: SessionAppender | None = None
+    ) -> list[str]:
         """Record ``messages`` (the turn's input, engine tool results included) as the session's
-        history: only the new messages when the store's tip is the previous working context and
-        the store can append, the whole list otherwise (a first turn, a branch, after a
-        compaction; the store keeps each message once, so a branch costs its new messages)."""
+        history and return the store ids of all of them: only the new messages are written when
+        the store's tip is the previous working context and the store can append, the whole
+        list otherwise (a first turn, a branch, after a compaction; the store keeps each message
+        once, so a branch costs its new messages)."""
         if appender is None and isinstance(store, SessionAppender):
             appender = store
-        # the new tip counts once the turn finishes (a turn that raises leaves the old one, so
-        # the next turn branches from there instead of chaining on the failed input)
-        self._next_tip = None
-        if self._tip is not None and turn.kind in ("continue", "resend") and appender is not None:
+        # what is recorded counts once the turn finishes (a turn that raises leaves the old tip,
+        # so the next turn branches from there instead of chaining on the failed input)
+        self._next_ids = None
+        known = self._ids
+        if known and len(known) == turn.base and turn.kind in ("continue", "resend") and appender is not None:
             new = list(messages[turn.base :])
-            ids = appender.append_messages(session_id, new, after=self._tip) if new else []
-            self._next_tip = ids[-1] if ids else self._tip
-            return
-        ids = store.record_messages(session_id, list(messages))
-        self._next_tip = ids[-1] if ids else None
+            ids = [*known, *appender.append_messages(session_id, new, after=known[-1])] if new else known
+        else:
+            ids = list(store.record_messages(session_id, list(messages)))
+        self._next_ids = ids
+        return ids
 
     def forget_tip(self) -> None:
         """The store's tip moved elsewhere (a compaction, a failed write): record in full next time."""
-        self._tip = self._next_tip = None
+        self._ids = self._next_ids = None
 
     # -- tokens and the planner's inputs -----------------------------------------------------
     def _follow_working(self, old: list[Message], new: list[Message]) -> None:
