@@ -204,8 +204,10 @@ class SessionHistory:
         return self._take(given, "fresh", base=0)
 
     def _take(self, given: list[Message], kind: TurnKind, *, base: int, keep_raw: bool = False) -> TurnInput:
-        """The caller's list is the working input as given; ``given[:base]`` was seen."""
-        msgs = list(given)
+        """The caller's list is the working input; ``given[:base]`` was seen and equals
+        ``working[:base]``, whose own dicts are used (a list decoded again each turn then keeps
+        every per-message memo of the session: token counts, the planner's sums)."""
+        msgs = [*self.working[:base], *given[base:]] if base else list(given)
         if kind == "continue" or keep_raw:
             k = len(self.wpos) if kind == "continue" else bisect.bisect_left(self.wpos, base)
             self._pending = [*self.wpos[:k], *range(base, len(msgs))]
