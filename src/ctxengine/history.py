@@ -222,7 +222,7 @@ class SessionHistory:
     def _seen_index(self) -> Callable[[int], int]:
         """Caller index of a working message that is a raw one (its own index for the others),
         computed only when an error needs it."""
-        wpos, r0 = list(self.wpos), self.r0
+        wpos, r0 = self.wpos, self.r0  # finish() replaces the list, never edits it
 
         def index(i: int) -> int:
             k = bisect.bisect_left(wpos, i)
@@ -241,7 +241,7 @@ class SessionHistory:
         if turn.kind in ("first", "fresh"):
             self.compacted = False
         result = list(out)
-        if len(result) != len(inp) or result != list(inp):
+        if len(result) != len(inp) or result != (inp if isinstance(inp, list) else list(inp)):
             # a compaction (or a cap) rewrote the input: the raw messages still held verbatim are
             # those of the common tail of input and output
             k = 0
