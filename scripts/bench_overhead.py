@@ -10,9 +10,10 @@
 ``prepare`` once, then each timed call appends the next recorded turn (the assistant message
 and what followed it) and runs ``prepare`` + ``request`` (the documented per-turn loop; the
 usage of each response goes to ``update_from_response`` outside the timing). The window is
-large enough that nothing compacts: what is measured is the manager's own overhead. Four
-configurations: a caller keeping the prepared list or resending its full raw history, each with
-no store and with a SQLite store in a temporary directory. Each is run ``--runs`` times; the
+large enough that nothing compacts: what is measured is the manager's own overhead. Six
+configurations: a caller keeping the prepared list (``prepared``), resending its full raw
+history (``full``), or resending it decoded from JSON each turn as a proxy does (``json``; the
+decoding is not timed), each with no store and with a SQLite store in a temporary directory. Each is run ``--runs`` times; the
 figures are the medians over runs of each run's p50 and p95 (milliseconds per call).
 
 **callers** — the same turns at a 32K window with the default engine (extractive summaries, so
@@ -104,7 +105,10 @@ def overhead_run(msgs: list[Message], *, start: int, calls: int, caller: str, wi
             end = next(ends, None)
             if end is None:
                 break
-            given = msgs[:end] if caller == "full" else [*working, *msgs[cut:end]]
+            if caller == "json":  # a proxy: every dict decoded again each turn (decoding not timed)
+                given = json.loads(json.dumps(msgs[:end]))
+            else:
+                given = msgs[:end] if caller == "full" else [*working, *msgs[cut:end]]
             t0 = time.perf_counter()
             working = mgr.prepare(given, session_id="s")
             mgr.request(working, session_id="s")
@@ -122,7 +126,7 @@ def overhead_run(msgs: list[Message], *, start: int, calls: int, caller: str, wi
 def bench_overhead(args: argparse.Namespace) -> dict[str, Any]:
     msgs = long_session(args.start + 4 * args.calls)
     result: dict[str, Any] = {"start_messages": args.start, "calls": args.calls, "runs": args.runs}
-    for caller in ("prepared", "full"):
+    for caller in ("prepared", "full", "json"):
         for with_store in (False, True):
             p50s, p95s = [], []
             for _ in range(args.runs):
