@@ -16,15 +16,17 @@ history (``full``), or resending it decoded from JSON each turn as a proxy does 
 decoding is not timed), each with no store and with a SQLite store in a temporary directory. Each is run ``--runs`` times; the
 figures are the medians over runs of each run's p50 and p95 (milliseconds per call).
 
-**callers** — the same turns at a 32K window with the default engine (extractive summaries, so
-no network): a caller that resends its whole raw history every turn vs one that keeps the list
-``prepare`` returned; the number of compactions each triggers.
+**callers** — the same turns at a 32K window with the default engine and an LLM summarizer (a
+stub server on 127.0.0.1 answering with a template summary): a caller that resends its whole
+raw history every turn vs one that keeps the list ``prepare`` returned; the compactions and
+summarizer calls each triggers.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -139,8 +141,38 @@ def bench_overhead(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def callers_run(msgs: list[Message], *, caller: str, window: int, turns_n: int) -> dict[str, int]:
-    mgr = _manager(Config(), window=window, store=None)
+SUMMARY = """## Goal
+Continue the task
+## Constraints & Preferences
+- (none)
+## Progress
+### Done
+- earlier steps
+### In Progress
+- the current step
+### Blocked
+- (none)
+## Key Decisions
+- (none)
+## Relevant Files
+- (none)
+## Next Steps
+- keep going
+## Critical Context
+- (none)
+"""
+
+
+def _summarizer_config(base_url: str) -> Config:
+    """The default engine with an LLM summarizer at ``base_url`` (a stub on 127.0.0.1)."""
+    os.environ.setdefault("CTXENGINE_BENCH_STUB_KEY", "sk-stub")
+    return Config.from_dict(
+        {"auxiliary": {"compression": {"provider": "openai", "model": "stub", "base_url": base_url, "api_key_env": "CTXENGINE_BENCH_STUB_KEY", "max_retries": 0}}}
+    )
+
+
+def callers_run(msgs: list[Message], *, caller: str, window: int, turns_n: int, config: Config | None = None) -> dict[str, int]:
+    mgr = _manager(config or Config(), window=window, store=None)
     cut = _first_cut(msgs, 1)
     working = mgr.prepare(msgs[:cut], session_id="c")
     ends = turns(msgs, cut)
@@ -160,10 +192,18 @@ def callers_run(msgs: list[Message], *, caller: str, window: int, turns_n: int) 
 
 def bench_callers(args: argparse.Namespace) -> dict[str, Any]:
     msgs = long_session(600)
+    from ctxengine.testing.stub_server import StubReply, StubServer
+
     out: dict[str, Any] = {}
     for caller in ("prepared", "full"):
-        out[caller] = callers_run(msgs, caller=caller, window=args.callers_window, turns_n=args.turns)
-        print(f"{caller:9s} caller: {out[caller]['compactions']} compaction(s) in {out[caller]['turns']} turns ({args.callers_window:,}-token window)", flush=True)
+        with StubServer(default=StubReply.ok(SUMMARY)) as server:  # an LLM summarizer on 127.0.0.1
+            r = callers_run(msgs, caller=caller, window=args.callers_window, turns_n=args.turns, config=_summarizer_config(server.openai_base_url))
+            r["summarizer_calls"] = server.calls
+        out[caller] = r
+        print(
+            f"{caller:9s} caller: {r['compactions']} compaction(s), {r['summarizer_calls']} summarizer call(s) in {r['turns']} turns ({args.callers_window:,}-token window)",
+            flush=True,
+        )
     return out
 
 
