@@ -267,7 +267,10 @@ def test_general_plugin_in_process() -> None:
 
     reg.register_plugin(register, source="my-plugin")
     assert seen[0].source == "my-plugin"
-    assert reg.create("inproc") is engine  # the registered instance itself
+    # each session gets its own copy of the registered instance, never the instance itself
+    first, second = reg.create("inproc"), reg.create("inproc")
+    assert isinstance(first, type(engine)) and first.name == "inproc"
+    assert first is not engine and second is not first
     assert "inproc" in reg.names()
     assert {"name": "inproc", "source": "my-plugin"} in reg.describe()
 
@@ -292,7 +295,7 @@ def test_second_registration_is_rejected_with_a_warning(dists: Dists) -> None:
     reg.register_plugin(lambda ctx: ctx.register_context_engine(first), "plugin-a")
     with pytest.warns(UserWarning, match=r"'second' from plugin-b rejected.*'first' from plugin-a"):
         reg.register_plugin(lambda ctx: ctx.register_context_engine(second), "plugin-b")
-    assert reg.create("first") is first
+    assert reg.create("first").name == "first"
     assert "second" not in reg.names()
     with pytest.raises(ConfigError, match="unknown context engine 'second'"):
         reg.create("second")
@@ -443,7 +446,7 @@ def test_broken_entry_points_are_reported_and_others_load(dists: Dists) -> None:
 def test_broken_engine_class_entry_point(dists: Dists) -> None:
     dists.add({"ctxengine.engines": {"crashy": "{mod:c}:Crashy"}}, {"c": "class Crashy:\n    def __init__(self, context_length):\n        raise OSError('disk full')\n"})
     reg = EngineRegistry()
-    with pytest.raises(PluginError, match="engine 'crashy' failed to start: OSError: disk full"):
+    with pytest.raises(PluginError, match=r"engine 'crashy' \(from entry point crashy .*\) failed to start: OSError: disk full"):
         reg.create("crashy")
     dists.add({"ctxengine.engines": {"notengine": "{mod:n}:Thing"}}, {"n": "class Thing:\n    pass\n"})
     reg2 = EngineRegistry()

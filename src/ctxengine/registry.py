@@ -21,6 +21,9 @@ the others down. An unknown name raises :class:`ConfigError` listing the known o
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import dataclasses
 import importlib
 import importlib.util
 import inspect
@@ -34,12 +37,23 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel, ValidationError
 
 from ctxengine.config import Config
-from ctxengine.engine import ContextEngine
-from ctxengine.errors import ConfigError, PluginError
+from ctxengine.engine import ContextEngine, Services
+from ctxengine.errors import ConfigError, EngineStartError, PluginError
 
-__all__ = ["BUILTIN_ENGINES", "DEFAULT_ENGINE", "EngineRegistry", "PluginContext", "PluginProblem", "create_engine", "default_registry"]
+__all__ = [
+    "BUILTIN_ENGINES",
+    "DEFAULT_ENGINE",
+    "EngineRegistry",
+    "PluginContext",
+    "PluginProblem",
+    "builds_from_settings",
+    "create_engine",
+    "default_registry",
+    "settings_for",
+]
 
 log = logging.getLogger("ctxengine.registry")
 
@@ -80,27 +94,86 @@ class PluginContext:
         self._registry._accept_plugin_engine(engine, self.source)
 
 
-def _instantiate(factory: Any, config: Config, context_length: int, services: dict[str, Any]) -> ContextEngine:
-    """Build an engine from a class or callable: ``from_config`` when it has one, else the
-    seed's ``cls(context_length=...)``."""
-    from_config = getattr(factory, "from_config", None)
-    if callable(from_config):
-        engine = from_config(config, context_length=context_length, **services)
+def builds_from_settings(factory: Any) -> bool:
+    """True when ``factory`` builds with ``from_config(settings, services)`` (the ABC's
+    default, or an override with those parameters); False for the seed's
+    ``from_config(config, context_length, **services)`` and for plain constructors."""
+    fc = getattr(factory, "from_config", None)
+    if not callable(fc):
+        return False
+    if getattr(fc, "__func__", None) is getattr(ContextEngine.from_config, "__func__", None):
+        return True
+    try:
+        names = [
+            p.name
+            for p in inspect.signature(fc).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):
+        return False
+    return names[:2] == ["settings", "services"]
+
+
+def settings_for(factory: Any, config: Config, name: str) -> BaseModel | None:
+    """The engine's settings, validated by its :attr:`ContextEngine.Settings` model from the
+    config section it names (``config_section``, default the engine's name); ``None`` for an
+    engine without a settings model. A config's ``engine_settings(name)`` hook, when it has
+    one, supplies the raw section."""
+    model = getattr(factory, "Settings", None)
+    if model is None:
+        return None
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        raise ConfigError(
+            f"engine {name!r}: Settings must be a pydantic model class, not {model!r}"
+        )
+    hook = getattr(config, "engine_settings", None)
+    section = getattr(factory, "config_section", None) or name
+    raw = hook(name) if callable(hook) else getattr(config, section, None)
+    if isinstance(raw, model):
+        return raw
+    if isinstance(raw, BaseModel):
+        raw = raw.model_dump()
+    try:
+        return model.model_validate(raw or {})
+    except ValidationError as exc:
+        raise ConfigError(f"engine {name!r}: invalid settings in {section!r}: {exc}") from exc
+
+
+def _instantiate(
+    factory: Any, config: Config, name: str, services: Services, legacy: dict[str, Any]
+) -> ContextEngine:
+    """Build an engine from a class or callable: ``from_config(settings, services)``, the
+    seed's ``from_config(config, context_length, **services)``, or ``cls(context_length=...)``."""
+    if builds_from_settings(factory):
+        engine = factory.from_config(settings_for(factory, config, name), services)
+    elif callable(getattr(factory, "from_config", None)):
+        engine = factory.from_config(
+            config, context_length=services.context_length, **_accepted_services(factory, legacy)
+        )
     else:
         params = inspect.signature(factory).parameters
         kwargs: dict[str, Any] = {}
         if "context_length" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            kwargs["context_length"] = context_length
+            kwargs["context_length"] = services.context_length
         engine = factory(**kwargs)
     if not isinstance(engine, ContextEngine):
         raise PluginError(f"{factory!r} produced a {type(engine).__name__}, not a ContextEngine")
     return engine
 
 
+def _mark_source(engine: ContextEngine, source: str | None) -> None:
+    """Remember where a plugin engine comes from, so errors can name it."""
+    if source and source != "built-in":
+        with contextlib.suppress(AttributeError, TypeError):  # a slotted engine: errors name it without source
+            engine._ctxengine_source = source  # type: ignore[attr-defined]
+
+
 class EngineRegistry:
     """Knows every selectable engine and builds the configured one."""
 
-    def __init__(self, *, plugin_dirs: Iterable[str | Path] = (), entry_points: bool = True) -> None:
+    def __init__(
+        self, *, plugin_dirs: Iterable[str | Path] = (), entry_points: bool = True
+    ) -> None:
         self._builtins: dict[str, Any] = dict(BUILTIN_ENGINES)
         self._plugin_engine: tuple[ContextEngine, str] | None = None
         self._engine_classes: dict[str, tuple[Any, str]] = {}
@@ -109,28 +182,40 @@ class EngineRegistry:
         self._entry_points_loaded = not entry_points
 
     # -- registration ------------------------------------------------------------------------
-    def register_plugin(self, register: Callable[[PluginContext], Any], source: str = "<in-process>") -> None:
+    def register_plugin(
+        self, register: Callable[[PluginContext], Any], source: str = "<in-process>"
+    ) -> None:
         """Run a general plugin's ``register(ctx)`` in-process (what entry points do)."""
         try:
             register(PluginContext(self, source))
-        except Exception as exc:  # a broken plugin must not take the others down
+        except (Exception, SystemExit) as exc:  # a broken plugin must not take the others down
             self._problem(source, exc)
 
     def register_engine_class(self, name: str, factory: Any, source: str = "<in-process>") -> None:
         """Make an engine class selectable under ``name`` (plugins; built-ins use the same path)."""
         if name == DEFAULT_ENGINE:
-            self._problem(source, PluginError(f"the engine name {name!r} is reserved for the built-in default"))
+            self._problem(
+                source,
+                PluginError(f"the engine name {name!r} is reserved for the built-in default"),
+            )
             return
         if name in self._engine_classes:
-            warnings.warn(f"context engine {name!r} from {source} rejected: already registered by {self._engine_classes[name][1]}", stacklevel=2)
+            warnings.warn(
+                f"context engine {name!r} from {source} rejected: already registered by {self._engine_classes[name][1]}",
+                stacklevel=2,
+            )
             return
         self._engine_classes[name] = (factory, source)
 
     def _accept_plugin_engine(self, engine: ContextEngine, source: str) -> None:
         if not isinstance(engine, ContextEngine):
-            raise PluginError(f"{source}: register_context_engine() needs a ContextEngine, got {type(engine).__name__}")
+            raise PluginError(
+                f"{source}: register_context_engine() needs a ContextEngine, got {type(engine).__name__}"
+            )
         if engine.name == DEFAULT_ENGINE:
-            raise PluginError(f"{source}: the engine name {DEFAULT_ENGINE!r} is reserved for the built-in default")
+            raise PluginError(
+                f"{source}: the engine name {DEFAULT_ENGINE!r} is reserved for the built-in default"
+            )
         if self._plugin_engine is not None:
             other = self._plugin_engine[1]
             msg = f"context engine {engine.name!r} from {source} rejected: only one plugin engine may register ({self._plugin_engine[0].name!r} from {other} already did)"
@@ -154,7 +239,7 @@ class EngineRegistry:
                 source = f"entry point {ep.name} ({ep.value}){_dist_where(ep)}"
                 try:
                     obj = ep.load()
-                except Exception as exc:
+                except (Exception, SystemExit) as exc:  # sys.exit() on import must not end the host
                     self._problem(source, exc)
                     continue
                 if group == ENGINE_GROUP:
@@ -184,9 +269,11 @@ class EngineRegistry:
                 continue
             try:
                 return self._load_dir_plugin(d, name)
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:  # sys.exit() on import must not end the host
                 self._problem(str(d), exc)
-                raise PluginError(f"plugin {name!r} at {d} failed to load: {type(exc).__name__}: {exc}") from exc
+                raise EngineStartError(
+                    f"plugin {name!r} at {d} failed to load: {type(exc).__name__}: {exc}"
+                ) from exc
         return None
 
     def _load_dir_plugin(self, d: Path, name: str) -> Any:
@@ -196,7 +283,9 @@ class EngineRegistry:
             if not isinstance(meta, dict):
                 raise PluginError(f"{manifest}: must be a mapping")
         modname = f"ctxengine_plugin_{name.replace('-', '_')}"
-        spec = importlib.util.spec_from_file_location(modname, d / "__init__.py", submodule_search_locations=[str(d)])
+        spec = importlib.util.spec_from_file_location(
+            modname, d / "__init__.py", submodule_search_locations=[str(d)]
+        )
         if spec is None or spec.loader is None:
             raise PluginError(f"{d}: cannot import")
         module = importlib.util.module_from_spec(spec)
@@ -209,10 +298,15 @@ class EngineRegistry:
         classes = [
             obj
             for obj in vars(module).values()
-            if inspect.isclass(obj) and issubclass(obj, ContextEngine) and obj is not ContextEngine and not inspect.isabstract(obj)
+            if inspect.isclass(obj)
+            and issubclass(obj, ContextEngine)
+            and obj is not ContextEngine
+            and not inspect.isabstract(obj)
         ]
         # A plugin often imports a built-in engine to subclass it: prefer the plugin's own class.
-        own = [c for c in classes if c.__module__ == modname or c.__module__.startswith(modname + ".")]
+        own = [
+            c for c in classes if c.__module__ == modname or c.__module__.startswith(modname + ".")
+        ]
         if not (own or classes):
             raise PluginError(f"{d / '__init__.py'} exports no ContextEngine subclass")
         return (own or classes)[0]
@@ -247,25 +341,57 @@ class EngineRegistry:
         return [{"name": n, "source": rows[n]} for n in sorted(rows)]
 
     # -- creation ---------------------------------------------------------------------------------
-    def create(self, name: str, config: Config | None = None, *, context_length: int | None = None, **services: Any) -> ContextEngine:
-        """Build the engine ``name`` following the resolution order.
+    def create(
+        self,
+        name: str,
+        config: Config | None = None,
+        *,
+        context_length: int | None = None,
+        services: Services | None = None,
+        **legacy: Any,
+    ) -> ContextEngine:
+        """Build a fresh engine ``name`` for one session, following the resolution order.
 
-        ``services`` (``store=``, ``summarizer=``, ``counter=``) are passed to engines whose
-        ``from_config`` accepts them.
+        ``services`` (a :class:`~ctxengine.engine.Services`) go to ``from_config(settings,
+        services)``; the keyword services of the seed era (``store=``, ``summarizer=``,
+        ``counter=``) are still accepted and passed to engines whose ``from_config`` takes them.
+        An engine a plugin registered as an instance is copied for each call, so no two
+        sessions share one. Whatever goes wrong while importing or building a plugin —
+        ``SystemExit`` included — is an :class:`~ctxengine.errors.EngineStartError` naming it.
         """
         config = config or Config()
-        n = context_length or config.model.context_length or config.model.default_context_length
+        n = (
+            context_length
+            or (services.context_length if services is not None else None)
+            or config.model.context_length
+            or config.model.default_context_length
+        )
+        if services is None:
+            known = {
+                k: legacy[k]
+                for k in ("store", "recall", "counter", "summarizer", "session_id", "model")
+                if k in legacy
+            }
+            services = Services(context_length=n, config=config, **known)
+        elif services.context_length != n:
+            services = dataclasses.replace(services, context_length=n)
+        if services.config is None:
+            services = dataclasses.replace(services, config=config)
+        for key in ("store", "counter", "summarizer", "recall"):
+            value = getattr(services, key)
+            if value is not None and key not in legacy:
+                legacy[key] = value
+        source = "built-in"
         # the default is always the built-in: plugins are never auto-activated (seed 003)
         factory = None if name == DEFAULT_ENGINE else self._dir_plugin(name)
-        if factory is None:
+        if factory is not None:
+            source = f"plugin directory context_engine/{name}"
+        else:
             self._load_entry_points()
             if self._plugin_engine is not None and self._plugin_engine[0].name == name:
-                engine = self._plugin_engine[0]
-                if context_length is not None:
-                    engine.update_model(config.model.default or "", n)
-                return engine
+                return self._copy_plugin_engine(name, config, n, context_length is not None)
             if name in self._engine_classes:
-                factory = self._engine_classes[name][0]
+                factory, source = self._engine_classes[name]
             elif name in self._builtins:
                 target = self._builtins[name]
                 if isinstance(target, str):
@@ -273,18 +399,41 @@ class EngineRegistry:
                     try:
                         factory = getattr(importlib.import_module(modname), attr)
                     except (ImportError, AttributeError) as exc:
-                        raise ConfigError(f"built-in engine {name!r} is not available: {exc}") from exc
+                        raise ConfigError(
+                            f"built-in engine {name!r} is not available: {exc}"
+                        ) from exc
                 else:
                     factory = target
         if factory is None:
-            raise ConfigError(f"unknown context engine {name!r}; known engines: {', '.join(self.names())}")
-        accepted = _accepted_services(factory, services)
+            raise ConfigError(
+                f"unknown context engine {name!r}; known engines: {', '.join(self.names())}"
+            )
         try:
-            return _instantiate(factory, config, n, accepted)
+            engine = _instantiate(factory, config, name, services, legacy)
         except (ConfigError, PluginError):
             raise
+        except (Exception, SystemExit) as exc:  # a plugin's sys.exit() must not end the host
+            where = "" if source == "built-in" else f" (from {source})"
+            raise EngineStartError(
+                f"engine {name!r}{where} failed to start: {type(exc).__name__}: {exc}"
+            ) from exc
+        _mark_source(engine, source)
+        return engine
+
+    def _copy_plugin_engine(self, name: str, config: Config, n: int, resize: bool) -> ContextEngine:
+        assert self._plugin_engine is not None
+        prototype, source = self._plugin_engine
+        try:
+            engine = copy.deepcopy(prototype)
         except Exception as exc:
-            raise PluginError(f"engine {name!r} failed to start: {type(exc).__name__}: {exc}") from exc
+            raise EngineStartError(
+                f"engine {name!r} (from {source}) cannot be copied for a new session ({type(exc).__name__}: {exc}); "
+                "register an engine class (register_engine_class) so each session gets its own instance"
+            ) from exc
+        if resize:
+            engine.update_model(config.model.default or "", n)
+        _mark_source(engine, source)
+        return engine
 
 
 def _dist_where(ep: metadata.EntryPoint) -> str:
@@ -321,8 +470,19 @@ def default_registry() -> EngineRegistry:
     return _DEFAULT
 
 
-def create_engine(config: Config | None = None, *, name: str | None = None, context_length: int | None = None, registry: EngineRegistry | None = None, **services: Any) -> ContextEngine:
+def create_engine(
+    config: Config | None = None,
+    *,
+    name: str | None = None,
+    context_length: int | None = None,
+    registry: EngineRegistry | None = None,
+    **services: Any,
+) -> ContextEngine:
     """Build the engine selected by ``config.context.engine`` (or ``name``)."""
     config = config or Config()
-    reg = registry or EngineRegistry(plugin_dirs=config.plugins.dirs, entry_points=config.plugins.entry_points)
-    return reg.create(name or config.context.engine, config, context_length=context_length, **services)
+    reg = registry or EngineRegistry(
+        plugin_dirs=config.plugins.dirs, entry_points=config.plugins.entry_points
+    )
+    return reg.create(
+        name or config.context.engine, config, context_length=context_length, **services
+    )
