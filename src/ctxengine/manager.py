@@ -171,7 +171,8 @@ class ContextManager:
     Build it with :meth:`from_config`. ``engine_factory`` (tests, benchmarks) replaces the
     registry lookup: it is called once per session and must return a fresh engine.
     ``strict=False`` (benchmarks) logs broken input or engine output instead of raising, so a
-    misbehaving engine can be measured rather than stopped.
+    misbehaving engine can be measured rather than stopped. ``cap_window=False`` turns the
+    window cap off (only for the benchmark's no-compaction baseline).
     """
 
     def __init__(
@@ -187,9 +188,11 @@ class ContextManager:
         engine_factory: Callable[[], ContextEngine] | None = None,
         counter: TokenCounter | None = None,
         strict: bool = True,
+        cap_window: bool = True,
     ) -> None:
         self.config = config
         self.strict = strict
+        self.cap_window = cap_window
         self.model = model
         self.provider = provider or config.model.provider
         with warnings.catch_warnings():
@@ -625,6 +628,8 @@ class ContextManager:
                     return by_call.get(m.get("tool_call_id"))
                 return by_text.get(json.dumps(m, sort_keys=True, default=str))
 
+        if not self.cap_window:
+            return CapResult(msgs, tokens, self.window.limit)
         result = self.window.fit(msgs, estimated=tokens, ref_for=ref_for)
         if result.changed:
             s.window_cuts += len(result.cut) + len(result.stubbed_users)
@@ -741,7 +746,8 @@ class ContextManager:
     ) -> list[Message]:
         """The messages to send, with ``cache_control`` markers when caching applies to this
         model and provider (a deep copy; ``messages`` is untouched)."""
-        messages = self.window.fit(messages).messages
+        if self.cap_window:
+            messages = self.window.fit(messages).messages
         indices = self.breakpoints(messages, session_id=session_id)
         if not self.caching.enabled:
             return list(messages)
