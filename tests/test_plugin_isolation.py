@@ -205,7 +205,7 @@ def _dir_plugin(tmp_path: Path, name: str, body: str) -> Config:
 
 def test_sys_exit_on_import_is_an_engine_error_naming_the_plugin(tmp_path: Path) -> None:
     cfg = _dir_plugin(tmp_path, "quitter", "import sys\nsys.exit(2)\n")
-    with pytest.raises(EngineStartError, match="plugin 'quitter' .* failed to load: SystemExit"):
+    with pytest.raises(EngineStartError, match=r"plugin 'quitter' .* failed to load: SystemExit"):
         ContextManager(cfg, model="gpt-4o", context_length=4000, store=None).prepare(_history(1))
 
 
@@ -221,7 +221,7 @@ def test_a_raise_in_init_is_an_engine_error_or_the_fallback(tmp_path: Path) -> N
         "    def compress(self, messages, current_tokens=None, focus_topic=None): return messages\n"
     )
     cfg = _dir_plugin(tmp_path, "boom", body)
-    with pytest.raises(EngineError, match="'boom' .*failed to start: RuntimeError: no GPU"):
+    with pytest.raises(EngineError, match=r"'boom' .*failed to start: RuntimeError: no GPU"):
         ContextManager(cfg, model="gpt-4o", context_length=4000, store=None).prepare(_history(1))
     fb = cfg.with_overrides(context={"engine": "boom", "fallback_engine": "compressor"})
     mgr = ContextManager(fb, model="gpt-4o", context_length=4000, store=None)
