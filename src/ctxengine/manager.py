@@ -87,9 +87,9 @@ HYGIENE_MIN_MESSAGES = 4
 """Hygiene ignores histories shorter than this (seed 000): nothing to compact yet."""
 
 MAX_CONSECUTIVE_COMPACTIONS = 3
-"""After compactions on this many consecutive turns the engine's trigger is not asked on the
-next turn (the window cap still holds the window): an engine that cannot get under its own
-threshold would otherwise compact — and rewrite the cached prefix — on every turn."""
+"""After compactions on this many consecutive turns, neither hygiene nor the engine's trigger
+runs on the next turn (the window cap still holds the window): an engine that cannot get under
+its own threshold would otherwise compact — and rewrite the cached prefix — on every turn."""
 
 PRESSURE_RATIO = 0.85
 """Context pressure warnings (seed 000, off by default) at 85 % of the compaction threshold."""
@@ -212,9 +212,7 @@ class ContextManager:
         self._counter = counter or get_counter(config.context.token_counter)
         self.window_counter = WindowCounter()
         # decisions count long new texts exactly (the estimate is 16 % low on a /sys listing)
-        self._session_counter: TokenCounter = (
-            self.window_counter if isinstance(self._counter, EstimateCounter) else self._counter
-        )
+        self._session_counter: TokenCounter = self.window_counter if isinstance(self._counter, EstimateCounter) else self._counter
         ctx = config.context
         self.window = WindowCap(
             WindowLimit.for_window(
@@ -227,9 +225,7 @@ class ContextManager:
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.Lock()
         pc = config.prompt_caching
-        self.caching: CachingStatus = caching_status(
-            model, self.provider, cache_ttl=config.cache_ttl, enabled=pc.enabled
-        )
+        self.caching: CachingStatus = caching_status(model, self.provider, cache_ttl=config.cache_ttl, enabled=pc.enabled)
         self.placement = pc.strategy
 
     @classmethod
@@ -278,9 +274,7 @@ class ContextManager:
 
     def _registry_get(self) -> EngineRegistry:
         if self._registry is None:
-            self._registry = EngineRegistry(
-                plugin_dirs=self.config.plugins.dirs, entry_points=self.config.plugins.entry_points
-            )
+            self._registry = EngineRegistry(plugin_dirs=self.config.plugins.dirs, entry_points=self.config.plugins.entry_points)
         return self._registry
 
     def _new_engine(self, sid: str, name: str | None = None) -> ContextEngine:
@@ -346,13 +340,9 @@ class ContextManager:
             with s.lock:
                 if not s.started:
                     try:
-                        s.engine.on_session_start(
-                            sid, model=self.model, context_length=self.context_length
-                        )
+                        s.engine.on_session_start(sid, model=self.model, context_length=self.context_length)
                     except Exception as exc:
-                        err = EngineError(
-                            f"engine {engine_label(s.engine)} failed in on_session_start: {type(exc).__name__}: {exc}"
-                        )
+                        err = EngineError(f"engine {engine_label(s.engine)} failed in on_session_start: {type(exc).__name__}: {exc}")
                         if not self._fallback(s, str(err)):
                             raise err from exc
                     s.started = True
@@ -381,9 +371,7 @@ class ContextManager:
             s.lost = False
             s.streak = 0
 
-    def end_session(
-        self, session_id: str | None = None, messages: Sequence[Message] | None = None
-    ) -> None:
+    def end_session(self, session_id: str | None = None, messages: Sequence[Message] | None = None) -> None:
         """The session ends (exit, expiry): ``on_session_end`` runs and the state is dropped."""
         sid = session_id or self.default_session
         with self._lock:
@@ -392,9 +380,7 @@ class ContextManager:
             return
         with s.lock:
             if s.started:
-                s.engine.on_session_end(
-                    sid, list(messages) if messages is not None else list(s.last_sent)
-                )
+                s.engine.on_session_end(sid, list(messages) if messages is not None else list(s.last_sent))
 
     def close(self) -> None:
         """End every open session."""
@@ -445,16 +431,12 @@ class ContextManager:
             out.append(_as_openai_tool(schema))
         return out
 
-    def _pending_calls(
-        self, messages: list[Message], names: set[str]
-    ) -> list[tuple[str, str, Any]]:
+    def _pending_calls(self, messages: list[Message], names: set[str]) -> list[tuple[str, str, Any]]:
         """``(call id, name, args)`` of the last assistant message's calls to ``names`` that
         have no result yet."""
         if not names:
             return []
-        last = next(
-            (i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") != "tool"), -1
-        )
+        last = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") != "tool"), -1)
         if last < 0 or messages[last].get("role") != "assistant":
             return []
         answered = {m.get("tool_call_id") for m in messages[last + 1 :]}
@@ -548,28 +530,20 @@ class ContextManager:
             enabled = self.config.compression.enabled
             tokens = s.counter.count(msgs)
             compacted = False
+            resting = s.streak >= MAX_CONSECUTIVE_COMPACTIONS
+            if resting:
+                log.info("session %s: %d consecutive compactions, compaction rests this turn (the window cap holds the window)", s.id, s.streak)
             if tokens < self.hygiene_threshold:
                 s.hygiene_armed = True
-            elif enabled and s.hygiene_armed and len(msgs) >= HYGIENE_MIN_MESSAGES:
+            elif enabled and not resting and s.hygiene_armed and len(msgs) >= HYGIENE_MIN_MESSAGES:
                 s.hygiene_armed = False
                 s.hygiene_fired += 1
-                log.info(
-                    "session hygiene: %s at %d tokens (>= %d), compacting",
-                    s.id,
-                    tokens,
-                    self.hygiene_threshold,
-                )
+                log.info("session hygiene: %s at %d tokens (>= %d), compacting", s.id, tokens, self.hygiene_threshold)
                 out = self._compress(s, msgs, tokens, focus_topic, trigger="hygiene")
                 compacted = out is not msgs
                 msgs = out
                 tokens = s.counter.count(msgs)
-            if enabled and s.streak >= MAX_CONSECUTIVE_COMPACTIONS:
-                log.info(
-                    "session %s: %d consecutive compactions, the engine's trigger rests this turn",
-                    s.id,
-                    s.streak,
-                )
-            elif enabled and self._should_compact(s, tokens, msgs):
+            if enabled and not resting and self._should_compact(s, tokens, msgs):
                 out = self._compress(s, msgs, tokens, focus_topic, trigger="engine")
                 compacted = compacted or out is not msgs
                 msgs = out
@@ -612,16 +586,8 @@ class ContextManager:
         the store, retrievable through recall."""
         ref_for = None
         if ids is not None and len(ids) == len(history):
-            by_call = {
-                m.get("tool_call_id"): mid
-                for m, mid in zip(history, ids, strict=True)
-                if m.get("role") == "tool"
-            }
-            by_text = {
-                json.dumps(m, sort_keys=True, default=str): mid
-                for m, mid in zip(history, ids, strict=True)
-                if m.get("role") == "user"
-            }
+            by_call = {m.get("tool_call_id"): mid for m, mid in zip(history, ids, strict=True) if m.get("role") == "tool"}
+            by_text = {json.dumps(m, sort_keys=True, default=str): mid for m, mid in zip(history, ids, strict=True) if m.get("role") == "user"}
 
             def ref_for(i: int, m: Message) -> str | None:
                 if m.get("role") == "tool":
@@ -638,17 +604,13 @@ class ContextManager:
                 log.info("session %s: %s", s.id, note)
         return result
 
-    def _compress(
-        self, s: _Session, msgs: list[Message], tokens: int, focus_topic: str | None, trigger: str
-    ) -> list[Message]:
+    def _compress(self, s: _Session, msgs: list[Message], tokens: int, focus_topic: str | None, trigger: str) -> list[Message]:
         """One compaction through the shared loop (a copy, under ``context.engine_timeout``);
         returns ``msgs`` itself when nothing changed."""
         engine = s.engine
         deadline = self.config.context.engine_timeout
         try:
-            outcome = run_compress(
-                engine, msgs, tokens=tokens, focus_topic=focus_topic, deadline=deadline
-            )
+            outcome = run_compress(engine, msgs, tokens=tokens, focus_topic=focus_topic, deadline=deadline)
             out = outcome.output
             check_output(engine, msgs, out)
         except EngineError as exc:
@@ -704,19 +666,13 @@ class ContextManager:
             return
         if tokens >= PRESSURE_RATIO * threshold:
             pct = round(100 * tokens / threshold)
-            s.pressure_warning = (
-                f"Context is {pct}% to compaction threshold ({tokens:,}/{threshold:,} tokens)"
-            )
+            s.pressure_warning = f"Context is {pct}% to compaction threshold ({tokens:,}/{threshold:,} tokens)"
             log.warning(s.pressure_warning)
         else:
             s.pressure_warning = None
 
     def breakpoints(
-        self,
-        messages: Sequence[Message],
-        *,
-        session_id: str | None = None,
-        tokens: Sequence[int] | None = None,
+        self, messages: Sequence[Message], *, session_id: str | None = None, tokens: Sequence[int] | None = None
     ) -> list[int]:
         """Indices that get a cache marker under the configured placement ([] when caching is
         off). Also remembers ``messages`` as the session's latest request: the planner places
@@ -733,17 +689,13 @@ class ContextManager:
             return plan_breakpoints(
                 messages,
                 min_cache_tokens=self.profile.min_cache_tokens,
-                tokens=list(tokens)
-                if tokens is not None
-                else [estimate_message_tokens(m) for m in messages],
+                tokens=list(tokens) if tokens is not None else [estimate_message_tokens(m) for m in messages],
                 native_anthropic=self.caching.native_anthropic,
                 previous=previous,
             )
         return system_and_3_breakpoints(messages)
 
-    def request(
-        self, messages: Sequence[Message], *, session_id: str | None = None
-    ) -> list[Message]:
+    def request(self, messages: Sequence[Message], *, session_id: str | None = None) -> list[Message]:
         """The messages to send, with ``cache_control`` markers when caching applies to this
         model and provider (a deep copy; ``messages`` is untouched)."""
         if self.cap_window:

@@ -104,11 +104,7 @@ def builds_from_settings(factory: Any) -> bool:
     if getattr(fc, "__func__", None) is getattr(ContextEngine.from_config, "__func__", None):
         return True
     try:
-        names = [
-            p.name
-            for p in inspect.signature(fc).parameters.values()
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
+        names = [p.name for p in inspect.signature(fc).parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     except (TypeError, ValueError):
         return False
     return names[:2] == ["settings", "services"]
@@ -123,9 +119,7 @@ def settings_for(factory: Any, config: Config, name: str) -> BaseModel | None:
     if model is None:
         return None
     if not (isinstance(model, type) and issubclass(model, BaseModel)):
-        raise ConfigError(
-            f"engine {name!r}: Settings must be a pydantic model class, not {model!r}"
-        )
+        raise ConfigError(f"engine {name!r}: Settings must be a pydantic model class, not {model!r}")
     hook = getattr(config, "engine_settings", None)
     section = getattr(factory, "config_section", None) or name
     raw = hook(name) if callable(hook) else getattr(config, section, None)
@@ -139,17 +133,13 @@ def settings_for(factory: Any, config: Config, name: str) -> BaseModel | None:
         raise ConfigError(f"engine {name!r}: invalid settings in {section!r}: {exc}") from exc
 
 
-def _instantiate(
-    factory: Any, config: Config, name: str, services: Services, legacy: dict[str, Any]
-) -> ContextEngine:
+def _instantiate(factory: Any, config: Config, name: str, services: Services, legacy: dict[str, Any]) -> ContextEngine:
     """Build an engine from a class or callable: ``from_config(settings, services)``, the
     seed's ``from_config(config, context_length, **services)``, or ``cls(context_length=...)``."""
     if builds_from_settings(factory):
         engine = factory.from_config(settings_for(factory, config, name), services)
     elif callable(getattr(factory, "from_config", None)):
-        engine = factory.from_config(
-            config, context_length=services.context_length, **_accepted_services(factory, legacy)
-        )
+        engine = factory.from_config(config, context_length=services.context_length, **_accepted_services(factory, legacy))
     else:
         params = inspect.signature(factory).parameters
         kwargs: dict[str, Any] = {}
@@ -171,9 +161,7 @@ def _mark_source(engine: ContextEngine, source: str | None) -> None:
 class EngineRegistry:
     """Knows every selectable engine and builds the configured one."""
 
-    def __init__(
-        self, *, plugin_dirs: Iterable[str | Path] = (), entry_points: bool = True
-    ) -> None:
+    def __init__(self, *, plugin_dirs: Iterable[str | Path] = (), entry_points: bool = True) -> None:
         self._builtins: dict[str, Any] = dict(BUILTIN_ENGINES)
         self._plugin_engine: tuple[ContextEngine, str] | None = None
         self._engine_classes: dict[str, tuple[Any, str]] = {}
@@ -182,9 +170,7 @@ class EngineRegistry:
         self._entry_points_loaded = not entry_points
 
     # -- registration ------------------------------------------------------------------------
-    def register_plugin(
-        self, register: Callable[[PluginContext], Any], source: str = "<in-process>"
-    ) -> None:
+    def register_plugin(self, register: Callable[[PluginContext], Any], source: str = "<in-process>") -> None:
         """Run a general plugin's ``register(ctx)`` in-process (what entry points do)."""
         try:
             register(PluginContext(self, source))
@@ -194,28 +180,18 @@ class EngineRegistry:
     def register_engine_class(self, name: str, factory: Any, source: str = "<in-process>") -> None:
         """Make an engine class selectable under ``name`` (plugins; built-ins use the same path)."""
         if name == DEFAULT_ENGINE:
-            self._problem(
-                source,
-                PluginError(f"the engine name {name!r} is reserved for the built-in default"),
-            )
+            self._problem(source, PluginError(f"the engine name {name!r} is reserved for the built-in default"))
             return
         if name in self._engine_classes:
-            warnings.warn(
-                f"context engine {name!r} from {source} rejected: already registered by {self._engine_classes[name][1]}",
-                stacklevel=2,
-            )
+            warnings.warn(f"context engine {name!r} from {source} rejected: already registered by {self._engine_classes[name][1]}", stacklevel=2)
             return
         self._engine_classes[name] = (factory, source)
 
     def _accept_plugin_engine(self, engine: ContextEngine, source: str) -> None:
         if not isinstance(engine, ContextEngine):
-            raise PluginError(
-                f"{source}: register_context_engine() needs a ContextEngine, got {type(engine).__name__}"
-            )
+            raise PluginError(f"{source}: register_context_engine() needs a ContextEngine, got {type(engine).__name__}")
         if engine.name == DEFAULT_ENGINE:
-            raise PluginError(
-                f"{source}: the engine name {DEFAULT_ENGINE!r} is reserved for the built-in default"
-            )
+            raise PluginError(f"{source}: the engine name {DEFAULT_ENGINE!r} is reserved for the built-in default")
         if self._plugin_engine is not None:
             other = self._plugin_engine[1]
             msg = f"context engine {engine.name!r} from {source} rejected: only one plugin engine may register ({self._plugin_engine[0].name!r} from {other} already did)"
@@ -271,9 +247,7 @@ class EngineRegistry:
                 return self._load_dir_plugin(d, name)
             except (Exception, SystemExit) as exc:  # sys.exit() on import must not end the host
                 self._problem(str(d), exc)
-                raise EngineStartError(
-                    f"plugin {name!r} at {d} failed to load: {type(exc).__name__}: {exc}"
-                ) from exc
+                raise EngineStartError(f"plugin {name!r} at {d} failed to load: {type(exc).__name__}: {exc}") from exc
         return None
 
     def _load_dir_plugin(self, d: Path, name: str) -> Any:
@@ -283,9 +257,7 @@ class EngineRegistry:
             if not isinstance(meta, dict):
                 raise PluginError(f"{manifest}: must be a mapping")
         modname = f"ctxengine_plugin_{name.replace('-', '_')}"
-        spec = importlib.util.spec_from_file_location(
-            modname, d / "__init__.py", submodule_search_locations=[str(d)]
-        )
+        spec = importlib.util.spec_from_file_location(modname, d / "__init__.py", submodule_search_locations=[str(d)])
         if spec is None or spec.loader is None:
             raise PluginError(f"{d}: cannot import")
         module = importlib.util.module_from_spec(spec)
@@ -298,15 +270,10 @@ class EngineRegistry:
         classes = [
             obj
             for obj in vars(module).values()
-            if inspect.isclass(obj)
-            and issubclass(obj, ContextEngine)
-            and obj is not ContextEngine
-            and not inspect.isabstract(obj)
+            if inspect.isclass(obj) and issubclass(obj, ContextEngine) and obj is not ContextEngine and not inspect.isabstract(obj)
         ]
         # A plugin often imports a built-in engine to subclass it: prefer the plugin's own class.
-        own = [
-            c for c in classes if c.__module__ == modname or c.__module__.startswith(modname + ".")
-        ]
+        own = [c for c in classes if c.__module__ == modname or c.__module__.startswith(modname + ".")]
         if not (own or classes):
             raise PluginError(f"{d / '__init__.py'} exports no ContextEngine subclass")
         return (own or classes)[0]
@@ -360,18 +327,9 @@ class EngineRegistry:
         ``SystemExit`` included — is an :class:`~ctxengine.errors.EngineStartError` naming it.
         """
         config = config or Config()
-        n = (
-            context_length
-            or (services.context_length if services is not None else None)
-            or config.model.context_length
-            or config.model.default_context_length
-        )
+        n = context_length or (services.context_length if services is not None else None) or config.model.context_length or config.model.default_context_length
         if services is None:
-            known = {
-                k: legacy[k]
-                for k in ("store", "recall", "counter", "summarizer", "session_id", "model")
-                if k in legacy
-            }
+            known = {k: legacy[k] for k in ("store", "recall", "counter", "summarizer", "session_id", "model") if k in legacy}
             services = Services(context_length=n, config=config, **known)
         elif services.context_length != n:
             services = dataclasses.replace(services, context_length=n)
@@ -399,24 +357,18 @@ class EngineRegistry:
                     try:
                         factory = getattr(importlib.import_module(modname), attr)
                     except (ImportError, AttributeError) as exc:
-                        raise ConfigError(
-                            f"built-in engine {name!r} is not available: {exc}"
-                        ) from exc
+                        raise ConfigError(f"built-in engine {name!r} is not available: {exc}") from exc
                 else:
                     factory = target
         if factory is None:
-            raise ConfigError(
-                f"unknown context engine {name!r}; known engines: {', '.join(self.names())}"
-            )
+            raise ConfigError(f"unknown context engine {name!r}; known engines: {', '.join(self.names())}")
         try:
             engine = _instantiate(factory, config, name, services, legacy)
         except (ConfigError, PluginError):
             raise
         except (Exception, SystemExit) as exc:  # a plugin's sys.exit() must not end the host
             where = "" if source == "built-in" else f" (from {source})"
-            raise EngineStartError(
-                f"engine {name!r}{where} failed to start: {type(exc).__name__}: {exc}"
-            ) from exc
+            raise EngineStartError(f"engine {name!r}{where} failed to start: {type(exc).__name__}: {exc}") from exc
         _mark_source(engine, source)
         return engine
 
@@ -470,19 +422,8 @@ def default_registry() -> EngineRegistry:
     return _DEFAULT
 
 
-def create_engine(
-    config: Config | None = None,
-    *,
-    name: str | None = None,
-    context_length: int | None = None,
-    registry: EngineRegistry | None = None,
-    **services: Any,
-) -> ContextEngine:
+def create_engine(config: Config | None = None, *, name: str | None = None, context_length: int | None = None, registry: EngineRegistry | None = None, **services: Any) -> ContextEngine:
     """Build the engine selected by ``config.context.engine`` (or ``name``)."""
     config = config or Config()
-    reg = registry or EngineRegistry(
-        plugin_dirs=config.plugins.dirs, entry_points=config.plugins.entry_points
-    )
-    return reg.create(
-        name or config.context.engine, config, context_length=context_length, **services
-    )
+    reg = registry or EngineRegistry(plugin_dirs=config.plugins.dirs, entry_points=config.plugins.entry_points)
+    return reg.create(name or config.context.engine, config, context_length=context_length, **services)
