@@ -63,7 +63,7 @@ from ctxengine.messages import (
     tool_calls,
 )
 from ctxengine.models import ModelProfile, UnknownModelWarning, resolve_model
-from ctxengine.recall import Recall
+from ctxengine.recall import LCM_ALIASES, Recall
 from ctxengine.registry import EngineRegistry
 from ctxengine.storage import RecallStore, SessionRecorder
 from ctxengine.tokens import (
@@ -400,7 +400,7 @@ class ContextManager:
         if s.recall is None or not s.lost:
             return False
         own = {_tool_name(t) for t in s.engine.get_tool_schemas()}
-        return not (own & s.recall.names())
+        return not (own & (s.recall.names() | set(LCM_ALIASES)))
 
     def tools(
         self,
