@@ -122,13 +122,13 @@ def run_compress(
 
     ``deadline`` (seconds, ``None`` for none) bounds the call; on expiry :class:`EngineError`
     is raised at once and the worker's eventual result is discarded. ``copy_input=False``
-    (the contract kit, which checks mutation itself) hands the engine ``messages`` as is.
+    (the contract kit, which checks mutation itself) hands the engine ``messages`` itself.
     """
     if engine_busy(engine):
         raise EngineError(
             f"engine {engine_label(engine)} is still running a compress that missed its deadline; not called again until it returns"
         )
-    given: list[Message] = copy.deepcopy(list(messages)) if copy_input else list(messages)
+    given: list[Message] = copy.deepcopy(list(messages)) if copy_input else messages  # type: ignore[assignment]
     before = fingerprint(given) if copy_input else ""
     kwargs: dict[str, Any] = {"current_tokens": tokens}
     if focus_topic is not None and _takes_focus(type(engine)):
