@@ -11,18 +11,27 @@
 ``prepare`` does, in order:
 
 1. validates the input (:class:`~ctxengine.errors.InvalidMessages` lists every problem);
-2. runs the context engine's own tools the model called in the last assistant message
-   (``lcm_grep`` …) through ``handle_tool_call`` and appends their results;
+2. answers the recall tools the model called in the last assistant message (``ctx_grep``,
+   ``ctx_expand``: :mod:`ctxengine.recall`, over the session store; outside the session lock,
+   so a long search never blocks the session), then the engine's own tools (``lcm_grep`` …)
+   through ``handle_tool_call``, and appends their results;
 3. **gateway session hygiene** (seeds 000/001): a safety net fixed at 85 % of the model's window,
-   counted from the last provider-reported prompt tokens plus an estimate of what was added
-   since (the rough estimate alone when no response was seen), only with ≥ 4 messages and
-   compression enabled. It fires once when the session crosses 85 % and re-arms only after the
-   session fell below it again: firing on every turn of a long session is what made the seed
-   move it from 50 % to 85 %;
-4. the engine's ``should_compress`` (or ``should_compress_preflight``) and ``compress``;
-5. checks what the engine returned and raises :class:`~ctxengine.errors.EngineError` naming
-   the broken rule; records the history and any compaction in the session store.
+   counted from the last provider-reported prompt tokens plus a count of what was added
+   since (long texts counted with o200k), only with ≥ 4 messages and compression enabled. It
+   fires once when the session crosses 85 % and re-arms only after the session fell below it
+   again: firing on every turn of a long session is what made the seed move it from 50 % to 85 %;
+4. the engine's trigger and ``compress`` through the one agent loop (:mod:`ctxengine.loop`: a
+   deep copy, ``context.engine_timeout``, anything the engine raises — ``SystemExit``
+   included — an :class:`~ctxengine.errors.EngineError` naming it, or ``context.fallback_engine``
+   takes the session over). After compactions on 3 consecutive turns, compaction rests a turn;
+5. checks what the engine returned (rules 1, 2 and 5) and records the history and any
+   compaction in the session store;
+6. **the window cap** (:mod:`ctxengine.window`), after any engine: the request is counted with
+   o200k and, when it exceeds the window minus the completion reserve and margin, its largest
+   outputs are cut (originals in the store, retrievable through recall).
 
+From the first turn whose context lost text (a compaction or a cut), :meth:`tools` offers the
+recall tools — with a store only, and not to an engine that answers recall itself.
 One manager serves many sessions (``session_id=`` on every method); each session has its own
 engine instance, token anchor and lock, so calls for one session are serialised while
 different sessions proceed in parallel. Lifecycle hooks follow seed 002: ``on_session_start``
