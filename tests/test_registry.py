@@ -503,3 +503,54 @@ def test_no_warning_when_nothing_is_wrong(plugin_root: Path, dists: Dists) -> No
         assert reg.create("quiet").name == "quiet"
         assert reg.create("calm").name == "calm"
     assert reg.problems == []
+
+
+# -- per-session construction: from_config(settings, services) ---------------------------------
+def test_engines_with_a_settings_model_get_validated_settings_and_the_session_services() -> None:
+    from pydantic import BaseModel
+
+    from ctxengine.engine import Services
+    from ctxengine.registry import builds_from_settings, settings_for
+
+    class Knobs(BaseModel):
+        threshold: float = 0.5
+        keep: int = 2
+
+    built: list[tuple[Any, Any]] = []
+
+    class Knobbed(InProcessEngine):
+        Settings = Knobs
+        config_section = "compaction"  # reads an existing section: only its known fields matter
+
+        def __init__(self, *, context_length: int = 1000, threshold: float | None = None, keep: int = 1) -> None:
+            super().__init__("knobbed")
+            self.context_length = context_length
+            self.keep = keep
+
+        @classmethod
+        def from_config(cls, settings: Any, services: Any) -> Knobbed:  # type: ignore[override]
+            built.append((settings, services))
+            return cls(context_length=services.context_length, keep=settings.keep)
+
+    assert builds_from_settings(Knobbed)  # the ABC default counts too: every engine gets (settings, services)
+
+    class Loose(BaseModel):
+        model_config = {"extra": "ignore"}
+        trigger_threshold: float = 0.1
+
+    class FromSection(Knobbed):
+        Settings = Loose
+
+        @classmethod
+        def from_config(cls, settings: Any, services: Any) -> FromSection:  # type: ignore[override]
+            built.append((settings, services))
+            return cls(context_length=services.context_length)
+
+    cfg = Config.from_dict({"compaction": {"trigger_threshold": 0.42}})
+    assert settings_for(FromSection, cfg, "fs").trigger_threshold == 0.42  # type: ignore[union-attr]
+    reg = EngineRegistry(entry_points=False)
+    reg.register_engine_class("knobbed", Knobbed)
+    engine = reg.create("knobbed", Config(), context_length=7000, services=Services(session_id="s9", context_length=7000))
+    settings, services = built[-1]
+    assert isinstance(settings, Knobs) and services.session_id == "s9" and services.context_length == 7000
+    assert engine.context_length == 7000 and engine.keep == 2  # type: ignore[attr-defined]

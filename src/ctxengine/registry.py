@@ -104,9 +104,12 @@ def builds_from_settings(factory: Any) -> bool:
     if getattr(fc, "__func__", None) is getattr(ContextEngine.from_config, "__func__", None):
         return True
     try:
-        names = [p.name for p in inspect.signature(fc).parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        params = list(inspect.signature(fc).parameters.values())
     except (TypeError, ValueError):
         return False
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if not names and any(p.kind is p.VAR_POSITIONAL for p in params):
+        return True  # ``from_config(*args, **kwargs)`` like the ABC: takes both conventions
     return names[:2] == ["settings", "services"]
 
 
