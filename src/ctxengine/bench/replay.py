@@ -28,7 +28,7 @@ from ctxengine.manager import ContextManager
 from ctxengine.messages import Message, validate
 from ctxengine.tokens import EstimateCounter, TokenCounter, estimate_message_tokens
 
-__all__ = ["ReplayResult", "percentile", "replay_session"]
+__all__ = ["ReplayResult", "percentile", "replay_session", "seen_messages"]
 
 RequestHook = Callable[[int, list[Message], int], None]
 
@@ -154,7 +154,7 @@ def replay_session(
 
     last_request, working = replay(messages, prepare, after)
     mgr.end_session(session_id, working)
-    seen = _seen(messages)
+    seen = seen_messages(messages)
     check = retrievable or (lambda text: mgr_retrievable(mgr, session_id, text))
     result.facts_total, result.facts_kept, missing = retention(extract_facts(seen), last_request, check)
     for k in FACT_KINDS:
@@ -168,7 +168,7 @@ def mgr_retrievable(mgr: Any, session_id: str, text: str) -> bool:
     return bool(mgr.retrievable(text, session_id=session_id))
 
 
-def _seen(messages: Sequence[Message]) -> list[Message]:
+def seen_messages(messages: Sequence[Message]) -> list[Message]:
     """What the agent had seen before its last request: everything before the last assistant
     message."""
     msgs = list(messages)

@@ -29,12 +29,20 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ctxengine.bench.baselines import MaskingBaseline, NoCompaction
-from ctxengine.bench.replay import percentile
+from ctxengine.bench.replay import percentile, seen_messages
 from ctxengine.config import Config
 from ctxengine.cost import AnthropicCache, CostReport, OpenAICache, PrefixHasher
 from ctxengine.engine import ContextEngine
 from ctxengine.errors import ConfigError
-from ctxengine.facts import FACT_KINDS, Facts, extract_facts, retention
+from ctxengine.facts import (
+    CALL_KIND,
+    FACT_KINDS,
+    Facts,
+    call_facts,
+    call_retention,
+    extract_facts,
+    retention,
+)
 from ctxengine.io import Session
 from ctxengine.loop import replay
 from ctxengine.manager import ContextManager, default_store
@@ -290,10 +298,17 @@ def run_session(
         run.max_consecutive_compactions = max_consecutive(run.compaction_calls)
         if facts is None:
             facts = session_facts(session)
-        run.facts_total, run.facts_kept, missing = retention(facts, last_request, lambda text: mgr.retrievable(text, session_id=sid))
+        def recall(text: str) -> bool:
+            return mgr.retrievable(text, session_id=sid)
+
+        run.facts_total, run.facts_kept, missing = retention(facts, last_request, recall)
         for k in FACT_KINDS:
             if getattr(missing, k):
                 run.facts_missing[k] = getattr(missing, k)[:10]
+        total, kept, lost = call_retention(call_facts(seen_messages(session.messages)), last_request, recall)
+        run.facts_total[CALL_KIND], run.facts_kept[CALL_KIND] = total, kept
+        if lost:
+            run.facts_missing[CALL_KIND] = lost[:10]
         mgr.end_session(sid, working)
     finally:
         if own_store:
@@ -368,8 +383,9 @@ class EngineTotals:
         return max((r.max_consecutive_compactions for r in self.runs), default=0)
 
     def facts(self) -> tuple[dict[str, int], dict[str, int]]:
-        total = {k: sum(r.facts_total.get(k, 0) for r in self.runs) for k in FACT_KINDS}
-        kept = {k: sum(r.facts_kept.get(k, 0) for r in self.runs) for k in FACT_KINDS}
+        kinds = (*FACT_KINDS, CALL_KIND)
+        total = {k: sum(r.facts_total.get(k, 0) for r in self.runs) for k in kinds}
+        kept = {k: sum(r.facts_kept.get(k, 0) for r in self.runs) for k in kinds}
         return total, kept
 
     def retention(self, kind: str | None = None) -> float:
@@ -404,7 +420,7 @@ class EngineTotals:
             "window_cuts": self.window_cuts,
             "max_consecutive_compactions": self.max_consecutive_compactions,
             "retention": round(self.retention(), 4),
-            "retention_by_kind": {k: round(self.retention(k), 4) for k in FACT_KINDS},
+            "retention_by_kind": {k: round(self.retention(k), 4) for k in (*FACT_KINDS, CALL_KIND)},
             "min_session_retention": round(self.min_session_retention, 4),
             "facts_total": total,
             "facts_kept": kept,
