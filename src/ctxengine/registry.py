@@ -17,6 +17,13 @@ built-in (as in seed 003), so a plugin that names its engine ``compressor`` cann
 the default; it is reported as a problem. A second plugin registering a context engine is
 rejected with a warning. A broken plugin is reported with its path and error and does not take
 the others down. An unknown name raises :class:`ConfigError` listing the known ones.
+
+Engines are built per session (:meth:`EngineRegistry.create`, called by the manager for each
+new session): ``from_config(settings, services)`` with the engine's settings validated by its
+``Settings`` model from its config section and the session's
+:class:`~ctxengine.engine.Services`; an engine a plugin registered as an instance is copied for
+each session, never shared. Whatever a plugin does while being imported or built — raise, or
+call ``sys.exit`` — becomes :class:`~ctxengine.errors.EngineStartError` naming it.
 """
 
 from __future__ import annotations
