@@ -20,6 +20,7 @@ store, can be retrieved verbatim from it).
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -306,7 +307,9 @@ def call_retention(calls: Sequence[str], messages: Iterable[Mapping[str, Any]], 
         if fact in text:
             continue
         name, _, line = fact.partition(": ")
-        if name in text and (not line or line in text or (retrievable is not None and retrievable(line))):
+        # the arguments are JSON in a call: the line may appear escaped there (quotes, \uXXXX)
+        forms = dict.fromkeys([line, json.dumps(line, ensure_ascii=False)[1:-1], json.dumps(line)[1:-1]])
+        if name in text and (not line or any(f in text for f in forms) or (retrievable is not None and any(retrievable(f) for f in forms))):
             continue
         missing.append(fact)
     return len(calls), len(calls) - len(missing), missing
