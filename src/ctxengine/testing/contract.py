@@ -460,12 +460,15 @@ class _Harness:
             tokens = estimate_messages_tokens_rough(request)
             where = f"per-turn replay, request {k} ({tokens:,} estimated tokens, threshold {self.threshold:,})"
             try:
-                fire = should_compact(engine, tokens, request)
+                triggered = bool(engine.should_compress(tokens))
+                fire = should_compact(engine, tokens, request)  # the trigger every caller uses
             except EngineError as exc:
                 raise self.fail(1, str(exc), request, where) from exc
+            except Exception as exc:
+                raise self.fail(1, f"should_compress raised {type(exc).__name__}: {exc}", request, where) from exc
             if self.threshold > 0 and tokens * 2 <= self.threshold:
                 self.count(3)
-                if fire:
+                if triggered:
                     raise self.fail(3, f"should_compress({tokens}) is True at under half the threshold ({self.threshold})", request, where)
             if fire:
                 out = self.compress(engine, request, tokens, where)
