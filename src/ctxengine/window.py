@@ -19,7 +19,7 @@ short texts and counts texts of :data:`EXACT_CHARS` characters or more exactly.
 When the request is over (:meth:`WindowCap.fit`), the cap cuts, in this order (no tool pair
 breaks, no user message disappears):
 
-1. the largest tool outputs, assistant texts and marked summaries, each with
+1. the largest tool outputs, then the largest assistant texts and marked summaries, each with
    :func:`ctxengine.engines.kit.cut.cut_output` (head + tail lines, a ``[ctxengine:cut ref=…]``
    marker naming the original's store id, the paths, URLs and error lines of the removed middle
    as far as the budget allows); a message is cut to what the excess requires plus 5 % of the
@@ -292,7 +292,15 @@ class WindowCap:
             and content_text(m.get("content"))
         ]
         floor = max(MARKER_TOKENS, min(MIN_KEEP_TOKENS, limit // 40))
-        for i in sorted(candidates, key=lambda k: sizes[k], reverse=True):
+
+        def order(k: int) -> tuple[int, int]:
+            # tool outputs first (the agent's own words and summaries are worth more), then
+            # the rest; small messages last; the largest first within each tier
+            big = sizes[k] > 4 * floor
+            tier = (0 if msgs[k].get("role") in ("tool", "function") else 1) if big else 2
+            return tier, -sizes[k]
+
+        for i in sorted(candidates, key=order):
             if total <= limit:
                 break
             total = self._cut_content(

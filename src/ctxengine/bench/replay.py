@@ -108,10 +108,16 @@ def replay_session(
     cap as a live agent. ``counter`` measures the requests (default: the estimate);
     ``on_request(call_index, request, tokens)`` sees every request (for cost models);
     ``retrievable(fact)`` may say a fact missing from the context can still be recovered
-    verbatim; ``store`` (a session store) lets the manager record originals and answer recall.
+    verbatim; ``store`` is the session store the manager records originals in and recall reads
+    (default: a fresh in-memory SQLite store), so facts cut away count when recall returns them.
     """
     counter = counter or EstimateCounter()
     result = ReplayResult(session_id, engine.name, engine.context_length)
+    own_store = store is None
+    if own_store:
+        from ctxengine.store.sqlite import SqliteStore
+
+        store = SqliteStore(":memory:")
     mgr = ContextManager(
         Config(),
         model="replay",
@@ -152,11 +158,15 @@ def replay_session(
         completion = estimate_message_tokens(appended[0]) if appended else 0
         mgr.update_from_response({"prompt_tokens": tokens, "completion_tokens": completion, "total_tokens": tokens + completion}, session_id=session_id)
 
-    last_request, working = replay(messages, prepare, after)
-    mgr.end_session(session_id, working)
-    seen = seen_messages(messages)
-    check = retrievable or (lambda text: mgr_retrievable(mgr, session_id, text))
-    result.facts_total, result.facts_kept, missing = retention(extract_facts(seen), last_request, check)
+    try:
+        last_request, working = replay(messages, prepare, after)
+        seen = seen_messages(messages)
+        check = retrievable or (lambda text: mgr_retrievable(mgr, session_id, text))
+        result.facts_total, result.facts_kept, missing = retention(extract_facts(seen), last_request, check)
+        mgr.end_session(session_id, working)
+    finally:
+        if own_store:
+            store.close()
     for k in FACT_KINDS:
         if getattr(missing, k):
             result.facts_missing[k] = getattr(missing, k)[:20]
