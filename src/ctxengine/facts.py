@@ -13,9 +13,11 @@ benchmark that measures retention all agree:
   ``exception``, ``traceback``, ``failed``, ``fatal``, ``panic``, ``denied``, ``not found``,
   Java/Python exception class names), stripped and cut to :data:`MAX_ERROR_LINE` characters.
 * **users**: user message texts (kept verbatim; engines never edit them).
+* **calls** (measured by the benchmark, :func:`call_facts`): each tool call as
+  ``name: command line`` (``bash: open src/Foo.java``).
 
-A fact is *kept* when its exact text appears in the text of the context (or, for engines with a
-store, can be retrieved verbatim from it).
+A fact is *kept* when its exact text appears in the text of the context, or when recall over
+the session store returns it verbatim (the kernel offers recall to every engine).
 """
 
 from __future__ import annotations
