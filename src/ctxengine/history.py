@@ -75,6 +75,10 @@ class TurnInput:
     caller_start: int
     reset_engine: bool = False
     _seen_index: Callable[[int], int] | None = None  # working index -> caller index, seen part
+    # what :meth:`SessionHistory.finish` makes of the session when the turn completes
+    pending: list[int] | None = None  # working index of each raw message held verbatim
+    pending_raw: list[Message] | None = None  # the raw history after this turn
+    pending_r0: int = 0
 
     @property
     def new(self) -> list[Message]:
@@ -158,9 +162,6 @@ class SessionHistory:
         self.turns = 0
         self._ids: list[str] | None = None  # store ids of ``working`` when the store's tip is exactly ``working``
         self._next_ids: list[str] | None = None  # what this turn's recording made, kept by :meth:`finish`
-        self._pending: list[int] | None = None
-        self._pending_raw: list[Message] | None = None
-        self._pending_r0 = 0
         self._tokens: dict[int, tuple[Message, int]] = {}
         self._sums: list[int] = []  # running token sums of ``working``
         self._last_summary = -1  # index of the last summary in ``working``
@@ -180,10 +181,10 @@ class SessionHistory:
             return self._take(given, "continue", base=len(w))
         if _extends(given, raw):
             new = given[len(raw) :]
-            self._pending = [*self.wpos, *range(len(w), len(w) + len(new))]
-            self._pending_raw = [*raw, *new]
-            self._pending_r0 = self.r0
-            return TurnInput("resend", [*w, *new], len(w), len(raw), _seen_index=self._seen_index())
+            return TurnInput(
+                "resend", [*w, *new], len(w), len(raw), _seen_index=self._seen_index(),
+                pending=[*self.wpos, *range(len(w), len(w) + len(new))], pending_raw=[*raw, *new], pending_r0=self.r0,
+            )
         p = _common_prefix(given, raw)
         q = _common_prefix(given, w)
         k = p - self.r0
@@ -194,10 +195,10 @@ class SessionHistory:
             # history cut back into the compacted part is not continued: its latest message
             # would only survive inside a summary)
             new = given[p:]
-            self._pending = [*self.wpos[:k], *range(cut, cut + len(new))]
-            self._pending_raw = [*raw[:p], *new]
-            self._pending_r0 = self.r0
-            return TurnInput("branch", [*w[:cut], *new], cut, p, _seen_index=self._seen_index())
+            return TurnInput(
+                "branch", [*w[:cut], *new], cut, p, _seen_index=self._seen_index(),
+                pending=[*self.wpos[:k], *range(cut, cut + len(new))], pending_raw=[*raw[:p], *new], pending_r0=self.r0,
+            )
         head = self.wpos[0] if self.wpos else len(w)
         if q > 0 and (not self.compacted or q > head):
             # a caller of the prepared list that edited or dropped its latest turns
@@ -212,16 +213,17 @@ class SessionHistory:
         ``working[:base]``, whose own dicts are used (a list decoded again each turn then keeps
         every per-message memo of the session: token counts, the planner's sums)."""
         msgs = [*self.working[:base], *given[base:]] if base else list(given)
+        turn = TurnInput(kind, msgs, base, base, reset_engine=kind == "fresh")
         if kind == "continue" or keep_raw:
             k = len(self.wpos) if kind == "continue" else bisect.bisect_left(self.wpos, base)
-            self._pending = [*self.wpos[:k], *range(base, len(msgs))]
-            self._pending_raw = [*self.raw[: self.r0 + k], *msgs[base:]]
-            self._pending_r0 = self.r0
+            turn.pending = [*self.wpos[:k], *range(base, len(msgs))]
+            turn.pending_raw = [*self.raw[: self.r0 + k], *msgs[base:]]
+            turn.pending_r0 = self.r0
         else:
-            self._pending = list(range(len(msgs)))
-            self._pending_raw = msgs
-            self._pending_r0 = 0
-        return TurnInput(kind, msgs, base, base, reset_engine=kind == "fresh")
+            turn.pending = list(range(len(msgs)))
+            turn.pending_raw = msgs
+            turn.pending_r0 = 0
+        return turn
 
     def _seen_index(self) -> Callable[[int], int]:
         """Caller index of a working message that is a raw one (its own index for the others),
@@ -238,10 +240,9 @@ class SessionHistory:
         """Remember the turn: its input ``inp`` (``turn.messages`` plus any engine tool results
         appended) became ``out``, the list returned to the caller."""
         self._ids, self._next_ids = self._next_ids, None
-        pending = self._pending if self._pending is not None else list(range(len(inp)))
-        raw = self._pending_raw if self._pending_raw is not None else list(inp)
-        r0 = self._pending_r0
-        self._pending = self._pending_raw = None
+        pending = turn.pending if turn.pending is not None else list(range(len(inp)))
+        raw = turn.pending_raw if turn.pending_raw is not None else list(inp)
+        r0 = turn.pending_r0
         if turn.kind in ("first", "fresh"):
             self.compacted = False
         result = list(out)
