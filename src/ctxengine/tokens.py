@@ -163,6 +163,7 @@ class EstimateCounter:
     """:func:`estimate` behind the :class:`TokenCounter` seam."""
 
     name = "estimate"
+    per_message = True  # count_messages is the sum of each message's count
 
     def count(self, text: str) -> int:
         return estimate(text)
@@ -215,6 +216,8 @@ class ExactCounter:
     The vocabulary is loaded lazily on first use (about a second) and shared process-wide.
     Special-token text inside messages is counted as ordinary text, never rejected.
     """
+
+    per_message = True  # count_messages is the sum of each message's count
 
     def __init__(self, encoding: str = "o200k_base") -> None:
         if encoding not in _KNOWN_ENCODINGS:
@@ -275,7 +278,8 @@ class AnchoredCounter:
         # costs only its new messages. Only for counters known to count message by message.
         self._memo: list[Mapping[str, Any]] = []
         self._sums: list[int] = [0]
-        self._additive = type(self.counter) in (EstimateCounter, ExactCounter)
+        # counters that sum per-message counts say so (``per_message = True``)
+        self._additive = bool(getattr(self.counter, "per_message", False))
 
     @property
     def anchored_tokens(self) -> int | None:
