@@ -132,6 +132,8 @@ class CompactionConfig(_Section):
     head_lines: int = Field(10, ge=0)
     tail_lines: int = Field(5, ge=0)
     target_ratio: float = Field(0.35, gt=0.0, lt=1.0, description="Compact down to this fraction of the window, so compactions come in batches.")
+    fact_tokens: int = Field(400, ge=0, description="Verbatim facts one record lists when a store keeps the originals (the rest is one ctx_grep away); without a store every fact is listed.")
+    min_gain: float = Field(0.0, ge=0.0, lt=1.0, description="A compaction freeing less than this share of the trigger is not done (0: always compact when triggered).")
 
 
 class LcmConfig(_Section):
