@@ -25,11 +25,13 @@ __all__ = [
     "EXPAND_TOOL",
     "KINDS",
     "MARK",
+    "NODE_RE",
     "Marker",
     "call_of",
     "header",
     "is_marked",
     "is_marked_text",
+    "node_header",
     "parse_header",
 ]
 
@@ -110,3 +112,12 @@ def call_of(messages: Sequence[Mapping[str, Any]], i: int) -> Mapping[str, Any] 
     match = next((c for c in calls if tool_call_id(c) == cid), None)
     pos = i - owner - 1
     return match if match is not None else calls[pos] if 0 <= pos < len(calls) else None
+
+
+NODE_RE = re.compile(r"^\[ctxengine:lcm node=([0-9a-f]+) depth=(\d+)\]")
+"""The first line of every lossless summary node: node id and depth."""
+
+
+def node_header(nid: str, depth: int) -> str:
+    """``[ctxengine:lcm node=<id> depth=<n>]``, the head of a lossless summary node."""
+    return f"{MARK}lcm node={nid} depth={depth}]"
