@@ -39,7 +39,7 @@ from ctxengine.config import CacheAwareConfig
 from ctxengine.cost import compaction_break_even
 from ctxengine.engine import CompactionReport, ContextEngine
 from ctxengine.engines.kit import call_of, cut_output, header, is_marked
-from ctxengine.engines.kit.build import settings_and_services
+from ctxengine.engines.kit.build import settings_and_services, with_overrides
 from ctxengine.engines.kit.digest import digest
 from ctxengine.engines.kit.originals import Originals, Refs
 from ctxengine.engines.kit.pacing import Pacing, first_change, giant_outputs
@@ -71,10 +71,7 @@ class CacheAwareEngine(ContextEngine):
         originals: Originals | None = None,
         **overrides: Any,
     ) -> None:
-        s = settings or CacheAwareConfig()
-        if overrides:
-            s = CacheAwareConfig.model_validate({**s.model_dump(), **overrides})
-        self.settings = s
+        self.settings = s = with_overrides(CacheAwareConfig, settings, overrides)
         self.threshold_ratio = s.fold_ratio
         super().__init__(context_length=context_length, threshold=threshold)
         self.originals = originals

@@ -61,7 +61,7 @@ from ctxengine.engines.kit import (
     split_facts_block,
     unseen,
 )
-from ctxengine.engines.kit.build import settings_and_services
+from ctxengine.engines.kit.build import settings_and_services, with_overrides
 from ctxengine.engines.kit.originals import Originals, Refs
 from ctxengine.engines.kit.pacing import Pacing, settled_end
 from ctxengine.engines.kit.tail import tail_by_turns
@@ -137,10 +137,7 @@ class RulesEngine(ContextEngine):
         originals: Originals | None = None,
         **overrides: Any,
     ) -> None:
-        s = settings or CompactionConfig()
-        if overrides:
-            s = CompactionConfig.model_validate({**s.model_dump(), **overrides})
-        self.settings = s
+        self.settings = s = with_overrides(CompactionConfig, settings, overrides)
         super().__init__(context_length=context_length, threshold=s.trigger_threshold)
         self.originals = originals
         self.pacing = Pacing(min_gain=s.min_gain, rewrite_every=0)
