@@ -289,7 +289,10 @@ class _Pass:
                     self._system(start)
             elif role == "assistant" and self.s.collapse_consecutive_assistant:
                 self._superseded_run(start, tail)
-        if self.total > self.window:
+        if self.total > self.window or (self.total > self.threshold and self.e.pacing.rearm_at is not None):
+            # no nibbling: when the last compaction already could not get under its target and
+            # this one cannot get under the trigger, the giant outputs of the protected tail are
+            # cut now instead of compacting a little on every turn
             self._hold_window(tail, min(settled, tail))
         return [r for i in range(len(self.src)) if (r := self._current(i)) is not None]
 
@@ -461,7 +464,7 @@ class _Pass:
             for i in pool:
                 if self.total <= (goal if phase == "cut" else self.window):
                     break
-                if phase == "cut" and (i in self.new or i < tail):
+                if phase == "cut" and (i in self.new or i < tail or (self.total <= self.window and self.tokens[i] < self.window // 16)):
                     continue
                 excess = self.total - goal
                 overhead = estimate_message_tokens({**self.src[i], "content": ""})
