@@ -23,7 +23,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from ctxengine.config import Config
 from ctxengine.errors import ConfigError
 from ctxengine.manager import ContextManager
-from ctxengine.proxy import SESSION_HEADER, TOKEN_HEADER, TOKENS_SAVED_HEADER, ProxyServer, check_bind
+from ctxengine.proxy import (
+    SESSION_HEADER,
+    TOKEN_HEADER,
+    TOKENS_SAVED_HEADER,
+    ProxyServer,
+    check_bind,
+)
 from ctxengine.store import SqliteStore
 from ctxengine.testing.stub_server import RecordedRequest, StubReply, StubServer
 
@@ -233,9 +239,8 @@ def test_engine_tools_are_answered_by_the_proxy_and_invisible_to_the_client(stub
     def responder(req: RecordedRequest) -> StubReply:
         names = [t["function"]["name"] for t in req.body.get("tools") or []]
         last = req.body["messages"][-1]
-        if last["role"] == "tool" and last["tool_call_id"].startswith("call_stub"):
-            if "lcm_grep" in json.dumps(req.body["messages"][-2]):
-                return StubReply.ok("recalled: " + last["content"][:2000])
+        if last["role"] == "tool" and last["tool_call_id"].startswith("call_stub") and "lcm_grep" in json.dumps(req.body["messages"][-2]):
+            return StubReply.ok("recalled: " + last["content"][:2000])
         if "lcm_grep" in names and "recall" in str(last.get("content")):
             return StubReply.calling(("lcm_grep", {"query": "config.toml"}))
         return StubReply.ok("plain")
@@ -250,7 +255,7 @@ def test_engine_tools_are_answered_by_the_proxy_and_invisible_to_the_client(stub
         assert r.choices[0].message.content is not None and "config.toml" in r.choices[0].message.content
         assert metric(p, "ctxengine_proxy_tool_rounds_total", api="openai") == 1
         # the engine's tools were added to the client's own, after them
-        assert [t["function"]["name"] for t in stub.requests[0].body["tools"]][0] == "read_file"
+        assert stub.requests[0].body["tools"][0]["function"]["name"] == "read_file"
         # without client tools, none are added
         c.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "recall nothing"}])
         assert "tools" not in stub.requests[-1].body

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from ctxengine.anthropic_adapter import anthropic_to_openai, openai_to_anthropic
 from ctxengine.messages import Message
@@ -114,7 +114,7 @@ class Api:
 
 class _OpenAI(Api):
     name = "openai"
-    _TYPES = {400: "invalid_request_error", 401: "invalid_api_key", 404: "not_found", 413: "invalid_request_error", 500: "server_error", 502: "server_error"}
+    _TYPES: ClassVar[dict[int, str]] = {400: "invalid_request_error", 401: "invalid_api_key", 404: "not_found", 413: "invalid_request_error", 500: "server_error", 502: "server_error"}
 
     def messages(self, body: Mapping[str, Any]) -> list[Message]:
         return list(body["messages"])
@@ -191,7 +191,7 @@ class _OpenAI(Api):
 
 class _Anthropic(Api):
     name = "anthropic"
-    _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 413: "request_too_large", 500: "api_error", 502: "api_error"}
+    _TYPES: ClassVar[dict[int, str]] = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 413: "request_too_large", 500: "api_error", 502: "api_error"}
 
     def messages(self, body: Mapping[str, Any]) -> list[Message]:
         return anthropic_to_openai(body.get("system"), body["messages"])

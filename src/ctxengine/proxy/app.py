@@ -59,12 +59,17 @@ from ctxengine.messages import Message
 from ctxengine.models import UnknownModelWarning
 from ctxengine.proxy.apis import ANTHROPIC, OPENAI, Api, ToolCall, has_cache_control
 from ctxengine.proxy.metrics import CONTENT_TYPE, ProxyMetrics
-from ctxengine.proxy.session import SESSION_HEADER, SessionIdError, derive_session_id, session_from_header
+from ctxengine.proxy.session import (
+    SESSION_HEADER,
+    SessionIdError,
+    derive_session_id,
+    session_from_header,
+)
 from ctxengine.proxy.streams import AnthropicStream, EventSplitter, OpenAIStream, StreamTracker
 from ctxengine.storage import SessionRecorder
 from ctxengine.tokens import estimate_message_tokens
 
-__all__ = ["TOKEN_HEADER", "TOKENS_SAVED_HEADER", "Proxy", "create_app"]
+__all__ = ["TOKENS_SAVED_HEADER", "TOKEN_HEADER", "Proxy", "create_app"]
 
 log = logging.getLogger("ctxengine.proxy")
 
