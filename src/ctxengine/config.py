@@ -17,6 +17,7 @@ Keys and defaults follow the seed system so its users can bring their file::
         base_url: null              # any OpenAI-compatible endpoint
     prompt_caching:
       cache_ttl: 5m                 # 5m | 1h
+      strategy: auto                # auto (planner: measured cheapest) | planner | system_and_3
     compaction:                     # the rules engine (seed 004 defaults)
       trigger_threshold: 0.60
       protect_last_n_turns: 5
@@ -102,7 +103,10 @@ class AuxiliaryConfig(_Section):
 class PromptCachingConfig(_Section):
     enabled: bool | Literal["auto"] = "auto"
     cache_ttl: Literal["5m", "1h"] | None = None
-    strategy: Literal["system_and_3", "planner"] = "system_and_3"
+    strategy: Literal["auto", "system_and_3", "planner"] = Field(
+        "auto",
+        description="Where cache breakpoints go: auto (the placement measured cheapest for the provider: planner), planner, or the seed's system_and_3.",
+    )
     pressure_warnings: bool = False
 
 

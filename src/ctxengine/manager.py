@@ -10,7 +10,12 @@
 
 ``prepare`` does, in order:
 
-1. validates the input (:class:`~ctxengine.errors.InvalidMessages` lists every problem);
+1. maps the input onto the session's working context (:mod:`ctxengine.history`): the list
+   ``prepare`` returned last time plus new messages, or the caller's whole raw history resent
+   (a gateway, a proxy), which gets the working context back plus only the new messages; an
+   edited or truncated history starts a branch. Only the new messages are validated
+   (:class:`~ctxengine.errors.InvalidMessages` lists every problem, with indices in the
+   caller's list), counted and recorded in the store (appended after the last recorded one);
 2. runs the context engine's own tools the model called in the last assistant message
    (``lcm_grep`` …) through ``handle_tool_call`` and appends their results;
 3. **gateway session hygiene** (seeds 000/001): a safety net fixed at 85 % of the model's window,
@@ -21,7 +26,7 @@
    move it from 50 % to 85 %;
 4. the engine's ``should_compress`` (or ``should_compress_preflight``) and ``compress``;
 5. checks what the engine returned and raises :class:`~ctxengine.errors.EngineError` naming
-   the broken rule; records the history and any compaction in the session store.
+   the broken rule; records any compaction in the session store.
 
 One manager serves many sessions (``session_id=`` on every method); each session has its own
 engine instance, token anchor and lock, so calls for one session are serialised while
@@ -46,15 +51,17 @@ from typing import Any, Literal
 
 from ctxengine.caching import (
     CachingStatus,
-    apply_anthropic_cache_control,
+    Placement,
     apply_breakpoints,
     caching_status,
+    default_placement,
     plan_breakpoints,
     system_and_3_breakpoints,
 )
 from ctxengine.config import Config, load_config
 from ctxengine.engine import CompactionReport, ContextEngine, normalize_usage
-from ctxengine.errors import ConfigError, EngineError
+from ctxengine.errors import ConfigError, EngineError, StoreError
+from ctxengine.history import SessionHistory, TurnInput
 from ctxengine.messages import (
     Message,
     check,
@@ -68,8 +75,8 @@ from ctxengine.messages import (
 )
 from ctxengine.models import ModelProfile, UnknownModelWarning, resolve_model
 from ctxengine.registry import EngineRegistry
-from ctxengine.storage import SessionRecorder
-from ctxengine.tokens import AnchoredCounter, TokenCounter, estimate_message_tokens, get_counter
+from ctxengine.storage import SessionAppender, SessionRecorder
+from ctxengine.tokens import AnchoredCounter, TokenCounter, get_counter
 
 __all__ = ["HYGIENE_MIN_MESSAGES", "HYGIENE_RATIO", "ContextManager", "default_store"]
 
@@ -89,28 +96,54 @@ StoreArg = SessionRecorder | Literal["default"] | None
 
 
 def default_store(config: Config) -> SessionRecorder | None:
-    """The store the config asks for (SQLite by default), or ``None`` when storage is off or
-    the store package is unavailable.
+    """The store the config asks for (SQLite by default), or ``None`` when storage is off.
 
     ``ctxengine.store`` is imported lazily, so this module never depends on it; its
-    ``open_store(config.store)`` returns a :class:`~ctxengine.storage.SessionRecorder`. A store
-    that fails to open is logged and treated as absent: the agent keeps working.
+    ``open_store(config.store)`` returns a :class:`~ctxengine.storage.SessionRecorder`.
+
+    A store that cannot be opened (a directory that cannot be created, a file that is not a
+    database, a PostgreSQL server that refuses the connection) is an error here, at
+    construction: :class:`~ctxengine.errors.StoreError` naming the backend and the path,
+    never a warning followed by a session that is silently not recorded. Set
+    ``store.enabled: false`` to run without one.
     """
     if not config.store.enabled:
         return None
     try:
         module = importlib.import_module("ctxengine.store")
-    except ImportError:
-        return None
+    except ImportError as exc:
+        raise StoreError(f"the session store is enabled but cannot be loaded ({exc}); set store.enabled: false to run without it") from exc
     factory = getattr(module, "open_store", None)
     if not callable(factory):
-        return None
+        raise StoreError("the session store is enabled but ctxengine.store has no open_store()")
+    where = _store_location(config)
     try:
         store = factory(config.store)
-    except Exception as exc:  # a broken store must not stop the agent
-        log.warning("session store unavailable: %s: %s", type(exc).__name__, exc)
-        return None
-    return store if isinstance(store, SessionRecorder) else None
+    except ConfigError:
+        raise
+    except StoreError as exc:
+        message = str(exc)
+        raise StoreError(message if where in message else f"cannot open the session store at {where}: {message}") from exc
+    except Exception as exc:
+        raise StoreError(f"cannot open the session store at {where}: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(store, SessionRecorder):
+        raise StoreError(f"the session store at {where} ({type(store).__name__}) cannot record sessions")
+    return store
+
+
+def _store_location(config: Config) -> str:
+    """Where the configured store lives, for error messages (never a DSN: it may hold a password)."""
+    st = config.store
+    if st.backend == "postgres":
+        return f"PostgreSQL (DSN from ${st.dsn_env})"
+    if st.path:
+        return str(st.path)
+    try:
+        import platformdirs
+
+        return str(Path(platformdirs.user_data_dir("ctxengine")) / "sessions.db")
+    except ImportError:  # pragma: no cover - platformdirs is a dependency
+        return "the default SQLite path"
 
 
 @dataclass
@@ -134,6 +167,7 @@ class _Session:
     store_errors: int = 0
     engine_errors: int = 0
     last_compaction: dict[str, Any] | None = None
+    history: SessionHistory = field(default_factory=SessionHistory)
 
 
 def _tool_name(schema: Mapping[str, Any]) -> str:
@@ -194,6 +228,8 @@ class ContextManager:
         self.context_length = self.profile.context_length
         self.default_session = session_id
         self.store: SessionRecorder | None = default_store(config) if store == "default" else store
+        # checked once: a runtime protocol check costs more than recording a turn
+        self._appender: SessionAppender | None = self.store if isinstance(self.store, SessionAppender) else None
         self._registry = registry
         self._engine_factory = engine_factory
         self._counter = counter or get_counter(config.context.token_counter)
@@ -201,7 +237,7 @@ class ContextManager:
         self._lock = threading.Lock()
         pc = config.prompt_caching
         self.caching: CachingStatus = caching_status(model, self.provider, cache_ttl=config.cache_ttl, enabled=pc.enabled)
-        self.placement = pc.strategy
+        self.placement: Placement = default_placement(self.provider) if pc.strategy == "auto" else pc.strategy
 
     @classmethod
     def from_config(
@@ -284,6 +320,7 @@ class ContextManager:
             s.last_request = None
             s.last_tokens = 0
             s.pressure_warning = None
+            s.history.reset()
 
     def end_session(self, session_id: str | None = None, messages: Sequence[Message] | None = None) -> None:
         """The session ends (exit, expiry): ``on_session_end`` runs and the state is dropped."""
@@ -368,19 +405,31 @@ class ContextManager:
     ) -> list[Message]:
         """What to send this turn (see the module docstring). Never mutates ``messages``.
 
+        ``messages`` is either the list this method returned last time for ``session_id`` plus
+        what happened since, or the caller's **whole raw history** every turn (the gateway and
+        proxy pattern: ``prepare(raw_history, session_id=conversation)``). In the second case
+        the manager recognises the part it has seen (message by message, by identity or by
+        value, so a history decoded from JSON again each turn is recognised too) and returns
+        the session's working context, compacted as before, plus the new messages: resending
+        the history never causes a compaction the prepared list would not. A history edited or
+        truncated by the client (a retry, an edited message) branches: from the change on,
+        the caller's messages replace the old ones; when the change lies in the part already
+        compacted, the history is taken as given and the engine's per-session state is reset,
+        so nothing from the dropped turns comes back. The mapping lives in memory per session
+        (a new manager starts from the history it is given).
+
         ``tools`` (the agent's tool list) is only checked for clashes with engine tools here;
         send :meth:`tools` to the provider.
         """
         s = self._session(session_id)
         with s.lock:
-            if self.strict:
-                msgs = check(messages, context="messages passed to prepare", allow_pending_calls=True)
-            else:
-                msgs = list(messages)
+            turn = self._input(s, messages)
+            msgs = turn.messages
             if tools is not None:
                 self.tools(tools, session_id=s.id)
             msgs = self._dispatch_engine_tools(s, msgs)
             history = msgs
+            self._record(s, turn, history)
             enabled = self.config.compression.enabled
             tokens = s.counter.count(msgs)
             if tokens < self.hygiene_threshold:
@@ -398,7 +447,7 @@ class ContextManager:
             s.last_tokens = tokens
             s.turns += 1
             self._update_pressure(s, tokens)
-            self._record(s, history)
+            s.history.finish(turn, history, msgs)
             return msgs
 
     def _compress(self, s: _Session, msgs: list[Message], tokens: int, focus_topic: str | None, trigger: str) -> list[Message]:
@@ -457,12 +506,30 @@ class ContextManager:
             if not any(m.get("role") == "user" and content_text(m.get("content")) == text for m in out):
                 raise EngineError(f"engine {name!r} broke rule 5 (anchors survive): the latest user message was not kept verbatim")
 
-    def _record(self, s: _Session, history: list[Message]) -> None:
+    def _input(self, s: _Session, messages: Sequence[Message]) -> TurnInput:
+        """The input stage: which messages are new (:mod:`ctxengine.history`), validated."""
+        if not isinstance(messages, list | tuple):
+            check(messages, context="messages passed to prepare")  # raises: not a list
+        turn = s.history.begin(messages)
+        if self.strict:
+            turn.check(context="messages passed to prepare")
+        if turn.reset_engine:
+            # the caller's history changed where it was already compacted: the engine's
+            # per-session state (a previous summary) belongs to the dropped branch
+            s.engine.on_session_reset()
+            s.counter.reset()
+            s.hygiene_armed = True
+        return turn
+
+    def _record(self, s: _Session, turn: TurnInput, history: list[Message]) -> None:
+        """Record the turn's input: only what is new when the store's tip is the last working
+        context (:meth:`SessionHistory.record`)."""
         if self.store is None:
             return
         try:
-            self.store.record_messages(s.id, history)
+            s.history.record(self.store, s.id, turn, history, appender=self._appender)
         except Exception as exc:
+            s.history.forget_tip()
             s.store_errors += 1
             log.warning("session store: recording the history of %s failed: %s", s.id, exc)
 
@@ -491,13 +558,18 @@ class ContextManager:
             previous = s.last_request
             s.last_request = list(messages)
             s.last_sent = s.last_request
+            planner = self.caching.enabled and self.placement == "planner"
+            known = s.history.planner_inputs(messages) if planner and tokens is None else None
+            toks = list(tokens) if tokens is not None else s.history.message_tokens(messages) if planner and known is None else []
         if not self.caching.enabled:
             return []
-        if self.placement == "planner":
+        if planner:
             return plan_breakpoints(
                 messages,
                 min_cache_tokens=self.profile.min_cache_tokens,
-                tokens=list(tokens) if tokens is not None else [estimate_message_tokens(m) for m in messages],
+                tokens=toks if known is None else None,
+                prefix_tokens=known[0] if known is not None else None,
+                stable=known[1] if known is not None else None,
                 native_anthropic=self.caching.native_anthropic,
                 previous=previous,
             )
@@ -505,15 +577,15 @@ class ContextManager:
 
     def request(self, messages: Sequence[Message], *, session_id: str | None = None) -> list[Message]:
         """The messages to send, with ``cache_control`` markers when caching applies to this
-        model and provider (a deep copy; ``messages`` is untouched)."""
+        model and provider. A new list; ``messages`` is untouched: the marked messages are
+        copies, the others are the same dicts (copying the whole history every turn would cost
+        more than the rest of the turn), so treat the request as read-only."""
         indices = self.breakpoints(messages, session_id=session_id)
         if not self.caching.enabled:
             return list(messages)
         ttl = self.caching.cache_ttl
         native = self.caching.native_anthropic
-        if self.placement == "system_and_3":
-            return apply_anthropic_cache_control(messages, cache_ttl=ttl, native_anthropic=native)
-        return apply_breakpoints(messages, indices, cache_ttl=ttl, native_anthropic=native)
+        return apply_breakpoints(messages, indices, cache_ttl=ttl, native_anthropic=native, share_unmarked=True)
 
     def update_from_response(self, usage: Any, *, session_id: str | None = None) -> None:
         """Record a response's usage (OpenAI or Anthropic shape, dict or SDK object): the engine

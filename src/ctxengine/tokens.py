@@ -264,6 +264,11 @@ class AnchoredCounter:
         self._tokens: int | None = None
         self._n = 0
         self._last: Mapping[str, Any] | None = None
+        # running sums over the last list counted: a list that extends it (the per-turn case)
+        # costs only its new messages. Only for counters known to count message by message.
+        self._memo: list[Mapping[str, Any]] = []
+        self._sums: list[int] = [0]
+        self._additive = type(self.counter) in (EstimateCounter, ExactCounter)
 
     @property
     def anchored_tokens(self) -> int | None:
@@ -287,5 +292,24 @@ class AnchoredCounter:
             and len(messages) >= self._n
             and (self._n == 0 or messages[self._n - 1] == self._last)
         ):
-            return self._tokens + self.counter.count_messages(messages[self._n :])
-        return self.counter.count_messages(messages)
+            return self._tokens + self._count_from(messages, self._n)
+        return self._count_from(messages, 0)
+
+    def _count_from(self, messages: Sequence[Mapping[str, Any]], start: int) -> int:
+        """Tokens of ``messages[start:]``, counting only what the last list counted did not hold."""
+        if not self._additive:
+            return self.counter.count_messages(messages[start:])
+        memo = self._memo
+        n = len(memo)
+        if not (len(messages) >= n and (n == 0 or messages[n - 1] is memo[-1]) and list(messages[:n]) == memo):
+            memo = self._memo = []
+            self._sums = [0]
+            n = 0
+        if len(messages) - start < len(messages) - n:
+            # fewer messages after ``start`` than new ones: count them directly
+            return self.counter.count_messages(messages[start:])
+        sums = self._sums
+        for m in messages[n:]:
+            memo.append(m)
+            sums.append(sums[-1] + self.counter.count_messages([m]))
+        return sums[-1] - sums[start]
