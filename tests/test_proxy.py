@@ -125,12 +125,11 @@ def test_streaming_is_relayed_as_it_arrives_not_buffered(proxy: ProxyServer, stu
 
 def test_anthropic_non_streaming_and_cache_breakpoints_for_claude(proxy: ProxyServer, stub: StubServer) -> None:
     stub.script(StubReply.ok("bonjour"))
-    msg = ant(proxy).messages.create(
-        model="claude-opus-4-5", max_tokens=64, system="You are terse.", messages=[{"role": "user", "content": "hello"}]
-    )
+    system = "Rule 17: never edit generated files; ask first. " * 800  # long enough to be cached
+    msg = ant(proxy).messages.create(model="claude-opus-4-5", max_tokens=64, system=system, messages=[{"role": "user", "content": "hello"}])
     assert msg.content[0].text == "bonjour"  # type: ignore[union-attr]
     sent = stub.requests[-1].body
-    assert sent["system"] == [{"type": "text", "text": "You are terse.", "cache_control": {"type": "ephemeral"}}]
+    assert sent["system"] == [{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}]
     assert sent["messages"][-1]["content"][-1]["cache_control"] == {"type": "ephemeral"}
     assert sent["max_tokens"] == 64 and sent["model"] == "claude-opus-4-5"
 
