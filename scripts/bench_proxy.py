@@ -326,7 +326,13 @@ def bench_sessions(n_sessions: int, turns: int) -> dict[str, Any]:
 
 # -- replay equivalence --------------------------------------------------------------------------------
 def bench_replay(engine: str, context_length: int, compose_n: int) -> dict[str, Any]:
-    from ctxengine.bench.runner import _profile, engine_retrievable, make_engine_factory, run_session, session_facts
+    from ctxengine.bench.runner import (
+        _profile,
+        engine_retrievable,
+        make_engine_factory,
+        run_session,
+        session_facts,
+    )
     from ctxengine.cost import AnthropicCache, CostReport, PrefixHasher, marked_breakpoints
     from ctxengine.facts import retention
     from ctxengine.proxy import ProxyServer

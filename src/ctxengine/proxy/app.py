@@ -58,6 +58,7 @@ from ctxengine.manager import ContextManager, default_store
 from ctxengine.messages import Message
 from ctxengine.models import UnknownModelWarning
 from ctxengine.proxy.apis import ANTHROPIC, OPENAI, Api, ToolCall, has_cache_control
+from ctxengine.proxy.incoming import IncomingHistory
 from ctxengine.proxy.metrics import CONTENT_TYPE, ProxyMetrics
 from ctxengine.proxy.session import (
     SESSION_HEADER,
@@ -137,6 +138,7 @@ class Proxy:
         self._client: httpx.AsyncClient | None = None
         self._managers: dict[tuple[str, str], ContextManager] = {}
         self._injected: dict[str, list[dict[str, Any]]] = {}
+        self._incoming: dict[tuple[str, str], tuple[threading.Lock, IncomingHistory]] = {}
         self._lock = threading.Lock()
         self.app = Starlette(
             routes=[
@@ -338,8 +340,19 @@ class Proxy:
 
     # -- the manager's part (worker thread) ----------------------------------------------
     def _plan(self, api: Api, session: str, body: dict[str, Any], raw: bytes) -> _Plan:
+        with self._lock:
+            lock, incoming = self._incoming.setdefault((api.name, session), (threading.Lock(), IncomingHistory()))
+        with lock:
+            return self._plan_locked(api, session, body, raw, incoming)
+
+    def _plan_locked(self, api: Api, session: str, body: dict[str, Any], raw: bytes, incoming: IncomingHistory) -> _Plan:
         mgr = self.manager(api, str(body["model"]))
-        msgs = api.messages(body)
+        conv = None
+        if api is ANTHROPIC:
+            conv = incoming.from_anthropic(body.get("system"), body["messages"])
+            msgs = conv.messages
+        else:
+            msgs = incoming.openai(body["messages"])
         before = mgr.status(session)["compactions"]
         out = mgr.prepare(msgs, session_id=session)
         after_status = mgr.status(session)
@@ -351,15 +364,24 @@ class Proxy:
         else:
             plan.tokens_in = plan.tokens_out = int(after_status.get("last_tokens") or 0)
         sent = out
-        if mgr.caching.enabled and not has_cache_control(body):
+        indices: list[int] = []
+        # the byte check is quick; only a body that names the key is walked
+        if mgr.caching.enabled and not (b'"cache_control"' in raw and has_cache_control(body)):
             indices = mgr.breakpoints(out, session_id=session)
             if indices:  # deep-copy only the marked messages
                 marked = apply_breakpoints([out[i] for i in indices], range(len(indices)), cache_ttl=mgr.caching.cache_ttl, native_anthropic=mgr.caching.native_anthropic)
                 sent = list(out)
                 for i, m in zip(indices, marked, strict=True):
                     sent[i] = m
-                changed = True
-        new_body = api.with_messages(body, sent) if changed else body
+        new_body = body
+        if changed or (indices and conv is None):
+            new_body = api.with_messages(body, sent)
+        elif indices and conv is not None:
+            try:  # only the messages that carry a marker are converted back
+                new_body = IncomingHistory.to_anthropic(body, conv, sent, indices)
+            except (ValueError, KeyError, IndexError) as exc:
+                log.debug("marker write-back fell back to a full conversion: %s", exc)
+                new_body = api.with_messages(body, sent)
         tools = self._engine_tools(api, mgr, session, body)
         if tools:
             new_body = api.with_tools(new_body, tools)
