@@ -79,7 +79,8 @@ def sessions() -> list[Session]:
 
 def history_of(tokens: int) -> list[Message]:
     """Chained recorded trajectories cut before an assistant turn near ``tokens`` estimated tokens."""
-    runs = sorted(sessions(), key=lambda s: -len(s.messages))
+    # runs without a giant single output, so the history reaches the size in many turns
+    runs = [s for s in sorted(sessions(), key=lambda s: -len(s.messages)) if max(estimate_message_tokens(m) for m in s.messages) < 20_000]
     msgs = compose(runs * 3, "history").messages
     total = 0
     cut = 0
@@ -222,7 +223,7 @@ def bench_ttfb(runs: int, requests: int) -> dict[str, Any]:
         stub, stub_port = start_stub("StubReply(text='one two three four five six', chunks=6, chunk_delay=0.02)")
         proxy, port = start_proxy(Path(d), stub_port)
         try:
-            history = history_of(2000)
+            history = history_of(10_000)
             per: dict[str, list[float]] = {"direct_p50": [], "proxy_p50": [], "added_p50": []}
             for run in range(runs):
                 direct, proxied = [], []

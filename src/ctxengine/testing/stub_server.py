@@ -233,6 +233,9 @@ class StubServer:
 class _Handler(BaseHTTPRequestHandler):
     stub: StubServer
     protocol_version = "HTTP/1.1"
+    # headers and body go out in two writes: without TCP_NODELAY the second waits for the
+    # peer's delayed ACK (~40 ms), which would swamp any latency measured through the stub
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
         return
