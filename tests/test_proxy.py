@@ -172,6 +172,19 @@ def test_client_tool_calls_pass_through_both_apis(proxy: ProxyServer, stub: Stub
     assert [(b.name, b.input) for b in final.content if b.type == "tool_use"] == [("read_file", {"path": "b.py"})]  # type: ignore[union-attr]
 
 
+def test_anthropic_beta_flags_stay_for_the_session(proxy: ProxyServer, stub: StubServer) -> None:
+    c = ant(proxy, default_headers={SESSION_HEADER: "betas"})
+    msgs = [{"role": "user", "content": "x"}]
+    c.messages.create(model="claude-opus-4-5", max_tokens=4, messages=msgs, extra_headers={"anthropic-beta": "context-1m-2025-08-07"})  # type: ignore[arg-type]
+    c.messages.create(model="claude-opus-4-5", max_tokens=4, messages=msgs, extra_headers={"anthropic-beta": "interleaved-thinking-2025-05-14"})  # type: ignore[arg-type]
+    c.messages.create(model="claude-opus-4-5", max_tokens=4, messages=msgs)  # type: ignore[arg-type]
+    assert [r.headers.get("anthropic-beta") for r in stub.requests] == [
+        "context-1m-2025-08-07",
+        "context-1m-2025-08-07,interleaved-thinking-2025-05-14",
+        "context-1m-2025-08-07,interleaved-thinking-2025-05-14",
+    ]
+
+
 def test_parallel_sessions_never_cross(proxy: ProxyServer, stub: StubServer) -> None:
     stub.responder = lambda req: StubReply.ok("echo:" + req.body["messages"][-1]["content"])
     errors: list[str] = []

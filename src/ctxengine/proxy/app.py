@@ -140,6 +140,7 @@ class Proxy:
         self._managers: dict[tuple[str, str], ContextManager] = {}
         self._injected: dict[str, list[dict[str, Any]]] = {}
         self._incoming: dict[tuple[str, str], tuple[threading.Lock, IncomingHistory]] = {}
+        self._betas: dict[str, list[str]] = {}
         self._lock = threading.Lock()
         self.app = Starlette(
             routes=[
@@ -321,6 +322,8 @@ class Proxy:
             self._fail_open(api, plan, "prepare", exc)
             plan = _Plan(api, plan.session, body, raw)
         self.metrics.added_latency.labels(api.name).observe(time.perf_counter() - t0)
+        if api is ANTHROPIC:
+            self._sticky_betas(plan.session, headers)
         url = self._upstream(api, request.url.path, request.url.query)
         extra = {SESSION_HEADER: plan.session, TOKENS_SAVED_HEADER: str(plan.saved)}
         try:
@@ -330,6 +333,18 @@ class Proxy:
         except httpx.HTTPError as exc:
             kind = "api_error" if api is ANTHROPIC else "server_error"
             return self._error(api, 502, f"upstream unreachable: {type(exc).__name__}: {exc}", "upstream_unreachable", kind)
+
+    def _sticky_betas(self, session: str, headers: dict[str, str]) -> None:
+        """Keep a session's ``anthropic-beta`` flags once sent: a turn that drops one would
+        change how the request is processed and miss the cache built with it."""
+        key = next((k for k in headers if k.lower() == "anthropic-beta"), "anthropic-beta")
+        sent = [b.strip() for b in headers.get(key, "").split(",") if b.strip()]
+        with self._lock:
+            betas = self._betas.setdefault(session, [])
+            betas.extend(b for b in sent if b not in betas)
+            merged = list(betas)
+        if merged:
+            headers[key] = ",".join(merged)
 
     def _fail_open(self, api: Api, plan: _Plan, stage: str, exc: BaseException) -> None:
         self.metrics.fail_open.labels(api.name, stage).inc()
