@@ -18,8 +18,11 @@ def _lint_imports() -> str:
 
 
 def test_import_contracts_hold() -> None:
+    # run by this interpreter: a lint-imports script found on PATH may belong to another
+    # Python, which would check another checkout's ctxengine
+    _lint_imports()
     proc = subprocess.run(
-        [_lint_imports(), "--no-cache"],
+        [sys.executable, "-c", "from importlinter.cli import lint_imports_command; lint_imports_command()", "--no-cache"],
         cwd=ROOT,
         capture_output=True,
         text=True,
