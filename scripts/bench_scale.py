@@ -9,8 +9,10 @@ The recorded trajectories in ``../shared/data`` are chained (tool-call ids kept 
 session holds ``--messages`` messages and at least ``--tokens`` tokens. The session then grows
 turn by turn (each recorded assistant message and what followed it) through ``prepare`` +
 ``request`` with a window larger than the session, so nothing compacts and the per-turn path is
-all that is measured. Two callers: one keeping the prepared list, one resending its whole raw
-history each turn (a new list each time, as a gateway sends it).
+all that is measured. Three callers: one keeping the prepared list (``prepared``), one resending
+its whole raw history each turn (``full``: a new list of the same dicts), and one resending it
+as a proxy does (``json``: every dict decoded again each turn, so the seen part is compared by
+value; the decoding itself is not timed).
 
 Reported per caller: the median milliseconds per call in each band of ``--band`` messages (the
 curve: flat means no cost grows with the history), the ratio of the last band to the first,
@@ -83,7 +85,10 @@ def run(msgs: list[Message], *, caller: str, with_store: bool, band: int, window
         working = mgr.prepare(msgs[:cut], session_id="big")
         points: list[tuple[int, float]] = []
         for end in turns(msgs, cut):
-            given = msgs[:end] if caller == "full" else [*working, *msgs[cut:end]]
+            if caller == "json":  # new dicts every turn, as a proxy decodes them (decoded before the clock starts)
+                given = json.loads(json.dumps(msgs[:end]))
+            else:
+                given = msgs[:end] if caller == "full" else [*working, *msgs[cut:end]]
             t0 = time.perf_counter()
             working = mgr.prepare(given, session_id="big")
             mgr.request(working, session_id="big")
@@ -117,13 +122,14 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=20_000_000)
     ap.add_argument("--no-store", action="store_true")
     ap.add_argument("--tracemalloc", action="store_true", help="also measure the Python heap held at the end (a separate, slower pass)")
+    ap.add_argument("--callers", nargs="+", choices=["prepared", "full", "json"], default=["prepared", "full", "json"])
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     msgs = big_session(args.messages, args.tokens)
     tokens = sum(estimate_message_tokens(m) for m in msgs)
     print(f"session: {len(msgs):,} messages, {tokens:,} tokens (estimate); store: {'none' if args.no_store else 'SQLite'}", flush=True)
     out: dict[str, Any] = {"messages": len(msgs), "tokens": tokens, "store": not args.no_store}
-    for caller in ("prepared", "full"):
+    for caller in args.callers:
         r = run(msgs, caller=caller, with_store=not args.no_store, band=args.band, window=args.window, heap=False)
         if args.tracemalloc:
             r["heap_mb"] = run(msgs, caller=caller, with_store=not args.no_store, band=args.band, window=args.window, heap=True)["heap_mb"]

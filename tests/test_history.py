@@ -304,3 +304,45 @@ def test_no_sequence_of_appends_retries_and_edits_resurrects_a_dropped_word() ->
             assert content_text(out[-1].get("content")) == content_text(raw[-1].get("content"))
 
     run()
+
+
+def test_record_returns_the_ids_of_the_whole_history_while_writing_only_the_new_messages(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "s.db")
+    h = SessionHistory()
+    raw = list(_head())
+    for turn in _turns(4):
+        raw = [*raw, *turn]
+        t = h.begin(list(raw))
+        ids = h.record(store, "s", t, t.messages)
+        h.finish(t, t.messages, t.messages)
+        assert ids == store.history_ids("s")
+        assert t.kind == "first" or t.base == len(raw) - len(turn)
+    assert [e.kind for e in store.events("s")] == ["messages", "append", "append", "append"]
+    store.close()
+
+
+def test_the_planner_inputs_kept_turn_by_turn_equal_a_full_recount() -> None:
+    import itertools
+
+    from ctxengine.caching import plan_breakpoints
+    from ctxengine.messages import is_summary
+    from ctxengine.tokens import estimate_message_tokens
+
+    mgr = _mgr()
+    raw = list(_head())
+    seen_summary = False
+    for turn in _turns(18):
+        raw = [*raw, *turn]
+        out = mgr.prepare(list(raw), session_id="s")
+        known = mgr._session("s").history.planner_inputs(out)
+        assert known is not None
+        sums, stable = known
+        assert sums == list(itertools.accumulate(estimate_message_tokens(m) for m in out))
+        assert stable == max((i for i, m in enumerate(out) if is_summary(m)), default=-1)
+        seen_summary = seen_summary or stable >= 0
+        assert plan_breakpoints(out, prefix_tokens=sums, stable=stable) == plan_breakpoints(out)
+        previous = mgr._session("s").last_request
+        expected = plan_breakpoints(out, min_cache_tokens=mgr.profile.min_cache_tokens, native_anthropic=mgr.caching.native_anthropic, previous=previous)
+        assert mgr.breakpoints(out, session_id="s") == expected
+    assert seen_summary  # the sums followed a compaction too
+    assert mgr._session("s").history.planner_inputs([*out, {"role": "user", "content": "x"}]) is None

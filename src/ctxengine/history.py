@@ -152,8 +152,8 @@ class SessionHistory:
         self.wpos: list[int] = []
         self.compacted = False
         self.turns = 0
-        self._tip: str | None = None  # store id of working[-1] when the store's tip is exactly ``working``
-        self._next_tip: str | None = None  # the tip this turn's recording made, kept by :meth:`finish`
+        self._ids: list[str] | None = None  # store ids of ``working`` when the store's tip is exactly ``working``
+        self._next_ids: list[str] | None = None  # what this turn's recording made, kept by :meth:`finish`
         self._pending: list[int] | None = None
         self._pending_raw: list[Message] | None = None
         self._pending_r0 = 0
@@ -204,8 +204,10 @@ class SessionHistory:
         return self._take(given, "fresh", base=0)
 
     def _take(self, given: list[Message], kind: TurnKind, *, base: int, keep_raw: bool = False) -> TurnInput:
-        """The caller's list is the working input as given; ``given[:base]`` was seen."""
-        msgs = list(given)
+        """The caller's list is the working input; ``given[:base]`` was seen and equals
+        ``working[:base]``, whose own dicts are used (a list decoded again each turn then keeps
+        every per-message memo of the session: token counts, the planner's sums)."""
+        msgs = [*self.working[:base], *given[base:]] if base else list(given)
         if kind == "continue" or keep_raw:
             k = len(self.wpos) if kind == "continue" else bisect.bisect_left(self.wpos, base)
             self._pending = [*self.wpos[:k], *range(base, len(msgs))]
@@ -220,7 +222,7 @@ class SessionHistory:
     def _seen_index(self) -> Callable[[int], int]:
         """Caller index of a working message that is a raw one (its own index for the others),
         computed only when an error needs it."""
-        wpos, r0 = list(self.wpos), self.r0
+        wpos, r0 = self.wpos, self.r0  # finish() replaces the list, never edits it
 
         def index(i: int) -> int:
             k = bisect.bisect_left(wpos, i)
@@ -231,7 +233,7 @@ class SessionHistory:
     def finish(self, turn: TurnInput, inp: Sequence[Message], out: Sequence[Message]) -> None:
         """Remember the turn: its input ``inp`` (``turn.messages`` plus any engine tool results
         appended) became ``out``, the list returned to the caller."""
-        self._tip, self._next_tip = self._next_tip, None
+        self._ids, self._next_ids = self._next_ids, None
         pending = self._pending if self._pending is not None else list(range(len(inp)))
         raw = self._pending_raw if self._pending_raw is not None else list(inp)
         r0 = self._pending_r0
@@ -239,7 +241,7 @@ class SessionHistory:
         if turn.kind in ("first", "fresh"):
             self.compacted = False
         result = list(out)
-        if len(result) != len(inp) or result != list(inp):
+        if len(result) != len(inp) or result != (inp if isinstance(inp, list) else list(inp)):
             # a compaction (or a cap) rewrote the input: the raw messages still held verbatim are
             # those of the common tail of input and output
             k = 0
@@ -252,7 +254,7 @@ class SessionHistory:
             self.wpos = [wp + shift for wp in pending[j:]]
             self.r0 = r0 + j
             self.compacted = True
-            self._tip = None  # the store's tip is the compaction's output, or unknown
+            self._ids = None  # the store's tip is the compaction's output, or unknown
             self._prune_tokens(result)
         else:
             self.wpos = pending
@@ -268,27 +270,31 @@ class SessionHistory:
         self.__init__()  # type: ignore[misc]
 
     # -- the store ---------------------------------------------------------------------------
-    def record(self, store: SessionRecorder, session_id: str, turn: TurnInput, messages: Sequence[Message], *, appender: SessionAppender | None = None) -> None:
+    def record(
+        self, store: SessionRecorder, session_id: str, turn: TurnInput, messages: Sequence[Message], *, appender: SessionAppender | None = None
+    ) -> list[str]:
         """Record ``messages`` (the turn's input, engine tool results included) as the session's
-        history: only the new messages when the store's tip is the previous working context and
-        the store can append, the whole list otherwise (a first turn, a branch, after a
-        compaction; the store keeps each message once, so a branch costs its new messages)."""
+        history and return the store ids of all of them: only the new messages are written when
+        the store's tip is the previous working context and the store can append, the whole
+        list otherwise (a first turn, a branch, after a compaction; the store keeps each message
+        once, so a branch costs its new messages)."""
         if appender is None and isinstance(store, SessionAppender):
             appender = store
-        # the new tip counts once the turn finishes (a turn that raises leaves the old one, so
-        # the next turn branches from there instead of chaining on the failed input)
-        self._next_tip = None
-        if self._tip is not None and turn.kind in ("continue", "resend") and appender is not None:
+        # what is recorded counts once the turn finishes (a turn that raises leaves the old tip,
+        # so the next turn branches from there instead of chaining on the failed input)
+        self._next_ids = None
+        known = self._ids
+        if known and len(known) == turn.base and turn.kind in ("continue", "resend") and appender is not None:
             new = list(messages[turn.base :])
-            ids = appender.append_messages(session_id, new, after=self._tip) if new else []
-            self._next_tip = ids[-1] if ids else self._tip
-            return
-        ids = store.record_messages(session_id, list(messages))
-        self._next_tip = ids[-1] if ids else None
+            ids = [*known, *appender.append_messages(session_id, new, after=known[-1])] if new else known
+        else:
+            ids = list(store.record_messages(session_id, list(messages)))
+        self._next_ids = ids
+        return ids
 
     def forget_tip(self) -> None:
         """The store's tip moved elsewhere (a compaction, a failed write): record in full next time."""
-        self._tip = self._next_tip = None
+        self._ids = self._next_ids = None
 
     # -- tokens and the planner's inputs -----------------------------------------------------
     def _follow_working(self, old: list[Message], new: list[Message]) -> None:

@@ -521,17 +521,19 @@ class ContextManager:
             s.hygiene_armed = True
         return turn
 
-    def _record(self, s: _Session, turn: TurnInput, history: list[Message]) -> None:
-        """Record the turn's input: only what is new when the store's tip is the last working
-        context (:meth:`SessionHistory.record`)."""
+    def _record(self, s: _Session, turn: TurnInput, history: list[Message]) -> list[str] | None:
+        """Record the turn's input (every original, before any cut): only what is new when the
+        store's tip is the last working context (:meth:`SessionHistory.record`). Returns the
+        store ids of all of ``history``, or ``None`` without a store or when recording failed."""
         if self.store is None:
-            return
+            return None
         try:
-            s.history.record(self.store, s.id, turn, history, appender=self._appender)
+            return s.history.record(self.store, s.id, turn, history, appender=self._appender)
         except Exception as exc:
             s.history.forget_tip()
             s.store_errors += 1
             log.warning("session store: recording the history of %s failed: %s", s.id, exc)
+            return None
 
     def _update_pressure(self, s: _Session, tokens: int) -> None:
         if not self.config.prompt_caching.pressure_warnings:
