@@ -64,12 +64,3 @@ def test_markers_written_back_equal_a_full_conversion_and_leave_other_messages_a
         touched = {conv.owner[i] for i in indices}
         assert all(out["messages"][a] is msgs[a] for a in range(len(msgs)) if a not in touched)
     assert body == original
-
-
-def test_openai_messages_keep_the_objects_of_the_unchanged_prefix() -> None:
-    inc = IncomingHistory()
-    first = inc.openai([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}])
-    second = inc.openai([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}])
-    assert second[0] is first[0] and second[1] is first[1]
-    third = inc.openai([{"role": "user", "content": "A"}, {"role": "assistant", "content": "b"}])
-    assert third[0] is not first[0] and third[1] is not first[1]  # everything after an edit is new

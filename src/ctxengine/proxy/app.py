@@ -367,8 +367,8 @@ class Proxy:
         if api is ANTHROPIC:
             conv = incoming.from_anthropic(body.get("system"), body["messages"])
             msgs = conv.messages
-        else:
-            msgs = incoming.openai(body["messages"])
+        else:  # the manager recognises the resent history itself (ctxengine.history)
+            msgs = list(body["messages"])
         before = mgr.status(session)["compactions"]
         out = mgr.prepare(msgs, session_id=session)
         after_status = mgr.status(session)

@@ -1,16 +1,13 @@
-"""A session's incoming history, read incrementally: each turn costs what is new, not the history.
+"""An Anthropic session's incoming history, converted incrementally.
 
-A client resends its whole history every turn, freshly serialised, so every message arrives as
-a new object. The manager's per-session bookkeeping (which part was seen, token counts) is
-keyed on the objects it saw; fed new ones, it would compare and count the whole history again
-on every turn. :class:`IncomingHistory` keeps, per session, the messages of the last request
-and hands the manager the *same objects* for the part that did not change (compared by value,
-which for equal JSON is one C-level pass), so only the new messages are new to it.
-
-For the Anthropic API it also keeps each Anthropic message's OpenAI-form group (the adapter
-turns one Anthropic message into one or more OpenAI messages), so only new messages are
-converted, and :meth:`IncomingHistory.to_anthropic` writes cache markers back by converting
-only the groups that carry one, leaving every other message of the body as the client sent it.
+A client resends its whole history every turn. The manager recognises the part it has seen
+(:mod:`ctxengine.history`), but the Anthropic request must first be turned into OpenAI-form
+messages, and converting the whole history every turn costs as much as everything else the
+proxy does. :class:`IncomingHistory` keeps, per session, each Anthropic message of the last
+request with its OpenAI-form group (the adapter turns one Anthropic message into one or more
+OpenAI messages), so only the messages not seen last turn are converted; and
+:meth:`IncomingHistory.to_anthropic` writes cache markers back by converting only the groups
+that carry one, leaving every other message of the body as the client sent it.
 """
 
 from __future__ import annotations
@@ -43,18 +40,6 @@ class IncomingHistory:
     anthropic: list[tuple[Any, list[Message]]] = field(default_factory=list)
     system_raw: Any = None
     system_msg: Message | None = None
-
-    def openai(self, messages: Sequence[Message]) -> list[Message]:
-        """``messages`` with the unchanged prefix replaced by the objects seen last turn."""
-        prev = self.messages
-        out = list(messages)
-        for i in range(min(len(prev), len(out))):
-            if out[i] is prev[i] or out[i] == prev[i]:
-                out[i] = prev[i]
-            else:
-                break
-        self.messages = out
-        return out
 
     def from_anthropic(self, system: Any, messages: Sequence[Any]) -> Converted:
         """The request in OpenAI form, converting only the messages not seen last turn.
