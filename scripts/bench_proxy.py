@@ -211,6 +211,11 @@ def bench_latency(runs: int, requests: int, tokens: int) -> dict[str, Any]:
                     for key, val in (("direct_p50", d50), ("direct_p99", d99), ("proxy_p50", p50), ("proxy_p99", p99), ("added_p50", p50 - d50), ("added_p99", p99 - d99)):
                         per_run[key].append(val)
                 out[api] = {k: med(v) for k, v in per_run.items()} | {"runs": runs, "requests_per_run": requests}
+                # the proxy's own work before the upstream call (its added-latency histogram)
+                metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+                vals = {line.split("{")[0]: float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("ctxengine_proxy_added_latency_seconds_") and f'api="{api}"' in line and "bucket" not in line}
+                count = vals.get("ctxengine_proxy_added_latency_seconds_count", 0.0)
+                out[api]["proxy_own_work_mean_ms"] = round(1000 * vals.get("ctxengine_proxy_added_latency_seconds_sum", 0.0) / count, 3) if count else 0.0
         finally:
             stop(proxy, stub)
     return out
