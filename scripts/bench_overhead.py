@@ -10,20 +10,23 @@
 ``prepare`` once, then each timed call appends the next recorded turn (the assistant message
 and what followed it) and runs ``prepare`` + ``request`` (the documented per-turn loop; the
 usage of each response goes to ``update_from_response`` outside the timing). The window is
-large enough that nothing compacts: what is measured is the manager's own overhead. Four
-configurations: a caller keeping the prepared list or resending its full raw history, each with
-no store and with a SQLite store in a temporary directory. Each is run ``--runs`` times; the
+large enough that nothing compacts: what is measured is the manager's own overhead. Six
+configurations: a caller keeping the prepared list (``prepared``), resending its full raw
+history (``full``), or resending it decoded from JSON each turn as a proxy does (``json``; the
+decoding is not timed), each with no store and with a SQLite store in a temporary directory. Each is run ``--runs`` times; the
 figures are the medians over runs of each run's p50 and p95 (milliseconds per call).
 
-**callers** — the same turns at a 32K window with the default engine (extractive summaries, so
-no network): a caller that resends its whole raw history every turn vs one that keeps the list
-``prepare`` returned; the number of compactions each triggers.
+**callers** — the same turns at a 32K window with the default engine and an LLM summarizer (a
+stub server on 127.0.0.1 answering with a template summary): a caller that resends its whole
+raw history every turn vs one that keeps the list ``prepare`` returned; the compactions and
+summarizer calls each triggers.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -104,7 +107,10 @@ def overhead_run(msgs: list[Message], *, start: int, calls: int, caller: str, wi
             end = next(ends, None)
             if end is None:
                 break
-            given = msgs[:end] if caller == "full" else [*working, *msgs[cut:end]]
+            if caller == "json":  # a proxy: every dict decoded again each turn (decoding not timed)
+                given = json.loads(json.dumps(msgs[:end]))
+            else:
+                given = msgs[:end] if caller == "full" else [*working, *msgs[cut:end]]
             t0 = time.perf_counter()
             working = mgr.prepare(given, session_id="s")
             mgr.request(working, session_id="s")
@@ -122,7 +128,7 @@ def overhead_run(msgs: list[Message], *, start: int, calls: int, caller: str, wi
 def bench_overhead(args: argparse.Namespace) -> dict[str, Any]:
     msgs = long_session(args.start + 4 * args.calls)
     result: dict[str, Any] = {"start_messages": args.start, "calls": args.calls, "runs": args.runs}
-    for caller in ("prepared", "full"):
+    for caller in ("prepared", "full", "json"):
         for with_store in (False, True):
             p50s, p95s = [], []
             for _ in range(args.runs):
@@ -135,8 +141,38 @@ def bench_overhead(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def callers_run(msgs: list[Message], *, caller: str, window: int, turns_n: int) -> dict[str, int]:
-    mgr = _manager(Config(), window=window, store=None)
+SUMMARY = """## Goal
+Continue the task
+## Constraints & Preferences
+- (none)
+## Progress
+### Done
+- earlier steps
+### In Progress
+- the current step
+### Blocked
+- (none)
+## Key Decisions
+- (none)
+## Relevant Files
+- (none)
+## Next Steps
+- keep going
+## Critical Context
+- (none)
+"""
+
+
+def _summarizer_config(base_url: str) -> Config:
+    """The default engine with an LLM summarizer at ``base_url`` (a stub on 127.0.0.1)."""
+    os.environ.setdefault("CTXENGINE_BENCH_STUB_KEY", "sk-stub")
+    return Config.from_dict(
+        {"auxiliary": {"compression": {"provider": "openai", "model": "stub", "base_url": base_url, "api_key_env": "CTXENGINE_BENCH_STUB_KEY", "max_retries": 0}}}
+    )
+
+
+def callers_run(msgs: list[Message], *, caller: str, window: int, turns_n: int, config: Config | None = None) -> dict[str, int]:
+    mgr = _manager(config or Config(), window=window, store=None)
     cut = _first_cut(msgs, 1)
     working = mgr.prepare(msgs[:cut], session_id="c")
     ends = turns(msgs, cut)
@@ -156,10 +192,18 @@ def callers_run(msgs: list[Message], *, caller: str, window: int, turns_n: int) 
 
 def bench_callers(args: argparse.Namespace) -> dict[str, Any]:
     msgs = long_session(600)
+    from ctxengine.testing.stub_server import StubReply, StubServer
+
     out: dict[str, Any] = {}
     for caller in ("prepared", "full"):
-        out[caller] = callers_run(msgs, caller=caller, window=args.callers_window, turns_n=args.turns)
-        print(f"{caller:9s} caller: {out[caller]['compactions']} compaction(s) in {out[caller]['turns']} turns ({args.callers_window:,}-token window)", flush=True)
+        with StubServer(default=StubReply.ok(SUMMARY)) as server:  # an LLM summarizer on 127.0.0.1
+            r = callers_run(msgs, caller=caller, window=args.callers_window, turns_n=args.turns, config=_summarizer_config(server.openai_base_url))
+            r["summarizer_calls"] = server.calls
+        out[caller] = r
+        print(
+            f"{caller:9s} caller: {r['compactions']} compaction(s), {r['summarizer_calls']} summarizer call(s) in {r['turns']} turns ({args.callers_window:,}-token window)",
+            flush=True,
+        )
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -18,15 +19,16 @@ def _lint_imports() -> str:
 
 
 def test_import_contracts_hold() -> None:
-    # run by this interpreter: a lint-imports script found on PATH may belong to another
-    # Python, which would check another checkout's ctxengine
-    _lint_imports()
+    # this checkout's package first: a lint-imports installed for another interpreter would
+    # otherwise analyse whichever ctxengine that interpreter has installed
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH", "")) if p)}
     proc = subprocess.run(
-        [sys.executable, "-c", "from importlinter.cli import lint_imports_command; lint_imports_command()", "--no-cache"],
+        [_lint_imports(), "--no-cache"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
+        env=env,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "0 broken" in proc.stdout

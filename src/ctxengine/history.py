@@ -24,6 +24,10 @@ reset, so nothing of the dropped turns comes back through a previous summary). N
 and nothing dropped is resurrected. In the store (content-addressed, parent-linked) a branch
 costs only its new messages.
 
+Messages already passed to ``prepare`` are treated as immutable (the library never edits
+them either): the same dict object is taken as the same message, so change a message by
+sending a new dict, not by editing the old one in place.
+
 Only the new messages are validated, recorded and counted: :meth:`TurnInput.check` validates
 from the last turn boundary before them, and :meth:`SessionHistory.record` appends them after
 the session's tip in the store instead of recording the whole history again.

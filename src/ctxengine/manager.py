@@ -416,7 +416,8 @@ class ContextManager:
         the caller's messages replace the old ones; when the change lies in the part already
         compacted, the history is taken as given and the engine's per-session state is reset,
         so nothing from the dropped turns comes back. The mapping lives in memory per session
-        (a new manager starts from the history it is given).
+        (a new manager starts from the history it is given). A message already passed is taken
+        as unchanged while it is the same dict: edit by sending a new dict, not in place.
 
         ``tools`` (the agent's tool list) is only checked for clashes with engine tools here;
         send :meth:`tools` to the provider.

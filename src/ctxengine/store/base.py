@@ -529,11 +529,8 @@ class SqlStore(SessionStore):
         known.update(self._ids_to_pks(cur, "messages", list(new)))
         return known
 
-    def _store_chain(
-        self, cur: Any, messages: Sequence[Message], parent_id: str | None = None, *, prepared: list[_Prepared] | None = None, stored_parent: tuple[str, int, int] | None = None
-    ) -> list[tuple[int, str]]:
-        if prepared is None:
-            prepared = _prepare(messages, parent_id)
+    def _store_chain(self, cur: Any, messages: Sequence[Message], parent_id: str | None = None, *, stored_parent: tuple[str, int, int] | None = None) -> list[tuple[int, str]]:
+        prepared = _prepare(messages, parent_id)
         links: list[tuple[str | None, _Prepared]] = []
         parent = parent_id
         for p in prepared:
@@ -596,7 +593,6 @@ class SqlStore(SessionStore):
 
     def append_messages(self, session_id: str, messages: Sequence[Message], *, after: str | None = None) -> list[str]:
         msgs = list(messages)
-        prepared = _prepare(msgs, after) if after is not None else None  # hashed outside the lock
         known_pk = self._session_pks.get(session_id)
         with self._write() as cur:
             spk = known_pk if known_pk is not None else self._ensure_session(cur, session_id)
@@ -609,7 +605,7 @@ class SqlStore(SessionStore):
                 row = self._one(cur, "SELECT m.id, m.pk, m.position FROM sessions s JOIN messages m ON m.pk = s.tip_pk WHERE s.pk = ?", (spk,))
             parent = str(row[0]) if row else None
             link = (str(row[0]), int(row[1]), int(row[2])) if row else None
-            chain = self._store_chain(cur, msgs, parent, prepared=prepared, stored_parent=link)
+            chain = self._store_chain(cur, msgs, parent, stored_parent=link)
             full = ([(int(row[1]), parent)] if row and parent else []) + chain
             self._move_tip(cur, spk, full, "append")
         # sessions are never deleted: the key stays valid once the row is committed
