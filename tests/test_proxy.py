@@ -470,3 +470,30 @@ def test_metrics_and_healthz(proxy: ProxyServer, stub: StubServer) -> None:
     assert metric(proxy, "ctxengine_proxy_tokens_in_total", api="openai") > 0
     health = httpx.get(proxy.url + "/healthz").json()
     assert health == {"status": "ok", "store": "SqliteStore", "sessions": 1}
+
+
+def test_mixed_calls_show_only_the_clients_and_a_failed_round_is_returned(stub: StubServer, tmp_path: Path) -> None:
+    cfg = make_config(stub, tmp_path, context={"engine": "lcm"})
+    stub.script(
+        StubReply.calling(("lcm_grep", {"query": "x"}), ("read_file", {"path": "a.py"})),
+        StubReply.calling(("lcm_grep", {"query": "x"})),
+        StubReply.fail(500, "upstream broke", retry_after_ms=None),
+        StubReply.calling(("lcm_grep", {"query": "x"})),
+        StubReply.fail(529, "overloaded", retry_after_ms=None),
+    )
+    with ProxyServer(cfg) as p:
+        c = oai(p)
+        r = c.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "go"}], tools=TOOLS)  # type: ignore[arg-type]
+        assert [tc.function.name for tc in r.choices[0].message.tool_calls or []] == ["read_file"]  # type: ignore[union-attr]
+        assert r.choices[0].finish_reason == "tool_calls"
+        # the extra round's error is the client's answer, verbatim
+        with pytest.raises(openai.InternalServerError) as e:
+            c.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "go"}], tools=TOOLS)  # type: ignore[arg-type]
+        assert "upstream broke" in str(e.value)
+        # in a stream already under way it arrives as the API's error event
+        events = []
+        with httpx.stream(
+            "POST", p.url + "/v1/messages", json={"model": "claude-opus-4-5", "max_tokens": 8, "stream": True, "tools": ANTHROPIC_TOOLS, "messages": [{"role": "user", "content": "go"}]}
+        ) as resp:
+            events = [line for line in resp.iter_lines() if line.startswith("event:")]
+        assert events[-1] == "event: error" and "event: message_stop" not in events
