@@ -24,7 +24,9 @@ of 6 events 20 ms apart), p50 over ``--requests`` requests, median over runs.
 process (the stub in this process, recording every upstream request): every upstream request
 must be valid and hold exactly its own session's history (no message lost, duplicated or
 from another session). The proxy's resident memory before and after, divided by the number of
-sessions, gives the memory one idle session keeps.
+sessions, gives the memory one idle session keeps (resident: it includes the worker threads
+and their SQLite connections the concurrent requests opened); the Python heap one idle session
+keeps is measured apart with tracemalloc (same sessions, planned in-process).
 
 **replay** — a long session (5 trajectories chained) replayed turn by turn through the proxy
 (Anthropic API, in-process, the stub answering with the recorded assistant turns), and the same
@@ -325,9 +327,44 @@ def bench_sessions(n_sessions: int, turns: int) -> dict[str, Any]:
                 "rss_before_mib": round(rss_before / 1024, 1),
                 "rss_after_mib": round(rss_after / 1024, 1),
                 "memory_per_idle_session_kib": round((rss_after - rss_before) / n_sessions, 1),
+                "python_heap_per_idle_session_kib": heap_per_session(n_sessions, turns),
             }
         finally:
             stop(proxy)
+
+
+def heap_per_session(n_sessions: int, turns: int) -> float:
+    """Python heap (tracemalloc) one idle session keeps in a proxy: the same sessions as
+    :func:`bench_sessions`, planned in-process, without threads or connections."""
+    import tracemalloc
+
+    import orjson
+
+    from ctxengine.proxy.apis import OPENAI
+    from ctxengine.proxy.app import Proxy
+
+    with tempfile.TemporaryDirectory() as d:
+        proxy = Proxy(Config().with_overrides(store={"path": str(Path(d) / "mem.db")}))
+
+        def run(i: int) -> None:
+            msgs: list[Message] = [{"role": "system", "content": f"You are agent {i}."}]
+            for t in range(turns):
+                msgs.append({"role": "user", "content": f"conc-{i} turn {t}: " + "context " * 50})
+                raw = orjson.dumps({"model": "gpt-4o", "messages": msgs})
+                proxy._plan(OPENAI, f"mem-{i}", orjson.loads(raw), raw)
+                msgs.append({"role": "assistant", "content": "re:" + str(msgs[-1]["content"])})
+
+        run(-1)  # imports, caches and connections made once
+        gc.collect()
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(n_sessions):
+            run(i)
+        gc.collect()
+        after = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        proxy.close()
+    return round((after - before) / n_sessions / 1024, 1)
 
 
 # -- replay equivalence --------------------------------------------------------------------------------
