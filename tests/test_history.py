@@ -346,3 +346,39 @@ def test_the_planner_inputs_kept_turn_by_turn_equal_a_full_recount() -> None:
         assert mgr.breakpoints(out, session_id="s") == expected
     assert seen_summary  # the sums followed a compaction too
     assert mgr._session("s").history.planner_inputs([*out, {"role": "user", "content": "x"}]) is None
+
+
+def test_engine_tool_results_the_manager_added_stay_when_the_raw_history_is_resent() -> None:
+    import json
+
+    from ctxengine.engine import ContextEngine
+
+    class Tools(ContextEngine):
+        @property
+        def name(self) -> str:
+            return "tools"
+
+        def update_from_response(self, usage: Any) -> None:
+            self._record_usage(usage)
+
+        def should_compress(self, prompt_tokens: int | None = None) -> bool:
+            return False
+
+        def compress(self, messages: list[Message], current_tokens: int | None = None, focus_topic: str | None = None) -> list[Message]:
+            return messages
+
+        def get_tool_schemas(self) -> list[dict[str, Any]]:
+            return [{"name": "recall", "description": "d", "parameters": {"type": "object", "properties": {}}}]
+
+        def handle_tool_call(self, name: str, args: Any, **kwargs: Any) -> str:
+            return json.dumps({"found": "it"})
+
+    mgr = ContextManager(Config(), model="gpt-4o", context_length=WINDOW, engine_factory=Tools)
+    call: Message = {"role": "assistant", "content": None, "tool_calls": [{"id": "r1", "type": "function", "function": {"name": "recall", "arguments": "{}"}}]}
+    raw = [*_head(), call]
+    out = mgr.prepare(list(raw), session_id="s")
+    assert out[-1] == {"role": "tool", "tool_call_id": "r1", "content": json.dumps({"found": "it"})}
+    # the client never saw the engine's answer: its raw history lacks it, and is still recognised
+    raw = [*raw, {"role": "assistant", "content": "found it"}, {"role": "user", "content": "good"}]
+    out2 = mgr.prepare(list(raw), session_id="s")
+    assert out2 == [*out, *raw[-2:]]
