@@ -60,7 +60,7 @@ def test_extractive_replay_keeps_every_fact_and_every_request_valid(trajectories
     compacted = 0
     for t in trajectories:
         engine = Recording(context_length=WINDOW)
-        r = replay_session(t["messages"], engine, session_id=t["id"], on_request=first_non_system_is_user(bad_starts))
+        r = replay_session(t["messages"], engine, session_id=t["id"], on_request=first_non_system_is_user(bad_starts), retrievable=engine.retrievable)
         assert r.invalid_requests == 0, (t["id"], r.invalid_details)
         assert r.over_window == 0, t["id"]
         for kind in FACT_KINDS:
@@ -87,7 +87,7 @@ def test_failing_summarizer_loses_nothing_and_never_loops(trajectories: list[dic
         for t in sessions:
             client = OpenAICompatClient(base_url=server.openai_base_url, api_key="k", max_retries=0, timeout=5)
             engine = Recording(context_length=WINDOW, summarizer=LlmSummarizer(client, "stub", context_length=128_000))
-            r = replay_session(t["messages"], engine, session_id=t["id"])
+            r = replay_session(t["messages"], engine, session_id=t["id"], retrievable=engine.retrievable)
             assert r.invalid_requests == 0 and r.over_window == 0
             assert r.facts_kept["users"] == r.facts_total["users"], t["id"]
             for kind in ("tools", "errors", "urls"):
