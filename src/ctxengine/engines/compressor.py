@@ -110,7 +110,9 @@ GIANT_RATIO = 0.08
 GIANT_KEEP_RATIO = 0.02
 """What a giant output keeps (of the window, at least CUT_TOKENS, at most 4,000 tokens)."""
 MAX_CONSECUTIVE = 3
-MIN_SHRUNK_SUMMARY = 300
+MIN_CUT_TOKENS = 64
+"""The least a tool output is cut to when the window requires it (the marker and a line)."""
+MIN_SHRUNK_SUMMARY = 150
 """A summary shrunk to make room for user quotes keeps at least this many tokens."""
 """Compaction never runs on more calls in a row than this unless the window requires it."""
 MIN_HORIZON = 8
@@ -678,7 +680,7 @@ class ContextCompressor(ContextEngine):
         kept = (*head, *pulled, *tail)
         fixed = sum(self._tokens(m) for m in kept)
         # what the kept messages need at least: tool outputs can still be cut to fit the window
-        floor = sum(min(self._tokens(m), self.cut_tokens) if m.get("role") == "tool" else self._tokens(m) for m in kept)
+        floor = sum(min(self._tokens(m), MIN_CUT_TOKENS) if m.get("role") == "tool" else self._tokens(m) for m in kept)
         present = TextIndex("\n".join(message_text(m) for m in kept))
 
         def ledger_for(text: str) -> LedgerResult:
@@ -951,7 +953,7 @@ class ContextCompressor(ContextEngine):
             if total <= limit:
                 break
             excess = total - limit
-            keep = max(self.cut_tokens, toks[i] - excess - 50)
+            keep = max(MIN_CUT_TOKENS, toks[i] - excess - 50)
             candidate = self._cut(msgs[i], keep)
             if candidate is msgs[i]:
                 continue
