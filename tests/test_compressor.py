@@ -314,7 +314,7 @@ def test_user_messages_that_cannot_fit_go_to_recall_and_the_report_says_so() -> 
     e = make(4_000)
     out = e.compress(msgs)
     text = "\n".join(content_text(m.get("content")) for m in out)
-    assert estimate_messages_tokens_rough(out) <= e.context_length
+    assert e.counter.count_messages(out) <= e.context_length
     gone = [a for a in asks if a not in text]
     assert gone, "40 messages of 150 tokens cannot all fit a 4,000-token window"
     # never just gone: each is retrievable verbatim, and the report says how many moved

@@ -691,7 +691,7 @@ class ContextCompressor(ContextEngine):
                 budget_tokens=max(0, self.hard_limit_tokens - fixed - estimate(text) - 200),
                 # the user's words are anchors: quoted while they fit the window (outputs of the
                 # tail are cut afterwards if need be); those that cannot fit stay retrievable
-                user_budget_tokens=max(0, self.context_length - floor - estimate(text) - 100),
+                user_budget_tokens=max(0, int(self.context_length * 0.98) - floor - estimate(text) - 100),
             )
 
         ledger = ledger_for(summary)
