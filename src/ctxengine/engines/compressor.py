@@ -107,6 +107,7 @@ CUT_MIN_TOKENS = 400
 """Outputs shorter than this are never cut: the record would save little."""
 GIANT_RATIO = 0.08
 """An output over this fraction of the window is cut wherever it sits, before it is sent."""
+GIANT_TOKENS = 8_000
 GIANT_KEEP_RATIO = 0.02
 """What a giant output keeps (of the window, at least CUT_TOKENS, at most 4,000 tokens)."""
 MAX_CONSECUTIVE = 3
@@ -277,6 +278,7 @@ class ContextCompressor(ContextEngine):
         self._note = _prompt("system_note.md")
         self._header = _prompt("summary_header.md")
         self._tok_memo: dict[int, tuple[Message, int]] = {}
+        self._fact_memo: dict[int, tuple[Message, Facts]] = {}
         # what left the context (cut outputs, user messages that no longer fit): retrievable
         self._originals: list[str] = []
         self._recallable: set[str] = set()
@@ -493,10 +495,27 @@ class ContextCompressor(ContextEngine):
         self._tok_memo[id(m)] = (m, t)
         return t
 
+    def _facts(self, m: Message) -> Facts:
+        """The facts of one message, memoised per message object (a message is extracted once
+        however many compactions see it)."""
+        hit = self._fact_memo.get(id(m))
+        if hit is not None and hit[0] is m:
+            return hit[1]
+        f = extract_facts([m])
+        if len(self._fact_memo) > 50_000:
+            self._fact_memo.clear()
+        self._fact_memo[id(m)] = (m, f)
+        return f
+
     @property
     def giant_tokens(self) -> int:
-        """Outputs larger than this are cut wherever they sit."""
-        return max(self.cut_min_tokens, int(self.context_length * self.giant_ratio))
+        """Outputs larger than this are cut wherever they sit (``giant_ratio`` of the window,
+        and at least GIANT_TOKENS or a quarter of the window, whichever is less)."""
+        ratio = int(self.context_length * self.giant_ratio)
+        # an ordinary long output (a few thousand tokens) is not giant in a small window: it is
+        # kept whole for its turns like any other; giant means over GIANT_TOKENS as well, unless
+        # that is more than a quarter of the window
+        return max(self.cut_min_tokens, ratio, min(GIANT_TOKENS, self.context_length // 4))
 
     @property
     def giant_keep_tokens(self) -> int:
@@ -653,7 +672,7 @@ class ContextCompressor(ContextEngine):
                     m = {**m, "content": rest}
                 else:
                     continue
-            facts = extract_facts([m])
+            facts = self._facts(m)
             for k in FACT_KINDS:
                 acc[k].update(dict.fromkeys(getattr(facts, k)))
             span.append(_pruned(m, facts))
@@ -681,7 +700,12 @@ class ContextCompressor(ContextEngine):
         fixed = sum(self._tokens(m) for m in kept)
         # what the kept messages need at least: tool outputs can still be cut to fit the window
         floor = sum(min(self._tokens(m), MIN_CUT_TOKENS) if m.get("role") == "tool" else self._tokens(m) for m in kept)
-        present = TextIndex("\n".join(message_text(m) for m in kept))
+        # facts extracted from the kept messages occur in their text: a set lookup answers most
+        known: set[str] = set()
+        for m in kept:
+            f = self._facts(m)
+            known.update(f.paths, f.urls, f.tools, f.errors)
+        present = TextIndex("\n".join(message_text(m) for m in kept), known)
 
         def ledger_for(text: str) -> LedgerResult:
             return apply_ledger(
