@@ -559,7 +559,12 @@ class ContextCompressor(ContextEngine):
         if not waiting:
             return []
         sizes = [toks[i] for i in waiting]
-        if len(waiting) < self.batch and sum(sizes) < self.batch_tokens:
+        # when the provider reads little of a kept prefix from cache (a rolling placement such
+        # as system_and_3 re-reads only the system prompt after any edit), every cut rewrites
+        # nearly everything: batches grow so that rewrites are rarer (up to 8x; measured on the
+        # long sessions: 0.65x -> 0.52x of no compaction under system_and_3)
+        scale = 1.0 / max(0.125, min(1.0, self._stable_ratio))
+        if len(waiting) < self.batch * scale and sum(sizes) < self.batch_tokens * scale:
             return []
         if not self.cost_aware:
             return waiting
