@@ -51,6 +51,7 @@ from ctxengine.boundaries import align_cut, group_spans, sanitize_tool_pairs
 from ctxengine.cost import compaction_break_even
 from ctxengine.engine import CompactionReport, ContextEngine
 from ctxengine.engines.kit import MARK, cut_output
+from ctxengine.engines.kit.tail import tail_by_exchanges
 from ctxengine.errors import ConfigError, SummarizerAuthError, SummarizerError
 from ctxengine.facts import FACT_KINDS, Facts, extract_facts
 from ctxengine.messages import Message, content_text, is_summary, message_text
@@ -536,16 +537,7 @@ class ContextCompressor(ContextEngine):
 
     def _tail_start(self, msgs: list[Message]) -> int:
         """Where the last ``keep_recent`` tool exchanges begin (kept whole)."""
-        if self.keep_recent <= 0:
-            return len(msgs)
-        seen = 0
-        for i in range(len(msgs) - 1, -1, -1):
-            m = msgs[i]
-            if m.get("role") == "assistant" and m.get("tool_calls"):
-                seen += 1
-                if seen >= self.keep_recent:
-                    return i
-        return 0
+        return tail_by_exchanges(msgs, self.keep_recent)
 
     def _waiting(self, msgs: list[Message], toks: list[int]) -> list[int]:
         end = self._tail_start(msgs)
