@@ -54,7 +54,14 @@ from ctxengine.engines.kit import MARK, cut_output
 from ctxengine.engines.kit.tail import tail_by_exchanges
 from ctxengine.errors import ConfigError, SummarizerAuthError, SummarizerError
 from ctxengine.facts import FACT_KINDS, Facts, extract_facts
-from ctxengine.messages import Message, content_text, is_summary, message_text
+from ctxengine.messages import (
+    Message,
+    content_text,
+    is_summary,
+    message_text,
+    tool_call_args,
+    tool_calls,
+)
 from ctxengine.models import DEFAULT_CONTEXT_LENGTH
 from ctxengine.summarize.base import Summarizer, has_template
 from ctxengine.summarize.extractive import PRUNED_MARKER, ExtractiveSummarizer
@@ -577,6 +584,22 @@ class ContextCompressor(ContextEngine):
     def _keep_original(self, text: str) -> None:
         self._originals.append(text)
 
+    def _remember(self, span: list[Message]) -> None:
+        """Keep the text of messages a summary replaces (and each tool call's arguments as the
+        model wrote them) so :meth:`retrievable` answers for them as recall over the store does."""
+        for m in span:
+            if _own_summary(m) or _settled(content_text(m.get("content"))):
+                continue  # already a record: its originals were kept when it was written
+            text = message_text(m)
+            if text:
+                self._keep_original(text)
+            for c in tool_calls(m):
+                args = tool_call_args(c)
+                values = [args] if isinstance(args, str) else [v for v in args.values() if isinstance(v, str)]
+                for v in values:
+                    if v:
+                        self._keep_original(v)
+
     def _cut_stage(self, msgs: list[Message], toks: list[int], *, batch: bool, report: CompactionReport) -> tuple[list[Message], list[int]]:
         """Cut giant outputs anywhere and, with ``batch``, the batch of older whole outputs when
         it is due. Returns the new list and the indices cut (``toks`` is updated in place)."""
@@ -660,6 +683,7 @@ class ContextCompressor(ContextEngine):
         previous = self._previous_summary
         span: list[Message] = []
         acc: dict[str, dict[str, None]] = {k: {} for k in FACT_KINDS}
+        self._remember(middle)
         for m in middle:
             if _own_summary(m):
                 text, rest = _split_summary(content_text(m.get("content")))
