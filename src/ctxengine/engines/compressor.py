@@ -1013,7 +1013,6 @@ class ContextCompressor(ContextEngine):
         return out
 
 
-_CLIP_NOTE = "lines cut by ctxengine to fit the context window"
 
 
 def _own_summary(m: Message) -> bool:
@@ -1023,8 +1022,9 @@ def _own_summary(m: Message) -> bool:
 
 
 def _settled(text: str) -> bool:
-    """True for an output ctxengine already wrote or cut (final: never cut again)."""
-    return text.startswith(MARK) or text.startswith(PRUNED_MARKER) or _CLIP_NOTE in text
+    """True for an output ctxengine already wrote or cut (final: never cut again). A prefix
+    test: this runs on every output each call, so it never scans the text."""
+    return text.startswith(MARK) or text.startswith(PRUNED_MARKER)
 
 
 def _split_summary(text: str) -> tuple[str, str]:
