@@ -121,6 +121,7 @@ GIANT_KEEP_RATIO = 0.02
 MAX_CONSECUTIVE = 3
 MIN_CUT_TOKENS = 64
 """The least a tool output is cut to when the window requires it (the marker and a line)."""
+CUTS_SUFFICED = "cutting the older outputs was enough: no summary needed"
 MIN_SHRUNK_SUMMARY = 150
 """A summary shrunk to make room for user quotes keeps at least this many tokens."""
 """Compaction never runs on more calls in a row than this unless the window requires it."""
@@ -195,6 +196,7 @@ class ContextCompressor(ContextEngine):
         giant_ratio: float = GIANT_RATIO,
         cost_aware: bool = True,
         max_consecutive: int = MAX_CONSECUTIVE,
+        cut_before_summary: bool = True,
         recall: Any = None,
         **services: Any,
     ) -> None:
@@ -214,6 +216,10 @@ class ContextCompressor(ContextEngine):
         * ``abort_on_summary_failure``: a failed summary keeps the messages unchanged instead
           of using the extractive summary;
         * ``quiet_mode`` silences the informational log line.
+
+        ``cut_before_summary``: at the threshold, first cut every older whole output; when that
+        lands at or under ``0.75 × threshold`` no summary is written (a cheaper rewrite; measured
+        on the long sessions 0.50x -> 0.48x of no compaction, at 32K 1.05x -> 1.02x).
 
         Unknown keywords are refused (``TypeError``) except the host services (``store``,
         ``session_id`` …), which are accepted and unused.
@@ -268,6 +274,7 @@ class ContextCompressor(ContextEngine):
         self.giant_ratio = float(giant_ratio)
         self.cost_aware = bool(cost_aware)
         self.max_consecutive = max(1, int(max_consecutive))
+        self.cut_before_summary = bool(cut_before_summary)
         if summarizer is None and self.summary_model:
             summarizer = _hermes_summarizer(self.summary_model, self.base_url, self.api_key, self.provider)
         self.summarizer: Summarizer = summarizer or ExtractiveSummarizer()
@@ -600,11 +607,13 @@ class ContextCompressor(ContextEngine):
                     if v:
                         self._keep_original(v)
 
-    def _cut_stage(self, msgs: list[Message], toks: list[int], *, batch: bool, report: CompactionReport) -> tuple[list[Message], list[int]]:
+    def _cut_stage(
+        self, msgs: list[Message], toks: list[int], *, batch: bool, report: CompactionReport, everything: bool = False
+    ) -> tuple[list[Message], list[int]]:
         """Cut giant outputs anywhere and, with ``batch``, the batch of older whole outputs when
         it is due. Returns the new list and the indices cut (``toks`` is updated in place)."""
         giants = self._giants(msgs, toks)
-        waiting = self._due_batch(msgs, toks) if batch else []
+        waiting = (self._waiting(msgs, toks) if everything else self._due_batch(msgs, toks)) if batch else []
         targets = sorted(set(giants) | set(waiting))
         if not targets:
             return msgs, []
@@ -651,6 +660,14 @@ class ContextCompressor(ContextEngine):
         reported = before
         # at the threshold the summary folds the older outputs anyway: only giants are cut first
         msgs, cut = self._cut_stage(msgs, toks, batch=not over and focus_topic is None, report=report)
+        if over and focus_topic is None and self.cut_before_summary:
+            # every older whole output cut may be enough: a cheaper rewrite than a summary
+            msgs, more = self._cut_stage(msgs, toks, batch=True, report=report, everything=True)
+            cut = sorted(set(cut) | set(more))
+            if cut and before - (total - sum(toks)) <= int(self.threshold_tokens * TARGET_AFTER_RATIO):
+                report.replaced = list(cut)
+                report.notes.append(CUTS_SUFFICED)
+                return self._finish(report, msgs, t0, changed=True, first_changed=cut[0])
         report.replaced = list(cut)
         if not over and focus_topic is None:
             # under the threshold only cuts happen (giant outputs, a due batch): no summary
