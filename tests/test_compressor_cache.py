@@ -250,3 +250,14 @@ def test_abort_on_summary_failure_keeps_the_messages() -> None:
     out = e.compress(msgs)
     assert out == msgs
     assert e.last_report is not None and e.last_report.fallback == "unchanged"
+
+
+def test_the_per_call_check_answers_as_a_fresh_scan_does() -> None:
+    body = "\n".join(f"row {i} src/x/Y{i}.java" for i in range(300))
+    msgs: list[Message] = [{"role": "system", "content": "sys"}, {"role": "user", "content": "task"}]
+    steps = [tool_turn(f"c{k}", f"out {k}\n{body}" if k % 3 else "short") for k in range(15)]
+    kept = ContextCompressor(context_length=128_000, batch=4, cost_aware=False)
+    for new in steps:
+        msgs = [*msgs, *new]
+        fresh = ContextCompressor(context_length=128_000, batch=4, cost_aware=False)
+        assert kept.should_compress_preflight(msgs) == fresh.should_compress_preflight(msgs)

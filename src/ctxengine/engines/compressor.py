@@ -43,7 +43,8 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
@@ -145,6 +146,22 @@ def _hermes_summarizer(model: str, base_url: str, api_key: str, provider: str) -
         api_key_env="CTXENGINE_SUMMARY_API_KEY" if api_key else None,
     )
     return LlmSummarizer(build_client(cfg, environ=env or None), model)
+
+
+@dataclass(slots=True)
+class _Scan:
+    """The per-call view of a message list (see :meth:`ContextCompressor._scan`)."""
+
+    n: int = 0
+    first: Message | None = None
+    last: Message | None = None
+    toks: list[int] = field(default_factory=list)
+    cum: list[int] = field(default_factory=lambda: [0])
+    total: int = 0
+    groups: list[int] = field(default_factory=list)
+    """Indices of assistant messages whose tool results follow (tool exchanges)."""
+    cands: list[int] = field(default_factory=list)
+    """Tool outputs large enough to cut and not cut yet."""
 
 
 @dataclass(slots=True)
@@ -294,6 +311,7 @@ class ContextCompressor(ContextEngine):
         self._header = _prompt("summary_header.md")
         self._tok_memo: dict[int, tuple[Message, int]] = {}
         self._fact_memo: dict[int, tuple[Message, Facts]] = {}
+        self._scan_state: _Scan | None = None
         # what left the context (cut outputs, user messages that no longer fit): retrievable
         self._originals: list[str] = []
         self._recallable: set[str] = set()
@@ -432,15 +450,45 @@ class ContextCompressor(ContextEngine):
         self._sent = messages
         if not self.enabled:
             return False
-        toks = [self._tokens(m) for m in messages]
-        if self._giants(messages, toks):
+        scan = self._scan(messages)
+        limit = self.giant_tokens
+        if any(scan.toks[i] > limit for i in scan.cands):
             return True
         tokens = self._anchor.count(messages)
         if self._thrashing(tokens):
             return False
         if tokens >= self.threshold_tokens:
             return self._backoff == 0 or tokens >= self.hard_limit_tokens
-        return bool(self._due_batch(messages, toks))
+        keep = self.keep_recent
+        tail = len(messages) if keep <= 0 or not scan.groups else scan.groups[-keep] if len(scan.groups) >= keep else scan.groups[0]
+        waiting = [i for i in scan.cands if i < tail]
+        return bool(self._batch_pays(waiting, scan.toks, scan.total, lambda k: scan.cum[k]))
+
+    def _scan(self, msgs: list[Message]) -> _Scan:
+        """What the per-call check needs, kept incrementally: a list that extends the one seen
+        last (same message objects) costs only its new messages, so the check before each call
+        stays flat however long the session grows; any other list is scanned anew."""
+        st = self._scan_state
+        n = st.n if st is not None else 0
+        if st is None or n == 0 or len(msgs) < n or msgs[n - 1] is not st.last or msgs[0] is not st.first:
+            st = _Scan()
+            n = 0
+        for i in range(n, len(msgs)):
+            m = msgs[i]
+            t = self._tokens(m)
+            st.toks.append(t)
+            st.total += t
+            st.cum.append(st.total)
+            if m.get("role") == "tool":
+                prev = msgs[i - 1] if i > 0 else None
+                if prev is not None and prev.get("role") == "assistant" and prev.get("tool_calls"):
+                    st.groups.append(i - 1)
+                if self._cuttable(m, t):
+                    st.cands.append(i)
+        if msgs:
+            st.n, st.first, st.last = len(msgs), msgs[0], msgs[-1]
+        self._scan_state = st
+        return st
 
     def update_model(self, model: str, context_length: int, **kwargs: Any) -> None:
         """Switch window: ``threshold_tokens`` and every budget follow the new length."""
@@ -459,6 +507,7 @@ class ContextCompressor(ContextEngine):
         self._anchor.reset()
         self._originals = []
         self._recallable = set()
+        self._scan_state = None
         self._summaries = 0
         self._calls = 0
         self._streak = 0
@@ -564,6 +613,14 @@ class ContextCompressor(ContextEngine):
         waiting = self._waiting(msgs, toks)
         if not waiting:
             return []
+        total = sum(toks)
+        return self._batch_pays(waiting, toks, total, lambda k: sum(toks[:k]))
+
+    def _batch_pays(self, waiting: list[int], toks: list[int], total: int, prefix: Callable[[int], int]) -> list[int]:
+        """``waiting`` when it is a batch worth cutting now, else ``[]`` (``prefix(k)``: tokens
+        of the first ``k`` messages)."""
+        if not waiting:
+            return []
         sizes = [toks[i] for i in waiting]
         # when the provider reads little of a kept prefix from cache (a rolling placement such
         # as system_and_3 re-reads only the system prompt after any edit), every cut rewrites
@@ -574,11 +631,10 @@ class ContextCompressor(ContextEngine):
             return []
         if not self.cost_aware:
             return waiting
-        before = sum(toks)
         saved = sum(max(0, t - self.cut_tokens) for t in sizes)
-        stable = int(sum(toks[: waiting[0]]) * self._stable_ratio)
+        stable = int(prefix(waiting[0]) * self._stable_ratio)
         horizon = max(MIN_HORIZON, self._calls)
-        return waiting if compaction_break_even(before, before - saved, stable) <= horizon else []
+        return waiting if compaction_break_even(total, total - saved, stable) <= horizon else []
 
     def _cut(self, m: Message, budget: int) -> Message:
         text = content_text(m.get("content"))
@@ -838,6 +894,7 @@ class ContextCompressor(ContextEngine):
         report.tokens_after = after
         if changed:
             self._sent = out
+            self._scan_state = None  # earlier messages changed: the next check scans anew
             self._anchor.reset()
             self.last_prompt_tokens = after
             self.compression_count += 1
