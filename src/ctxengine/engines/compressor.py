@@ -718,12 +718,17 @@ class ContextCompressor(ContextEngine):
         msgs, cut = self._cut_stage(msgs, toks, batch=not over and focus_topic is None, report=report)
         if over and focus_topic is None and self.cut_before_summary:
             # every older whole output cut may be enough: a cheaper rewrite than a summary
-            msgs, more = self._cut_stage(msgs, toks, batch=True, report=report, everything=True)
-            cut = sorted(set(cut) | set(more))
-            if cut and before - (total - sum(toks)) <= int(self.threshold_tokens * TARGET_AFTER_RATIO):
-                report.replaced = list(cut)
+            trial_toks = list(toks)
+            trial_notes = len(report.notes)
+            trial, more = self._cut_stage(msgs, trial_toks, batch=True, report=report, everything=True)
+            both = sorted(set(cut) | set(more))
+            if both and before - (total - sum(trial_toks)) <= int(self.threshold_tokens * TARGET_AFTER_RATIO):
+                report.replaced = both
                 report.notes.append(CUTS_SUFFICED)
-                return self._finish(report, msgs, t0, changed=True, first_changed=cut[0])
+                return self._finish(report, trial, t0, changed=True, first_changed=both[0])
+            # not enough: the summary folds those outputs anyway, and cutting them first would
+            # only rewrite the head; the trial is dropped (its originals stay retrievable)
+            del report.notes[trial_notes:]
         report.replaced = list(cut)
         if not over and focus_topic is None:
             # under the threshold only cuts happen (giant outputs, a due batch): no summary
