@@ -67,6 +67,26 @@ class _Section(BaseModel):
 class ContextConfig(_Section):
     engine: str = Field("compressor", description="Active engine: compressor, rules, lcm, or a plugin name.")
     token_counter: str = Field("estimate", description="estimate | exact | exact:cl100k_base")
+    completion_reserve: int | None = Field(
+        None,
+        ge=0,
+        description="Tokens kept free for the model's answer: no request is larger than the window minus this minus window_margin. Default: min(8192, window/16).",
+    )
+    window_margin: float = Field(
+        0.03,
+        ge=0.0,
+        lt=0.5,
+        description="Share of the window kept free for providers whose tokenizer counts more than o200k (requests are measured with o200k).",
+    )
+    engine_timeout: float | None = Field(
+        300.0,
+        gt=0,
+        description="Seconds one compress() may take; a late result is discarded (EngineError, or the fallback engine). null: no deadline.",
+    )
+    fallback_engine: str | None = Field(
+        None,
+        description="Engine used for a session when the configured one fails to load, start or compress (the reason is logged). null: the error is raised.",
+    )
 
 
 class CompressionConfig(_Section):
@@ -132,6 +152,8 @@ class CompactionConfig(_Section):
     head_lines: int = Field(10, ge=0)
     tail_lines: int = Field(5, ge=0)
     target_ratio: float = Field(0.35, gt=0.0, lt=1.0, description="Compact down to this fraction of the window, so compactions come in batches.")
+    fact_tokens: int = Field(400, ge=0, description="Verbatim facts one record lists when a store keeps the originals (the rest is one ctx_grep away); without a store every fact is listed.")
+    min_gain: float = Field(0.0, ge=0.0, lt=1.0, description="A compaction freeing less than this share of the trigger is not done (0: always compact when triggered).")
 
 
 class LcmConfig(_Section):

@@ -38,14 +38,14 @@ from ctxengine.boundaries import group_spans
 from ctxengine.config import CacheAwareConfig
 from ctxengine.cost import compaction_break_even
 from ctxengine.engine import CompactionReport, ContextEngine
-from ctxengine.engines.kit import cut_output, header, is_marked
-from ctxengine.engines.kit.build import settings_and_services
+from ctxengine.engines.kit import call_of, cut_output, header, is_marked
+from ctxengine.engines.kit.build import settings_and_services, with_overrides
 from ctxengine.engines.kit.digest import digest
-from ctxengine.engines.kit.originals import Originals
+from ctxengine.engines.kit.originals import Originals, Refs
 from ctxengine.engines.kit.pacing import Pacing, first_change, giant_outputs
 from ctxengine.engines.kit.tail import tail_by_exchanges
 from ctxengine.facts import extract_facts
-from ctxengine.messages import Message, content_text, tool_call_name, tool_calls
+from ctxengine.messages import Message, content_text, tool_call_name
 from ctxengine.models import DEFAULT_CONTEXT_LENGTH
 from ctxengine.tokens import estimate, estimate_message_tokens
 
@@ -71,10 +71,7 @@ class CacheAwareEngine(ContextEngine):
         originals: Originals | None = None,
         **overrides: Any,
     ) -> None:
-        s = settings or CacheAwareConfig()
-        if overrides:
-            s = CacheAwareConfig.model_validate({**s.model_dump(), **overrides})
-        self.settings = s
+        self.settings = s = with_overrides(CacheAwareConfig, settings, overrides)
         self.threshold_ratio = s.fold_ratio
         super().__init__(context_length=context_length, threshold=threshold)
         self.originals = originals
@@ -216,7 +213,7 @@ class CacheAwareEngine(ContextEngine):
         before = sum(self._tokens(m) for m in messages)
         over = before >= self.threshold_tokens
         giant, waiting = self._plan(messages)
-        ids = _Ids(self.originals, messages)
+        ids = Refs(self.originals, messages)
         plan: dict[int, tuple[int, Message]] = {}  # start -> (end, replacement)
         notes: list[str] = []
         for i in giant:
@@ -251,7 +248,7 @@ class CacheAwareEngine(ContextEngine):
         required = over or bool(giant)
         if not plan or (not required and not self.pacing.worth(before, tokens, self.threshold_tokens)):
             return list(messages)
-        ids.commit(plan)
+        ids.commit({content_text(new.get("content")) for _, new in plan.values()})
         stable = first_change(messages, out)
         self._expected_stable = sum(self._tokens(m) for m in out[:stable])
         self.pacing.compacted(after=tokens, target=int(s.fold_target * self.context_length), batch=max(1, self.threshold_tokens - int(s.fold_target * self.context_length)), rewrote=stable < len(messages))
@@ -263,7 +260,7 @@ class CacheAwareEngine(ContextEngine):
     def _fact_tokens(self) -> int | None:
         return self.settings.fact_tokens if self.originals is not None else None
 
-    def _cut(self, messages: Sequence[Message], i: int, budget: int, ids: _Ids) -> Message:
+    def _cut(self, messages: Sequence[Message], i: int, budget: int, ids: Refs) -> Message:
         m = messages[i]
         text = content_text(m.get("content"))
         if self.originals is None:
@@ -272,7 +269,7 @@ class CacheAwareEngine(ContextEngine):
             budget += sum(estimate(f) + 1 for f in (*facts.paths, *facts.urls, *facts.errors))
         ref = ids.node([i], kind="cut", text=None)
         cut = cut_output(text, budget_tokens=budget, ref=ref, head_lines=self.settings.head_lines, tail_lines=self.settings.tail_lines)
-        call = _call_of(messages, i)
+        call = call_of(messages, i)
         if call is not None and cut.startswith("[ctxengine:cut"):
             first, _, rest = cut.partition("\n")
             cut = f"{first[:-1]}; {tool_call_name(call)} output]" + (f"\n{rest}" if rest else "")
@@ -284,7 +281,7 @@ class CacheAwareEngine(ContextEngine):
         messages: Sequence[Message],
         runs: list[tuple[int, int]],
         plan: dict[int, tuple[int, Message]],
-        ids: _Ids,
+        ids: Refs,
         target: int,
         tokens: int | None = None,
     ) -> None:
@@ -327,48 +324,3 @@ def _apply(messages: Sequence[Message], plan: Mapping[int, tuple[int, Message]])
             i += 1
     return out
 
-
-def _call_of(messages: Sequence[Message], i: int) -> Mapping[str, Any] | None:
-    owner = i
-    while owner > 0 and messages[owner].get("role") == "tool":
-        owner -= 1
-    calls = tool_calls(messages[owner])
-    cid = messages[i].get("tool_call_id")
-    for c in calls:
-        if c.get("id") == cid:
-            return c
-    pos = i - owner - 1
-    return calls[pos] if 0 <= pos < len(calls) else None
-
-
-class _Ids:
-    """Node ids for the records of one compaction, stored once the compaction is kept."""
-
-    def __init__(self, originals: Originals | None, messages: Sequence[Message]) -> None:
-        self.originals = originals
-        self.messages = messages
-        self._ids: list[str] | None = None
-        self._nodes: dict[str, tuple[list[int], str, str | None]] = {}
-
-    def node(self, indices: list[int], *, kind: str, text: str | None) -> str | None:
-        if self.originals is None:
-            return None
-        if self._ids is None:
-            self._ids = self.originals.record(self.messages)
-        nid = self.originals.node_for([self._ids[k] for k in indices])
-        self._nodes[nid] = (indices, kind, text)
-        return nid
-
-    def text(self, nid: str | None, text: str) -> None:
-        if nid is not None and nid in self._nodes:
-            indices, kind, _ = self._nodes[nid]
-            self._nodes[nid] = (indices, kind, text)
-
-    def commit(self, plan: Mapping[int, tuple[int, Message]]) -> None:
-        if self.originals is None or self._ids is None:
-            return
-        kept = {content_text(new.get("content")) for _, new in plan.values()}
-        for nid, (indices, kind, text) in self._nodes.items():
-            if text is not None and text in kept:
-                children = [("message", self._ids[k]) for k in indices]
-                self.originals.add_node(nid, depth=0, text=text, children=children, meta={"messages": len(indices), "summarizer": kind})

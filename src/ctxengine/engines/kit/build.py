@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from ctxengine.engine import Services
 from ctxengine.errors import ConfigError
 
-__all__ = ["settings_and_services"]
+__all__ = ["settings_and_services", "with_overrides"]
 
 S = TypeVar("S", bound=BaseModel)
 
@@ -59,3 +59,15 @@ def settings_and_services(
         if config is not None and services.config is None:
             services.config = config
     return settings, services
+
+
+def with_overrides(model: type[S], settings: S | None, overrides: Mapping[str, Any]) -> S:
+    """``settings`` (default: the model's defaults) with keyword overrides, validated like a
+    config file: ``RulesEngine(protect_last_n_turns=2)``."""
+    s = settings if settings is not None else model()
+    if not overrides:
+        return s
+    try:
+        return model.model_validate({**s.model_dump(), **overrides})
+    except ValueError as exc:
+        raise ConfigError(f"{model.__name__}: {exc}") from exc

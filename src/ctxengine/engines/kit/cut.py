@@ -61,11 +61,13 @@ def cut_output(
     head_lines: int | None = None,
     tail_lines: int | None = None,
     line_chars: int = LINE_CHARS,
+    known: set[str] | frozenset[str] | None = None,
 ) -> str:
     """``text`` cut to ``budget_tokens`` (see the module docstring); unchanged when it fits.
 
     ``counter`` measures tokens (default: :func:`ctxengine.tokens.estimate`). ``head_lines``
-    and ``tail_lines`` cap how many lines each end keeps (default: as many as fit). The result
+    and ``tail_lines`` cap how many lines each end keeps (default: as many as fit); facts in
+    ``known`` (shown elsewhere in the context, e.g. by an earlier record) are not listed again. The result
     never exceeds the budget, except when the budget cannot hold even the marker line: then
     the shorter of the marker alone and ``text`` is returned (the marker is the least a cut
     leaves). Raises ValueError for a
@@ -81,7 +83,7 @@ def cut_output(
         return text
     lines = text.split("\n")
     n = len(lines)
-    all_facts = Facts([], paths_in(text), urls_in(text), [], error_lines(text))
+    all_facts = unseen(Facts([], paths_in(text), urls_in(text), [], error_lines(text)), known=known)
     n_facts = len(all_facts)
     # the marker with the largest numbers it can show: the real one is never longer
     marker_cost = count(_marker(ref, n, n, n, total_tokens, n_facts)) + 1
@@ -101,8 +103,24 @@ def cut_output(
         lost = unseen(all_facts, kept_text)
         used = sum(count(x) + 1 for x in kept) + sum(count(x) + 1 for x in kept_tail)
         chosen, unlisted = fit_facts(lost, max(0, rest - used), count=count)
-        out = _assemble(_marker(ref, removed, n, head if tail or head else 0, total_tokens, unlisted), kept, kept_tail, chosen)
-        if count(out) <= budget_tokens or (head == 0 and tail == 0 and not len(chosen)):
+        out = _assemble(_marker(ref, removed, n, head, total_tokens, unlisted), kept, kept_tail, chosen)
+        if count(out) <= budget_tokens:
+            # the per-fact costs are upper bounds: top up with facts the real slack still holds
+            for _ in range(3):
+                slack = budget_tokens - count(out)
+                if not unlisted or slack <= 2:
+                    break
+                more, _ = fit_facts(unseen(lost, "\n".join(chosen.all())), slack, count=count)
+                if not len(more):
+                    break
+                bigger = chosen.merge(more)
+                left = unlisted - len(more)
+                trial = _assemble(_marker(ref, removed, n, head, total_tokens, left), kept, kept_tail, bigger)
+                if count(trial) > budget_tokens:
+                    break
+                out, chosen, unlisted = trial, bigger, left
+            return out
+        if head == 0 and tail == 0 and not len(chosen):
             return out
         # the sum of parts undercounted the whole (a tokenizer merging across lines): give up
         # a tail line, else a head line, else facts, and measure again

@@ -22,7 +22,7 @@ from ctxengine.messages import Message
 from ctxengine.recall import Recall
 from ctxengine.tokens import TokenCounter
 
-__all__ = ["Originals", "node_id"]
+__all__ = ["Originals", "Refs", "node_id"]
 
 
 def node_id(depth: int, children: Sequence[tuple[str, str]]) -> str:
@@ -91,3 +91,38 @@ class Originals:
     def retrievable(self, text: str) -> bool:
         """True when recall returns ``text`` verbatim."""
         return self.recall.retrievable(text)
+
+
+class Refs:
+    """Node ids for the records one compaction writes (the ``ref=`` of their markers): the
+    compacted context is recorded on first use, and the nodes are stored by :meth:`commit`
+    only for records the compaction kept."""
+
+    def __init__(self, originals: Originals | None, messages: Sequence[Message]) -> None:
+        self.originals = originals
+        self.messages = messages
+        self._ids: list[str] | None = None
+        self._nodes: dict[str, tuple[list[int], str, str | None]] = {}
+
+    def node(self, indices: list[int], *, kind: str, text: str | None) -> str | None:
+        if self.originals is None:
+            return None
+        if self._ids is None:
+            self._ids = self.originals.record(self.messages)
+        nid = self.originals.node_for([self._ids[k] for k in indices])
+        self._nodes[nid] = (indices, kind, text)
+        return nid
+
+    def text(self, nid: str | None, text: str) -> None:
+        if nid is not None and nid in self._nodes:
+            indices, kind, _ = self._nodes[nid]
+            self._nodes[nid] = (indices, kind, text)
+
+    def commit(self, kept: set[str]) -> None:
+        """Store the nodes whose record text is in ``kept``."""
+        if self.originals is None or self._ids is None:
+            return
+        for nid, (indices, kind, text) in self._nodes.items():
+            if text is not None and text in kept:
+                children = [("message", self._ids[k]) for k in indices]
+                self.originals.add_node(nid, depth=0, text=text, children=children, meta={"messages": len(indices), "summarizer": kind})

@@ -15,20 +15,23 @@ settled prefix (prompt caches stay warm).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ctxengine.messages import content_text
+from ctxengine.messages import content_text, tool_call_id, tool_calls
 
 __all__ = [
     "EXPAND_TOOL",
     "KINDS",
     "MARK",
+    "NODE_RE",
     "Marker",
+    "call_of",
     "header",
     "is_marked",
     "is_marked_text",
+    "node_header",
     "parse_header",
 ]
 
@@ -96,3 +99,25 @@ def is_marked(message: Mapping[str, Any]) -> bool:
     if isinstance(content, str):
         return content.startswith(MARK)
     return content_text(content).startswith(MARK)
+
+
+def call_of(messages: Sequence[Mapping[str, Any]], i: int) -> Mapping[str, Any] | None:
+    """The tool call tool result ``messages[i]`` answers: by id within its group, else by
+    position (real trajectories reuse ids across groups)."""
+    owner = i
+    while owner > 0 and messages[owner].get("role") == "tool":
+        owner -= 1
+    calls = tool_calls(messages[owner])
+    cid = messages[i].get("tool_call_id")
+    match = next((c for c in calls if tool_call_id(c) == cid), None)
+    pos = i - owner - 1
+    return match if match is not None else calls[pos] if 0 <= pos < len(calls) else None
+
+
+NODE_RE = re.compile(r"^\[ctxengine:lcm node=([0-9a-f]+) depth=(\d+)\]")
+"""The first line of every lossless summary node: node id and depth."""
+
+
+def node_header(nid: str, depth: int) -> str:
+    """``[ctxengine:lcm node=<id> depth=<n>]``, the head of a lossless summary node."""
+    return f"{MARK}lcm node={nid} depth={depth}]"
