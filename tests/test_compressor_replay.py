@@ -93,5 +93,7 @@ def test_failing_summarizer_loses_nothing_and_never_loops(trajectories: list[dic
             for kind in ("tools", "errors", "urls"):
                 assert r.facts_kept[kind] == r.facts_total[kind], (t["id"], kind)
             assert max(engine.per_turn, default=0) <= 1
-            assert all(rep.fallback == "extractive" for rep in engine.reports if rep.replaced and CUTS_SUFFICED not in rep.notes)
+            # every summary fell back (cut-only compactions write no summary: nothing to fall back from)
+            summaries = [rep for rep in engine.reports if rep.replaced and not all(n.startswith("cut ") or n == CUTS_SUFFICED for n in rep.notes)]
+            assert all(rep.fallback == "extractive" for rep in summaries)
         assert server.calls > 0
