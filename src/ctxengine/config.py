@@ -100,7 +100,7 @@ class CompressionConfig(_Section):
     protect_last_n: int = Field(20, ge=1)
     protect_first_n: int = Field(3, ge=1)
     summary_model: str | None = None
-    user_quote_budget_tokens: int = Field(20_000, ge=0, description="Older user messages quoted verbatim in the summary, most recent first.")
+    user_quote_budget_tokens: int = Field(20_000, ge=0, description="Older user messages quoted verbatim in the summary, most recent first: at least this many tokens, more while they fit the window (those that cannot fit stay retrievable).")
     backoff_turns: int = Field(3, ge=0, description="Turns to wait after a compression that could not get below the threshold.")
 
 
