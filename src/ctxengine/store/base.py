@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from ctxengine.errors import InputError, NotFoundError, StoreError
-from ctxengine.messages import Message, message_text
+from ctxengine.messages import Message, json_problem, message_text
 from ctxengine.redact import redact_obj
 from ctxengine.store.migrations import Backend, apply_migrations, current_version
 from ctxengine.store.safe_regex import compile_pattern
@@ -68,7 +68,14 @@ SNIPPET_CONTEXT = 300
 
 def canonical_json(message: Mapping[str, Any]) -> str:
     """The canonical JSON of a message: sorted keys, no spaces, UTF-8 kept as is (lone
-    surrogates escaped, see :mod:`ctxengine.textsafe`: stored and restored exactly)."""
+    surrogates escaped, see :mod:`ctxengine.textsafe`: stored and restored exactly).
+
+    A message that is not plain JSON (NaN, Infinity, bytes, sets, non-string keys: the rule of
+    :func:`ctxengine.messages.json_problem`, the same as ``validate``'s) is an :class:`InputError`.
+    """
+    problem = json_problem(message)
+    if problem is not None:
+        raise InputError(f"message is not JSON data: {problem}")
     try:
         return dumps(message, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False, check_circular=False)
     except (TypeError, ValueError) as exc:
