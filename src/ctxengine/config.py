@@ -168,6 +168,7 @@ class StoreConfig(_Section):
     backend: Literal["sqlite", "postgres"] = "sqlite"
     path: str | None = Field(None, description="SQLite file; default: <user data dir>/ctxengine/sessions.db")
     dsn_env: str = Field("CTXENGINE_STORE_DSN", description="Environment variable holding the PostgreSQL DSN.")
+    redact_content: bool = Field(False, description="Store messages with key shapes redacted (set by redaction.content).")
 
 
 class RedactionConfig(_Section):
@@ -241,8 +242,11 @@ class Config(_Section):
         # seed 000 put the summarizer model under compression.summary_model
         if self.compression.summary_model and not self.auxiliary.compression.model:
             self.auxiliary.compression.model = self.compression.summary_model
-        if self.redaction.content and not self.auxiliary.compression.redact_content:
-            self.auxiliary.compression.redact_content = True
+        if self.redaction.content:
+            if not self.auxiliary.compression.redact_content:
+                self.auxiliary.compression.redact_content = True
+            if not self.store.redact_content:
+                self.store.redact_content = True
         return self
 
     @property

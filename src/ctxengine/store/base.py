@@ -37,7 +37,7 @@ from typing import Any, ClassVar, Literal
 
 from ctxengine.errors import InputError, NotFoundError, StoreError
 from ctxengine.messages import Message, json_problem, message_text
-from ctxengine.redact import redact_obj
+from ctxengine.redact import redact_messages, redact_obj
 from ctxengine.store.migrations import Backend, apply_migrations, current_version
 from ctxengine.store.safe_regex import compile_pattern
 from ctxengine.textsafe import clean, dumps
@@ -382,6 +382,9 @@ class SqlStore(SessionStore):
     backend: ClassVar[Backend]
     _instr: ClassVar[str] = "instr"
 
+    redact_content: bool = False
+    """Store messages with key shapes and registered secrets redacted (``redaction.content``)."""
+
     def __init__(self) -> None:
         self._closed = False
         self._local = threading.local()
@@ -531,7 +534,8 @@ class SqlStore(SessionStore):
         return known
 
     def _store_chain(self, cur: Any, messages: Sequence[Message], parent_id: str | None = None) -> list[tuple[int, str]]:
-        prepared = _prepare(messages, parent_id)
+        # opt-in (redaction.content): key shapes and registered secrets never reach the store
+        prepared = _prepare(redact_messages(messages) if self.redact_content else messages, parent_id)
         links: list[tuple[str | None, _Prepared]] = []
         parent = parent_id
         for p in prepared:
