@@ -12,7 +12,14 @@ import pytest
 
 from ctxengine import ContextManager
 from ctxengine.config import Config
-from ctxengine.redact import MARK, RedactingFilter, clear_secrets, redact, redact_messages, redact_url
+from ctxengine.redact import (
+    MARK,
+    RedactingFilter,
+    clear_secrets,
+    redact,
+    redact_messages,
+    redact_url,
+)
 from ctxengine.store import SqliteStore
 from ctxengine.testing.stub_server import StubReply, StubServer
 
