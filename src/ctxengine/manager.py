@@ -152,7 +152,7 @@ def _as_openai_tool(schema: Mapping[str, Any]) -> dict[str, Any]:
 
 def _fingerprint(messages: Sequence[Message]) -> str:
     raw = json.dumps(list(messages), sort_keys=True, ensure_ascii=False, default=str)
-    return hashlib.blake2b(raw.encode("utf-8"), digest_size=16).hexdigest()
+    return hashlib.blake2b(raw.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()  # lone surrogates hash too
 
 
 class ContextManager:
@@ -189,7 +189,7 @@ class ContextManager:
                 model,
                 overrides=config.models,
                 default_context_length=config.model.default_context_length,
-                context_length=context_length or config.model.context_length,
+                context_length=context_length if context_length is not None else config.model.context_length,  # 0 is an error, not "unset"
             )
         self.context_length = self.profile.context_length
         self.default_session = session_id

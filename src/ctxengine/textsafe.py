@@ -8,7 +8,8 @@ PostgreSQL or an HTTP body. The rule:
 * **A caller's messages are preserved exactly.** ctxengine never changes the text of a message
   it was given; engines return it as received.
 * **JSON that ctxengine writes escapes them** (:func:`dumps`): a lone surrogate becomes the
-  six characters ``\\udXXX``, which is valid JSON and decodes back to the same string. The
+  six characters ``\\udXXX``, which is valid JSON and decodes back to the same string (as with
+  any JSON, a high and a low surrogate side by side decode as the one character they encode). The
   store's canonical JSON, ``sessions export`` and the CLI's JSON output use this, so a session
   with a lone surrogate is recorded, exported and restored exactly.
 * **Plain text that ctxengine generates replaces them** with U+FFFD (:func:`clean`): summaries,

@@ -669,6 +669,7 @@ class SqlStore(SessionStore):
     ) -> bool:
         if not children:
             raise InputError(f"node {node_id}: a summary node needs at least one child")
+        text = clean(text)  # a node is generated text: lone surrogates become U+FFFD (textsafe)
         with self._write() as cur:
             if self._one(cur, "SELECT pk FROM nodes WHERE id = ?", (node_id,)) is not None:
                 return False
@@ -691,7 +692,7 @@ class SqlStore(SessionStore):
             self._x(
                 cur,
                 "INSERT INTO nodes (id, session_pk, depth, text, tokens, meta, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (node_id, spk, int(depth), clean(text), tokens, dumps(dict(meta or {}), default=str), time.time()),
+                (node_id, spk, int(depth), text, tokens, dumps(dict(meta or {}), default=str), time.time()),
             )
             row = self._one(cur, "SELECT pk FROM nodes WHERE id = ?", (node_id,))
             assert row is not None
