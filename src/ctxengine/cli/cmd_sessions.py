@@ -136,7 +136,7 @@ def show(session_id: str, store_path: str | None, config_path: str | None, messa
 @_store_option
 @_config_option
 @click.option("--session", "session_id", help="Search this session only (default: all).")
-@click.option("--regex", is_flag=True, help="QUERY is a regular expression.")
+@click.option("--regex", is_flag=True, help="QUERY is a regular expression (RE2 syntax: linear time, no backreferences or lookarounds).")
 @click.option("--limit", type=int, default=20, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
 def search(query: str, store_path: str | None, config_path: str | None, session_id: str | None, regex: bool, limit: int, as_json: bool) -> None:
