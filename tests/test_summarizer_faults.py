@@ -237,3 +237,16 @@ def test_a_registered_secret_is_redacted_wherever_it_appears(before: str, after:
 def test_error_text_is_json_safe_for_the_store() -> None:
     # a report note carrying a redacted error serialises like any other
     assert json.loads(json.dumps({"note": f"{MARK} answered 500"}))["note"].startswith(MARK)
+
+
+def test_the_cooldown_is_shared_by_every_summarizer_of_an_endpoint() -> None:
+    # two sessions (two engines, two summarizers) against one dead server: the second waits for nothing
+    with StubServer(default=StubReply.fail(500)) as server:
+        clock = FakeClock()
+        first = summarizer(server.openai_base_url, retries=0, failure_threshold=1, cooldown=60.0, clock=clock, sleep=clock.sleep)
+        second = summarizer(server.openai_base_url, retries=0, failure_threshold=1, cooldown=60.0, clock=clock, sleep=clock.sleep)
+        with pytest.raises(SummarizerError, match="answered 500"):
+            first.summarize(span())
+        with pytest.raises(SummarizerError, match="cooling down"):
+            second.summarize(span())
+        assert server.calls == 1 and second.cooling_down

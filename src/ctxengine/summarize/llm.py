@@ -15,6 +15,9 @@
   deadline) the summarizer is skipped for ``cooldown`` seconds (doubling on each failed probe,
   at most 16×): :meth:`summarize` raises at once, so engines use the extractive summary without
   waiting. The first call after the cooldown probes the server again; a success resets it.
+  The state belongs to the endpoint and model and is shared by every summarizer of the process
+  (each session of a proxy has its own engine; a dead server costs one session the deadline,
+  not all of them).
 * **Bounded output.** A reply longer than the ``max_tokens`` asked for (servers that ignore
   it) is cut to it with :func:`ctxengine.summarize.base.bound_summary`. Lone surrogates in a
   reply become U+FFFD and a registered API key echoed by the server is removed
@@ -34,6 +37,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from importlib import resources
 from string import Template
 from typing import TYPE_CHECKING
@@ -63,6 +67,31 @@ MAX_COOLDOWN_FACTOR = 16
 
 BACKOFF_SECONDS = 0.5
 """First wait between attempts when the server names none (doubles per attempt, within the deadline)."""
+
+
+@dataclass(slots=True)
+class _Health:
+    """Failure state of one endpoint and model, shared by every summarizer that uses them in
+    this process: when a server is down, one session's failures spare the others the wait."""
+
+    failures: int = 0
+    probe_failures: int = 0
+    cooldown_until: float | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_HEALTH: dict[tuple[str, str, str], _Health] = {}
+_HEALTH_LOCK = threading.Lock()
+
+
+def _health_for(client: ChatClient, model: str) -> _Health:
+    where = getattr(client, "base_url", None)
+    key = (type(client).__qualname__, str(where) if where else f"client-{id(client)}", model)
+    with _HEALTH_LOCK:
+        h = _HEALTH.get(key)
+        if h is None:
+            h = _HEALTH[key] = _Health()
+        return h
 
 
 class _DeadlineExceeded(SummarizerError):
@@ -196,9 +225,7 @@ class LlmSummarizer:
         self.redact_content = bool(redact_content)
         self._clock = clock
         self._sleep = sleep
-        self._failures = 0
-        self._probe_failures = 0
-        self._cooldown_until: float | None = None
+        self._health = _health_for(client, model)
         self._deadline_at: float | None = None
         self.calls = 0
         self.abandoned = 0
@@ -236,10 +263,12 @@ class LlmSummarizer:
         budget_tokens: int = 2000,
     ) -> str:
         now = self._clock()
-        if self._cooldown_until is not None and now < self._cooldown_until:
+        health = self._health
+        until = health.cooldown_until
+        if until is not None and now < until:
             raise SummarizerError(
-                f"summarizer {self.model!r} skipped: cooling down after {self._failures} consecutive failure(s); "
-                f"next try in {self._cooldown_until - now:.0f}s",
+                f"summarizer {self.model!r} skipped: cooling down after {health.failures} consecutive failure(s); "
+                f"next try in {until - now:.0f}s",
                 retryable=False,
             )
         room = self._room(previous_summary, focus_topic, budget_tokens)
@@ -256,26 +285,30 @@ class LlmSummarizer:
         except SummarizerContextError:
             raise  # the input's fault, not the server's: no cooldown
         except SummarizerError as exc:
-            self._failed(isinstance(exc, _DeadlineExceeded) or self._cooldown_until is not None)
+            self._failed(isinstance(exc, _DeadlineExceeded) or health.cooldown_until is not None)
             raise
         finally:
             self._deadline_at = None
-        self._failures = 0
-        self._probe_failures = 0
-        self._cooldown_until = None
+        with health.lock:
+            health.failures = 0
+            health.probe_failures = 0
+            health.cooldown_until = None
         return text
 
     @property
     def cooling_down(self) -> bool:
         """True while failures keep the summarizer skipped."""
-        return self._cooldown_until is not None and self._clock() < self._cooldown_until
+        until = self._health.cooldown_until
+        return until is not None and self._clock() < until
 
     def _failed(self, at_once: bool) -> None:
-        self._failures += 1
-        if at_once or self._failures >= self.failure_threshold:
-            factor = min(MAX_COOLDOWN_FACTOR, 2**self._probe_failures)
-            self._probe_failures += 1
-            self._cooldown_until = self._clock() + self.cooldown * factor
+        health = self._health
+        with health.lock:
+            health.failures += 1
+            if at_once or health.failures >= self.failure_threshold:
+                factor = min(MAX_COOLDOWN_FACTOR, 2**health.probe_failures)
+                health.probe_failures += 1
+                health.cooldown_until = self._clock() + self.cooldown * factor
 
     def _left(self) -> float | None:
         """Seconds left before the deadline (``None``: no deadline)."""
