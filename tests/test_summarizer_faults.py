@@ -250,3 +250,16 @@ def test_the_cooldown_is_shared_by_every_summarizer_of_an_endpoint() -> None:
         with pytest.raises(SummarizerError, match="cooling down"):
             second.summarize(span())
         assert server.calls == 1 and second.cooling_down
+
+
+def test_an_engine_holding_the_summarizer_can_be_deep_copied() -> None:
+    import copy
+
+    from ctxengine.engines.compressor import ContextCompressor
+
+    with StubServer(default=StubReply.ok(TEMPLATE)) as server:
+        s = summarizer(server.openai_base_url)
+        s.summarize(span())  # connections open, state set
+        engine = ContextCompressor(context_length=8_000, summarizer=s)
+        clone = copy.deepcopy(engine)
+        assert clone.summarizer is s

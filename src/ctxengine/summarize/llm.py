@@ -226,7 +226,7 @@ class LlmSummarizer:
         self._clock = clock
         self._sleep = sleep
         self._health = _health_for(client, model)
-        self._deadline_at: float | None = None
+        self._local = threading.local()  # the deadline of the summary this thread is writing
         self.calls = 0
         self.abandoned = 0
         self._system = _prompt("system.md")
@@ -275,7 +275,7 @@ class LlmSummarizer:
         if self.redact_content:
             span = redact_messages(span)
             previous_summary = redact(previous_summary) if previous_summary else previous_summary
-        self._deadline_at = None if self.deadline is None else now + self.deadline
+        self._local.deadline_at = None if self.deadline is None else now + self.deadline
         try:
             try:
                 text = self._run(span, previous_summary, focus_topic, budget_tokens, room)
@@ -288,12 +288,17 @@ class LlmSummarizer:
             self._failed(isinstance(exc, _DeadlineExceeded) or health.cooldown_until is not None)
             raise
         finally:
-            self._deadline_at = None
+            self._local.deadline_at = None
         with health.lock:
             health.failures = 0
             health.probe_failures = 0
             health.cooldown_until = None
         return text
+
+    def __deepcopy__(self, memo: dict[int, object]) -> LlmSummarizer:
+        """A copy of an engine (a host that compacts on a clone) shares its summarizer: the
+        client, its connections and the endpoint's failure state are not per-conversation."""
+        return self
 
     @property
     def cooling_down(self) -> bool:
@@ -312,7 +317,8 @@ class LlmSummarizer:
 
     def _left(self) -> float | None:
         """Seconds left before the deadline (``None``: no deadline)."""
-        return None if self._deadline_at is None else self._deadline_at - self._clock()
+        at: float | None = getattr(self._local, "deadline_at", None)
+        return None if at is None else at - self._clock()
 
     def _complete(self, messages: list[Message], max_tokens: int) -> str:
         """One client call, bounded by the deadline: the call runs on a daemon worker thread
