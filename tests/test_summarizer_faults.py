@@ -263,3 +263,52 @@ def test_an_engine_holding_the_summarizer_can_be_deep_copied() -> None:
         engine = ContextCompressor(context_length=8_000, summarizer=s)
         clone = copy.deepcopy(engine)
         assert clone.summarizer is s
+
+
+# -- the deadline over any sequence of faults (the chat-client seam faked in memory) --------------------
+
+reply = st.one_of(
+    st.tuples(st.just("ok"), st.sampled_from([TEMPLATE, "", "prose without headings", TEMPLATE * 400])),
+    st.tuples(st.just("error"), st.booleans(), st.one_of(st.none(), st.floats(min_value=0, max_value=120))),
+    st.tuples(st.just("slow"), st.floats(min_value=0, max_value=200)),
+)
+
+
+class ScriptedClient:
+    """A ChatClient that replays ``script`` on a fake clock (a call honours its timeout)."""
+
+    def __init__(self, script: list[tuple[object, ...]], clock: FakeClock) -> None:
+        self.script = list(script)
+        self.clock = clock
+        self.calls = 0
+
+    def complete(self, messages: object, *, model: str, max_tokens: int, timeout: float) -> str:
+        self.calls += 1
+        step = self.script.pop(0) if self.script else ("ok", TEMPLATE)
+        if step[0] == "ok":
+            return str(step[1])
+        if step[0] == "error":
+            raise SummarizerError("scripted failure", retryable=bool(step[1]), retry_after=step[2])  # type: ignore[arg-type]
+        seconds = float(step[1])  # type: ignore[arg-type]
+        if seconds > timeout:
+            self.clock.now += timeout
+            raise SummarizerError(f"timed out after {timeout:g}s")
+        self.clock.now += seconds
+        return TEMPLATE
+
+
+@settings(max_examples=200, deadline=None)
+@given(script=st.lists(reply, max_size=8), deadline=st.floats(min_value=1, max_value=120), timeout=st.floats(min_value=0.5, max_value=60), retries=st.integers(0, 5))
+def test_one_summary_never_outlives_its_deadline(script: list[tuple[object, ...]], deadline: float, timeout: float, retries: int) -> None:
+    clock = FakeClock()
+    client = ScriptedClient(script, clock)
+    s = LlmSummarizer(client, f"m-{id(client)}", context_length=64_000, timeout=timeout, deadline=deadline, retries=retries, clock=clock, sleep=clock.sleep)
+    start = clock.now
+    try:
+        out = s.summarize(span(), budget_tokens=500)
+    except SummarizerError:
+        pass
+    else:
+        assert has_template(out) and estimate(out) <= s._max_tokens(500) + 12 * estimate(CUT_NOTE)
+    assert clock.now - start <= deadline + 1e-6
+    assert client.calls <= 1 + retries

@@ -328,7 +328,7 @@ class LlmSummarizer:
             return self.client.complete(messages, model=self.model, max_tokens=max_tokens, timeout=self.timeout)
         if left <= 0:
             raise _DeadlineExceeded(f"summarizer deadline of {self.deadline:g}s passed")
-        timeout = max(0.05, min(self.timeout, left))
+        timeout = min(self.timeout, left)  # never past the deadline
         box: dict[str, object] = {}
 
         def work() -> None:
