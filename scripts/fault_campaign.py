@@ -60,7 +60,6 @@ from ctxengine import ContextManager  # noqa: E402
 from ctxengine.config import Config  # noqa: E402
 from ctxengine.errors import CtxEngineError  # noqa: E402
 from ctxengine.messages import content_text, is_summary  # noqa: E402
-from ctxengine.redact import RedactingFilter  # noqa: E402
 from ctxengine.summarize.base import render_sections  # noqa: E402
 from ctxengine.testing.stub_server import StubReply, StubServer  # noqa: E402
 from ctxengine.tokens import estimate_messages_tokens_rough  # noqa: E402
@@ -96,8 +95,7 @@ MEASURES: dict[str, list[float]] = {"deadline_ratio": [], "recall_seconds": []}
 class _Capture(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-        self.addFilter(RedactingFilter())  # what a CLI user sees; library users install it too
+        self.lines: list[str] = []  # unfiltered: a library user's handler has no RedactingFilter
 
     def emit(self, record: logging.LogRecord) -> None:
         with contextlib.suppress(Exception):
@@ -655,6 +653,34 @@ def cases_secrets(quick: bool) -> Iterator[Case]:
         return Result("leak", leaked[0]) if leaked else Result("clean")
 
     yield Case("secrets", "client-errors-and-tracebacks", errors)
+
+    def custom_summarizer() -> Result:
+        from ctxengine.redact import register_secret
+
+        register_secret(KEY)  # the configured key (clients register theirs when built)
+
+        class Leaky:
+            name = "leaky"
+
+            def summarize(self, span: Any, **kw: Any) -> str:
+                raise RuntimeError(f"upstream said: invalid key {KEY}")
+
+        path = WORK / "leaky.db"
+        ctx = manager({"context": {"engine": "compressor"}}, window=4_000, store_path=path)
+        engine = ctx._session(None).engine
+        if not hasattr(engine, "summarizer"):
+            return Result("clean", "engine has no summarizer attribute: skipped")
+        engine.summarizer = Leaky()
+        LOG.lines.clear()
+        ctx.prepare(agent_session(30, seed=13))
+        from ctxengine.store import SqliteStore
+
+        with SqliteStore(path) as store:
+            rows = json.dumps([c.report for c in store.compactions("default")], default=str)
+        leaked = _leaks(json.dumps(ctx.status(), default=str), "\n".join(LOG.lines), rows)
+        return Result("leak", f"a custom summarizer's error text: {leaked[0]}") if leaked else Result("clean")
+
+    yield Case("secrets", "custom-summarizer-error", custom_summarizer)
 
 
 # -- class: config -------------------------------------------------------------------------------------------------------------

@@ -134,3 +134,25 @@ def test_the_log_filter_redacts_messages_and_tracebacks(caplog: pytest.LogCaptur
         record = logger.makeRecord(logger.name, logging.ERROR, __file__, 1, "x", (), sys.exc_info())
     filt.filter(record)
     assert KEY not in handler.format(record)
+
+
+def test_a_custom_summarizers_error_text_is_redacted_in_status_and_logs(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from ctxengine.redact import register_secret
+
+    register_secret(KEY)
+
+    class Leaky:
+        name = "leaky"
+
+        def summarize(self, span: Any, **kw: Any) -> str:
+            raise RuntimeError(f"upstream said: invalid key {KEY} for http://me:pw123456@h/v1")
+
+    cfg = Config.from_dict({"store": {"path": str(tmp_path / "s.db")}})
+    ctx = ContextManager.from_config(cfg, model="gpt-4o", context_length=4_000)
+    ctx._session(None).engine.summarizer = Leaky()  # type: ignore[attr-defined]
+    caplog.set_level(logging.WARNING)  # no filter installed: the text is redacted at the source
+    ctx.prepare(long_chat())
+    status = json.dumps(ctx.status(), default=str)
+    assert "RuntimeError" in status  # the failure is still reported
+    for text in (status, caplog.text):
+        assert KEY not in text and "pw123456" not in text

@@ -67,6 +67,7 @@ from ctxengine.messages import (
     validate,
 )
 from ctxengine.models import ModelProfile, UnknownModelWarning, resolve_model
+from ctxengine.redact import redact_obj
 from ctxengine.registry import EngineRegistry
 from ctxengine.storage import SessionRecorder
 from ctxengine.tokens import AnchoredCounter, TokenCounter, estimate_message_tokens, get_counter
@@ -556,4 +557,5 @@ class ContextManager:
                 st["pressure_warning"] = s.pressure_warning
             if s.last_compaction is not None:
                 st["last_compaction"] = s.last_compaction
-            return st
+            clean: dict[str, Any] = redact_obj(st)  # no secret in status(): a plugin's or custom summarizer's text too
+            return clean

@@ -41,6 +41,7 @@ from ctxengine.errors import SummarizerAuthError, SummarizerError
 from ctxengine.facts import FACT_KINDS, Facts, error_lines, extract_facts, paths_in, urls_in
 from ctxengine.messages import Message, content_text, is_summary, message_text
 from ctxengine.models import DEFAULT_CONTEXT_LENGTH
+from ctxengine.redact import redact
 from ctxengine.summarize.base import Summarizer, has_template
 from ctxengine.summarize.extractive import PRUNED_MARKER, ExtractiveSummarizer
 from ctxengine.summarize.ledger import apply_ledger
@@ -432,7 +433,7 @@ class ContextCompressor(ContextEngine):
             self._last_error = None
             return text, None
         except SummarizerAuthError as exc:
-            reason = f"summarizer authentication failed: {exc}"
+            reason = redact(f"summarizer authentication failed: {exc}")
             self._last_error = reason
             if tokens < self.hard_limit_tokens:
                 log.warning("%s; messages kept unchanged", reason)
@@ -442,12 +443,12 @@ class ContextCompressor(ContextEngine):
             log.warning("%s; over the hard limit, using the extractive summary", reason)
             report.notes.append(reason + "; over the hard limit: extractive summary")
         except SummarizerError as exc:
-            self._last_error = f"summarizer failed: {exc}"
-            log.warning("summarizer failed (%s); using the extractive summary", exc)
+            self._last_error = redact(f"summarizer failed: {exc}")  # a custom summarizer's text too
+            log.warning("%s; using the extractive summary", self._last_error)
             report.notes.append(f"summarizer failed: {exc}")
         except Exception as exc:  # a custom summarizer's bug must not lose the conversation
-            self._last_error = f"summarizer raised {type(exc).__name__}: {exc}"
-            log.warning("summarizer raised %s: %s; using the extractive summary", type(exc).__name__, exc)
+            self._last_error = redact(f"summarizer raised {type(exc).__name__}: {exc}")
+            log.warning("%s; using the extractive summary", self._last_error)
             report.notes.append(self._last_error)
         text = self._fallback.summarize(span, previous_summary=previous, focus_topic=focus_topic, budget_tokens=budget)
         return text, "extractive"

@@ -54,6 +54,7 @@ from ctxengine.errors import ConfigError, CtxEngineError, InputError, NotFoundEr
 from ctxengine.facts import FACT_KINDS, Facts, extract_facts
 from ctxengine.messages import Message, content_text, is_summary, message_text
 from ctxengine.models import DEFAULT_CONTEXT_LENGTH
+from ctxengine.redact import redact
 from ctxengine.summarize.base import Summarizer
 from ctxengine.tokens import EstimateCounter, TokenCounter, estimate
 
@@ -444,7 +445,7 @@ class LcmEngine(ContextEngine):
                 try:
                     text = self.summarizer.summarize(span, focus_topic=focus_topic, budget_tokens=budget).strip()
                 except SummarizerError as exc:
-                    log.warning("lcm: summarizer failed (%s); escalating", exc)
+                    log.warning("lcm: summarizer failed (%s); escalating", redact(str(exc)))
                     continue
                 if text and estimate(text) <= int(budget * 1.5) and estimate(text) < span_tokens // 2:
                     users = _quoted_users(span, text)
