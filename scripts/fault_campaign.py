@@ -793,8 +793,12 @@ PLUGIN_DRIVER = r'''
 import copy, json, sys
 from ctxengine import ContextManager
 from ctxengine.config import Config
-from ctxengine.errors import CtxEngineError
-cfg = Config.from_dict({"context": {"engine": sys.argv[1]}, "plugins": {"dirs": [sys.argv[2]]}, "store": {"enabled": False}})
+from ctxengine.errors import ConfigError, CtxEngineError
+base = {"context": {"engine": sys.argv[1]}, "plugins": {"dirs": [sys.argv[2]]}, "store": {"enabled": False}}
+try:  # a host deadline on compress, where the configuration has one
+    cfg = Config.from_dict({**base, "context": {**base["context"], "engine_timeout": 5}})
+except ConfigError:
+    cfg = Config.from_dict(base)
 msgs = [{"role": "system", "content": "s"}] + [m for i in range(30) for m in ({"role": "user", "content": f"u{i} " * 40}, {"role": "assistant", "content": f"a{i} " * 40})]
 before = copy.deepcopy(msgs)
 try:
