@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,8 @@ def test_import_contracts_hold() -> None:
     proc = subprocess.run(
         [_lint_imports(), "--no-cache"],
         cwd=ROOT,
+        # a lint-imports found on PATH may belong to another interpreter: analyse this tree
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
         capture_output=True,
         text=True,
         timeout=120,
