@@ -64,6 +64,7 @@ from ctxengine.messages import (
     tool_calls,
 )
 from ctxengine.models import DEFAULT_CONTEXT_LENGTH
+from ctxengine.redact import redact
 from ctxengine.summarize.base import Summarizer, has_template
 from ctxengine.summarize.extractive import PRUNED_MARKER, ExtractiveSummarizer
 from ctxengine.summarize.ledger import LedgerResult, TextIndex, apply_ledger
@@ -978,7 +979,7 @@ class ContextCompressor(ContextEngine):
             self._last_error = None
             return text, None
         except SummarizerAuthError as exc:
-            reason = f"summarizer authentication failed: {exc}"
+            reason = redact(f"summarizer authentication failed: {exc}")
             self._last_error = reason
             if tokens < self.hard_limit_tokens:
                 log.warning("%s; messages kept unchanged", reason)
@@ -988,17 +989,17 @@ class ContextCompressor(ContextEngine):
             log.warning("%s; over the hard limit, using the extractive summary", reason)
             report.notes.append(reason + "; over the hard limit: extractive summary")
         except SummarizerError as exc:
-            self._last_error = f"summarizer failed: {exc}"
+            self._last_error = redact(f"summarizer failed: {exc}")  # a custom summarizer's text too
             if self.abort_on_summary_failure and tokens < self.hard_limit_tokens:
-                log.warning("summarizer failed (%s); abort_on_summary_failure: messages kept unchanged", exc)
+                log.warning("%s; abort_on_summary_failure: messages kept unchanged", self._last_error)
                 report.fallback = "unchanged"
-                report.notes.append(f"summarizer failed: {exc}; messages kept unchanged (abort_on_summary_failure)")
+                report.notes.append(f"{self._last_error}; messages kept unchanged (abort_on_summary_failure)")
                 return None, "unchanged"
-            log.warning("summarizer failed (%s); using the extractive summary", exc)
-            report.notes.append(f"summarizer failed: {exc}")
+            log.warning("%s; using the extractive summary", self._last_error)
+            report.notes.append(self._last_error)
         except Exception as exc:  # a custom summarizer's bug must not lose the conversation
-            self._last_error = f"summarizer raised {type(exc).__name__}: {exc}"
-            log.warning("summarizer raised %s: %s; using the extractive summary", type(exc).__name__, exc)
+            self._last_error = redact(f"summarizer raised {type(exc).__name__}: {exc}")
+            log.warning("%s; using the extractive summary", self._last_error)
             report.notes.append(self._last_error)
         text = self._fallback.summarize(span, previous_summary=previous, focus_topic=focus_topic, budget_tokens=budget)
         return text, "extractive"
