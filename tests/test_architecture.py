@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,8 @@ def test_import_contracts_hold() -> None:
     proc = subprocess.run(
         [_lint_imports(), "--no-cache"],
         cwd=ROOT,
+        # this checkout's package, whichever interpreter the lint-imports script runs on
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))},
         capture_output=True,
         text=True,
         timeout=120,

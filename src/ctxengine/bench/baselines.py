@@ -17,7 +17,7 @@ from typing import Any
 from ctxengine.engine import CompactionReport, ContextEngine
 from ctxengine.messages import Message, content_text
 from ctxengine.models import DEFAULT_CONTEXT_LENGTH
-from ctxengine.tokens import estimate_messages_tokens_rough
+from ctxengine.tokens import estimate_messages_tokens
 
 __all__ = ["MASK_PLACEHOLDER", "MaskingBaseline", "NoCompaction"]
 
@@ -78,8 +78,8 @@ class MaskingBaseline(ContextEngine):
             self.name,
             len(messages),
             len(out),
-            estimate_messages_tokens_rough(messages),
-            estimate_messages_tokens_rough(out),
+            estimate_messages_tokens(messages),
+            estimate_messages_tokens(out),
             replaced=old,
         )
         return out

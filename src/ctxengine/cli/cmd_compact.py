@@ -29,7 +29,7 @@ from ctxengine.messages import Message, validate
 from ctxengine.models import resolve_model
 from ctxengine.registry import EngineRegistry, create_engine
 from ctxengine.storage import SessionRecorder
-from ctxengine.tokens import ExactCounter, estimate_messages_tokens_rough
+from ctxengine.tokens import ExactCounter, estimate_messages_tokens
 
 PROGRESS_MIN_SESSIONS = 5
 """Files with at least this many sessions get a progress bar on stderr."""
@@ -151,13 +151,13 @@ def compact(file: str, engine_name: str | None, config_path: str | None, context
         for session in sessions:
             engine = create_engine(config, name=name, context_length=n, **services)
             engine.on_session_start(session.id)
-            before = estimate_messages_tokens_rough(session.messages)
+            before = estimate_messages_tokens(session.messages)
             t0 = time.perf_counter()
             out = engine.compress(list(session.messages), current_tokens=before)
             ms = (time.perf_counter() - t0) * 1000.0
             out = _check_output(engine, session, out)
             engine.on_session_end(session.id, out)
-            after = estimate_messages_tokens_rough(out)
+            after = estimate_messages_tokens(out)
             before_total += before
             after_total += after
             outputs.append(out)
@@ -187,7 +187,7 @@ def count(file: str, exact: bool) -> None:
     counter: ExactCounter | None = ExactCounter() if exact else None
     rows = [["session", "messages", "estimated", "exact"]]
     for session in inp.sessions:
-        est = estimate_messages_tokens_rough(session.messages)
+        est = estimate_messages_tokens(session.messages)
         exact_cell = "n/a"
         if counter is not None:
             try:

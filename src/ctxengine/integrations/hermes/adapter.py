@@ -238,8 +238,8 @@ class HermesAdapter:
     def __deepcopy__(self, memo: dict[int, Any]) -> HermesAdapter:
         # Hermes deep-copies the registered engine for each agent it builds: start fresh with
         # the same settings, sharing the store (its connection cannot be copied).
-        twin = type(self)(self._settings, store=self.store if self._store_ready or self._store_arg != "default" else self._store_arg, registry=self._registry, settings_loader=self._settings_loader)
-        twin._store_ready = self._store_ready
+        store = self._store if self._store_ready else self._store_arg
+        twin = type(self)(self._settings, store=store, registry=self._registry, settings_loader=self._settings_loader)
         twin.context_length = self.context_length
         twin.threshold_tokens = self.threshold_tokens
         twin.model = self.model

@@ -1,0 +1,112 @@
+"""Run inside the Hermes venv: Hermes' own agent loop against StubServer, ctxengine as engine.
+
+Prints one JSON object with what happened; ``test_hermes_real.py`` asserts on it. Usage:
+``python hermes_agent_loop.py WORKDIR TURNS``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def main() -> None:
+    work = Path(sys.argv[1])
+    turns = int(sys.argv[2])
+    home = work / "hermes-home"
+    home.mkdir(parents=True, exist_ok=True)
+    files = work / "files"
+    files.mkdir(exist_ok=True)
+    os.environ["HERMES_HOME"] = str(home)
+    (home / "config.yaml").write_text(
+        "plugins:\n  enabled: [ctxengine]\n"
+        "context:\n  engine: ctxengine\n"
+        "model:\n  context_length: 65536\n"
+        "ctxengine:\n"
+        "  engine: compressor\n"
+        f"  store: {{backend: sqlite, path: {work / 'ctx.db'}}}\n",
+        encoding="utf-8",
+    )
+    for i in range(turns):
+        lines = [f"line {n} of module_{i}.py: value_{i}_{n} = compute({n}) # /src/pkg/module_{i}.py" for n in range(300)]
+        (files / f"module_{i}.py").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    from ctxengine.messages import validate
+    from ctxengine.testing import StubReply, StubServer
+
+    counter = {"n": 0}
+
+    def respond(request):  # type: ignore[no-untyped-def]
+        msgs = request.body.get("messages") or []
+        last = msgs[-1] if msgs else {}
+        if last.get("role") == "user":
+            text = last.get("content")
+            if isinstance(text, list):
+                text = " ".join(p.get("text", "") for p in text if isinstance(p, dict))
+            i = int(str(text).split("#", 1)[1].split(":", 1)[0]) if "#" in str(text) else 0
+            counter["n"] += 1
+            return StubReply.calling("read_file", {"path": str(files / f"module_{i}.py")}, call_id=f"call_{counter['n']}")
+        return StubReply.ok("Read it; module looks fine. " + "Analysis detail. " * 40)
+
+    with StubServer(responder=respond) as server:
+        from hermes_cli.plugins import get_plugin_context_engine
+        from run_agent import AIAgent
+
+        agent = AIAgent(
+            base_url=server.openai_base_url,
+            api_key="stub-key",
+            model="stub-model",
+            provider="custom",
+            quiet_mode=True,
+            enabled_toolsets=["file", "context_engine"],
+            skip_context_files=True,
+            skip_memory=True,
+            max_iterations=8,
+        )
+        agent._disable_streaming = True  # the stub answers plain JSON, as a provider without SSE does
+        engine = agent.context_compressor
+        history: list = []
+        users: list[str] = []
+        for i in range(turns):
+            text = f"user message #{i}: please read module_{i}.py and check value_{i}_7"
+            users.append(text)
+            result = agent.run_conversation(text, conversation_history=history)
+            history = result.get("messages") or history
+        invalid = []
+        for k, req in enumerate(server.requests):
+            msgs = req.body.get("messages") or []
+            errs = [str(v) for v in validate(msgs, allow_pending_calls=True) if v.severity == "error"]
+            if errs:
+                invalid.append(f"request {k}: {errs[0]}")
+        final = server.requests[-1].body.get("messages") or []
+        final_text = json.dumps(final, ensure_ascii=False)
+        missing_users = [u for u in users if u not in final_text]
+        store = getattr(engine, "store", None)
+        compactions = 0
+        if store is not None:
+            import sqlite3
+
+            con = sqlite3.connect(str(work / "ctx.db"))
+            try:
+                compactions = con.execute("select count(*) from compactions").fetchone()[0]
+            except sqlite3.Error as exc:
+                compactions = f"error: {exc}"
+        print(json.dumps({
+            "plugin_engine": type(get_plugin_context_engine()).__name__,
+            "engine_class": type(engine).__name__,
+            "engine_name": engine.name,
+            "requests": len(server.requests),
+            "compression_count": engine.compression_count,
+            "status": engine.get_status(),
+            "invalid": invalid,
+            "missing_users": missing_users,
+            "final_messages": len(final),
+            "compactions_in_store": compactions,
+            "tools": [t["function"]["name"] for t in (agent.tools or [])],
+        }))
+
+
+if __name__ == "__main__":
+    main()
