@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ctxengine.bench.baselines import MaskingBaseline, NoCompaction
+from ctxengine.bench.baselines import HermesBaseline, MaskingBaseline, NoCompaction
 from ctxengine.bench.replay import percentile
 from ctxengine.config import Config
 from ctxengine.cost import AnthropicCache, CostReport, OpenAICache, PrefixHasher
@@ -55,6 +55,8 @@ __all__ = [
 BASELINES: dict[str, Callable[[int], ContextEngine]] = {
     "none": lambda n: NoCompaction(context_length=n),
     "mask10": lambda n: MaskingBaseline(context_length=n, keep=10),
+    # optional (never in the default set): Hermes Agent's own compressor, from its PyPI package
+    "hermes": lambda n: HermesBaseline(context_length=n),
 }
 
 Placement = Literal["system_and_3", "planner"]
@@ -357,7 +359,8 @@ class EngineTotals:
     def min_session_retention(self) -> float:
         return min((r.retention for r in self.runs), default=1.0)
 
-    def to_dict(self, baseline: EngineTotals | None = None) -> dict[str, Any]:
+    def to_dict(self, baseline: EngineTotals | None = None, hermes: EngineTotals | None = None) -> dict[str, Any]:
+        """``baseline`` (``none``) gives the cost ratios; ``hermes``, when it ran, the speed ratio."""
         total, kept = self.facts()
         lat = self.latencies_ms
         d: dict[str, Any] = {
@@ -385,6 +388,8 @@ class EngineTotals:
             d["anthropic_vs_none"] = round(self.anthropic_cost / baseline.anthropic_cost, 4)
         if baseline is not None and baseline.openai_cost > 0:
             d["openai_vs_none"] = round(self.openai_cost / baseline.openai_cost, 4)
+        if hermes is not None and hermes.latencies_ms and lat:
+            d["latency_p50_vs_hermes"] = round(percentile(lat, 50) / max(percentile(hermes.latencies_ms, 50), 1e-9), 4)
         return d
 
 
@@ -409,7 +414,7 @@ class BenchResult:
             "openai_model": self.openai_model,
             "sessions": self.sessions,
             "elapsed_s": round(self.elapsed_s, 2),
-            "engines": {name: t.to_dict(base) for name, t in self.engines.items()},
+            "engines": {name: t.to_dict(base, self.engines.get("hermes")) for name, t in self.engines.items()},
             "runs": [r.to_dict(per_call=per_call) for t in self.engines.values() for r in t.runs],
         }
 
