@@ -196,3 +196,23 @@ def test_context_compressor_accepts_hermes_constructor_keywords(hermes_python: P
     assert got["missing"] == []  # every keyword of Hermes' signature is exercised above
     assert got["name"] == "compressor"
     assert got["context_length"] == 100_000 and got["threshold_tokens"] == 60_000
+
+
+def test_bench_runs_hermes_compressor_as_a_baseline(hermes_python: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ctxengine.bench.runner import run_bench
+    from ctxengine.io import Session
+
+    monkeypatch.setenv("CTXENGINE_HERMES_PYTHON", str(hermes_python))
+    msgs: list[dict] = [{"role": "system", "content": "You are a coding agent."}]
+    for i in range(40):
+        msgs += [
+            {"role": "user", "content": f"user message #{i}: check /src/m{i}.py"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": f"c{i}", "type": "function", "function": {"name": "read_file", "arguments": json.dumps({"path": f"/src/m{i}.py"})}}]},
+            {"role": "tool", "tool_call_id": f"c{i}", "content": f"/src/m{i}.py\n" + "value = compute(1)  # filler\n" * 150},
+            {"role": "assistant", "content": f"m{i} looks fine."},
+        ]
+    result = run_bench([Session(id="synthetic", messages=msgs)], ["compressor", "hermes"], context_length=32_000)
+    hermes = result.to_dict()["engines"]["hermes"]
+    assert hermes["calls"] == result.engines["none"].calls and hermes["compactions"] >= 1
+    assert hermes["latency_p50_ms"] > 0
+    assert "latency_p50_vs_hermes" in result.to_dict()["engines"]["compressor"]
