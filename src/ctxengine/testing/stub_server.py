@@ -56,17 +56,10 @@ class StubReply:
     delay: float = 0.0
     finish_reason: str = "stop"
     headers: dict[str, str] = field(default_factory=dict)
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def ok(cls, text: str, *, delay: float = 0.0) -> StubReply:
         return cls(text=text, delay=delay)
-
-    @classmethod
-    def calling(cls, name: str, arguments: dict[str, Any], *, call_id: str, text: str | None = None) -> StubReply:
-        """An assistant turn calling tool ``name`` (OpenAI ``tool_calls``, Anthropic ``tool_use``)."""
-        call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
-        return cls(text=text, finish_reason="tool_calls", tool_calls=[call])
 
     @classmethod
     def empty(cls) -> StubReply:
@@ -285,7 +278,7 @@ def _openai_body(reply: StubReply, model: str, n: int, request: RecordedRequest)
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": reply.text, **({"tool_calls": reply.tool_calls} if reply.tool_calls else {})},
+                "message": {"role": "assistant", "content": reply.text},
                 "finish_reason": reply.finish_reason,
             }
         ],
@@ -294,11 +287,8 @@ def _openai_body(reply: StubReply, model: str, n: int, request: RecordedRequest)
 
 
 def _anthropic_body(reply: StubReply, model: str, n: int, request: RecordedRequest) -> dict[str, Any]:
-    stop = "max_tokens" if reply.finish_reason == "length" else "tool_use" if reply.tool_calls else "end_turn"
-    content: list[dict[str, Any]] = [{"type": "text", "text": reply.text}] if reply.text else []
-    for call in reply.tool_calls:
-        fn = call["function"]
-        content.append({"type": "tool_use", "id": call["id"], "name": fn["name"], "input": json.loads(fn["arguments"])})
+    stop = "max_tokens" if reply.finish_reason == "length" else "end_turn"
+    content = [{"type": "text", "text": reply.text}] if reply.text else []
     return {
         "id": f"msg_stub_{n}",
         "type": "message",
