@@ -52,6 +52,7 @@ __all__ = [
     "LcmConfig",
     "ModelConfig",
     "PromptCachingConfig",
+    "ProxyConfig",
     "StoreConfig",
     "SummarizerConfig",
     "api_key_from_env",
@@ -152,6 +153,20 @@ class StoreConfig(_Section):
     dsn_env: str = Field("CTXENGINE_STORE_DSN", description="Environment variable holding the PostgreSQL DSN.")
 
 
+class ProxyConfig(_Section):
+    """``ctxengine proxy`` (the same keys as its command-line flags)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8787, ge=0, le=65535)
+    openai_base_url: str = Field("https://api.openai.com/v1", description="Upstream of /v1/chat/completions and other OpenAI paths (any OpenAI-compatible base URL, ending in /v1).")
+    anthropic_base_url: str = Field("https://api.anthropic.com", description="Upstream of /v1/messages (the SDK-style base URL, without /v1).")
+    auth_token_env: str = Field("CTXENGINE_PROXY_TOKEN", description="Environment variable holding the token clients must send (required when binding beyond loopback).")
+    max_body_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Larger request bodies get a 413.")
+    recall_tools: bool = Field(True, description="Offer the engine's recall tools and answer them in the proxy (only when the client sends tools of its own).")
+    max_tool_rounds: int = Field(3, ge=1, description="Extra upstream round trips per request for the engine's own tools.")
+    timeout: float = Field(600.0, gt=0, description="Upstream timeout in seconds.")
+
+
 class PluginsConfig(_Section):
     dirs: list[str] = Field(default_factory=list)
     entry_points: bool = True
@@ -169,6 +184,7 @@ class Config(_Section):
     compaction: CompactionConfig = Field(default_factory=CompactionConfig)
     lcm: LcmConfig = Field(default_factory=LcmConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    proxy: ProxyConfig = Field(default_factory=ProxyConfig)
     plugins: PluginsConfig = Field(default_factory=PluginsConfig)
     source: str | None = Field(None, exclude=True, description="File the config was read from.")
 
