@@ -14,20 +14,61 @@ Lifecycle (driven by :class:`ctxengine.ContextManager` or by your own loop)::
 Engines transform and never mutate: ``compress`` returns a new list and leaves the caller's
 list and dicts untouched. The invariants every engine keeps (DESIGN §3.3) are checked for any
 engine by :func:`ctxengine.testing.check_engine_contract`.
+
+Engines are policies (DESIGN §3.9): what to cut or summarize, and when. The guarantees are the
+kernel's, for every engine, built-in or plugin: the manager caps every request at the window
+(:mod:`ctxengine.window`), offers store-backed recall tools once text was removed
+(:mod:`ctxengine.recall`), and runs ``compress`` on a copy under a deadline
+(:mod:`ctxengine.loop`). An engine is built per session with :meth:`ContextEngine.from_config`
+from its :attr:`ContextEngine.Settings` model and the session's :class:`Services`.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel
 
 from ctxengine.messages import Message
 from ctxengine.models import DEFAULT_CONTEXT_LENGTH
+from ctxengine.tokens import TokenCounter
 
-__all__ = ["CompactionReport", "ContextEngine", "Usage", "normalize_usage"]
+if TYPE_CHECKING:
+    from ctxengine.recall import Recall
+    from ctxengine.storage import RecallStore, SessionRecorder
+
+__all__ = ["CompactionReport", "ContextEngine", "Services", "Usage", "normalize_usage"]
+
+
+@dataclass(slots=True)
+class Services:
+    """What the host hands an engine when it builds one for a session.
+
+    ``store`` records originals and answers recall reads (``None`` when storage is off);
+    ``recall`` the store-backed recall tools of this session (``None`` without a store);
+    ``counter`` the configured token counter; ``summarizer`` the configured LLM summarizer, if
+    any; ``session_id`` the session the engine serves; ``context_length`` the model's window;
+    ``model`` its name; ``config`` the whole :class:`~ctxengine.config.Config` (for engines
+    that read more than their own section). Engines take what they need and ignore the rest.
+    """
+
+    context_length: int = DEFAULT_CONTEXT_LENGTH
+    session_id: str = "default"
+    store: SessionRecorder | RecallStore | Any | None = None
+    recall: Recall | None = None
+    counter: TokenCounter | None = None
+    summarizer: Any | None = None
+    model: str | None = None
+    config: Any | None = None
+
+    def as_kwargs(self) -> dict[str, Any]:
+        """The services as keyword arguments (``None`` values left out)."""
+        return {k: getattr(self, k) for k in self.__slots__ if getattr(self, k) is not None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +127,13 @@ def normalize_usage(usage: Any) -> Usage:
             # OpenAI Responses API: input_tokens already includes the cached part
             prompt = _int(u.get("input_tokens"))
             details_in = _as_mapping(u["input_tokens_details"])
-            read, write = _int(details_in.get("cached_tokens")), _int(details_in.get("cache_write_tokens"))
-            return Usage(prompt, completion, _int(u.get("total_tokens")) or prompt + completion, read, write)
+            read, write = (
+                _int(details_in.get("cached_tokens")),
+                _int(details_in.get("cache_write_tokens")),
+            )
+            return Usage(
+                prompt, completion, _int(u.get("total_tokens")) or prompt + completion, read, write
+            )
         read = _int(u.get("cache_read_input_tokens"))
         write = _int(u.get("cache_creation_input_tokens"))
         prompt = _int(u.get("input_tokens")) + read + write
@@ -99,7 +145,9 @@ def normalize_usage(usage: Any) -> Usage:
     details_map = _as_mapping(details) if details is not None else {}
     read = _int(details_map.get("cached_tokens")) or _int(u.get("cache_read_input_tokens"))
     # OpenAI-compatible gateways (OpenRouter) report cache writes in prompt_tokens_details
-    write = _int(details_map.get("cache_write_tokens")) or _int(u.get("cache_creation_input_tokens"))
+    write = _int(details_map.get("cache_write_tokens")) or _int(
+        u.get("cache_creation_input_tokens")
+    )
     return Usage(prompt, completion, total, read, write)
 
 
@@ -155,8 +203,16 @@ class ContextEngine(ABC):
     deterministic: bool = False
     #: The report of the most recent ``compress`` call, if any.
     last_report: CompactionReport | None = None
+    #: The engine's settings model (a pydantic model class), or ``None`` for engines without
+    #: settings. ``from_config`` receives an instance validated from the config.
+    Settings: ClassVar[type[BaseModel] | None] = None
+    #: The config section holding this engine's settings (``compression`` for the compressor,
+    #: ``compaction`` for rules …); ``None`` means the engine's registered name.
+    config_section: ClassVar[str | None] = None
 
-    def __init__(self, *, context_length: int = DEFAULT_CONTEXT_LENGTH, threshold: float | None = None) -> None:
+    def __init__(
+        self, *, context_length: int = DEFAULT_CONTEXT_LENGTH, threshold: float | None = None
+    ) -> None:
         if threshold is not None:
             self.threshold_ratio = float(threshold)
         self.context_length = int(context_length)
@@ -189,6 +245,39 @@ class ContextEngine(ABC):
         focus_topic: str | None = None,
     ) -> list[Message]:
         """Compact ``messages`` and return a new, valid OpenAI-format list (never mutate)."""
+
+    # -- construction ------------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, *args: Any, **kwargs: Any) -> ContextEngine:
+        """``from_config(settings, services)``: build an engine for one session from its
+        validated ``settings`` (an instance of :attr:`Settings`, or ``None``) and the session's
+        :class:`Services`. The host calls this once per session; never share an instance.
+
+        Default: ``cls(**kwargs)`` where ``kwargs`` are the settings' fields and the services
+        (``context_length``, ``store``, ``counter`` …) that ``__init__`` accepts by name, so a
+        simple engine needs no override. (Declared with ``*args, **kwargs`` so that engines
+        written against the seed's ``from_config(config, context_length, **services)`` keep
+        type-checking; :func:`ctxengine.registry.builds_from_settings` tells the two apart.)
+        """
+        settings: BaseModel | None = kwargs.pop("settings", args[0] if args else None)
+        services: Services = kwargs.pop("services", args[1] if len(args) > 1 else Services())
+        if not isinstance(services, Services):
+            raise TypeError(
+                f"from_config(settings, services): services must be a Services, not {type(services).__name__}"
+            )
+        params = inspect.signature(cls.__init__).parameters
+        takes_all = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        offered: dict[str, Any] = services.as_kwargs()
+        if settings is not None:
+            offered.update(settings.model_dump())
+        init_kwargs = {k: v for k, v in offered.items() if takes_all or k in params}
+        return cls(**init_kwargs)
+
+    def retrievable(self, text: str) -> bool:
+        """True when ``text``, missing from the context, can be given back verbatim by this
+        engine's own means (DESIGN §3.3 #8). Default: False — the kernel's store-backed recall
+        answers for every engine; override only for an engine that keeps originals elsewhere."""
+        return False
 
     # -- optional, with the seed's defaults ------------------------------------------------
     def on_session_start(self, session_id: str, **kwargs: Any) -> None:  # noqa: B027

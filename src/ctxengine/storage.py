@@ -2,8 +2,9 @@
 
 Backends live in :mod:`ctxengine.store` (SQLite by default, PostgreSQL for fleets). Engines
 never import them: an engine that keeps originals (``lcm``) receives an object implementing
-this protocol through its constructor, and :class:`ctxengine.ContextManager` records each turn
-through it.
+these protocols through :class:`ctxengine.engine.Services`, :class:`ctxengine.ContextManager`
+records each turn through :class:`SessionRecorder`, and :class:`ctxengine.recall.Recall` reads
+originals back through :class:`RecallStore`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ctxengine.messages import Message
 
-__all__ = ["SessionRecorder"]
+__all__ = ["RecallStore", "SessionRecorder"]
 
 
 @runtime_checkable
@@ -38,4 +39,39 @@ class SessionRecorder(Protocol):
         after: Sequence[Message],
     ) -> str:
         """Store one compaction event; return its id."""
+        ...
+
+
+@runtime_checkable
+class RecallStore(Protocol):
+    """The reads recall needs (:class:`ctxengine.recall.Recall`): search over a session's
+    originals and summary nodes, and the originals behind a message or node id.
+
+    ``search`` returns hits with ``kind``, ``id``, ``role``, ``snippet`` (verbatim lines around
+    the match, the match whole) and ``to_dict()``; unknown ids raise
+    :class:`~ctxengine.errors.NotFoundError`. :class:`ctxengine.store.SessionStore` implements it.
+    """
+
+    def search(
+        self,
+        query: str,
+        *,
+        session_id: str | None = None,
+        mode: Any = "text",
+        limit: int = 20,
+        nodes: bool = True,
+    ) -> Sequence[Any]:
+        """Messages and summary nodes whose text contains ``query`` (see the store)."""
+        ...
+
+    def get_messages(self, ids: Sequence[str]) -> list[Message]:
+        """The messages with these ids, in the given order."""
+        ...
+
+    def get_node(self, node_id: str) -> Any:
+        """A summary node (``id``, ``depth``, ``text``, ``children``, ``parents``, ``meta``)."""
+        ...
+
+    def node_messages(self, node_id: str) -> list[tuple[str, Message]]:
+        """The original messages under a node, in order, verbatim: ``(message id, message)``."""
         ...
