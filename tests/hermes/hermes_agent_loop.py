@@ -36,8 +36,6 @@ def main() -> None:
     from ctxengine.messages import validate
     from ctxengine.testing import StubReply, StubServer
 
-    counter = {"n": 0}
-
     def respond(request):  # type: ignore[no-untyped-def]
         msgs = request.body.get("messages") or []
         last = msgs[-1] if msgs else {}
@@ -45,9 +43,10 @@ def main() -> None:
             text = last.get("content")
             if isinstance(text, list):
                 text = " ".join(p.get("text", "") for p in text if isinstance(p, dict))
+            if "recall:" in str(text):  # the model asks ctxengine's recall for a compacted fact
+                return StubReply.calling(("ctx_grep", {"query": "value_0_7 = compute(7)"}))
             i = int(str(text).split("#", 1)[1].split(":", 1)[0]) if "#" in str(text) else 0
-            counter["n"] += 1
-            return StubReply.calling("read_file", {"path": str(files / f"module_{i}.py")}, call_id=f"call_{counter['n']}")
+            return StubReply.calling(("read_file", {"path": str(files / f"module_{i}.py")}))
         return StubReply.ok("Read it; module looks fine. " + "Analysis detail. " * 40)
 
     with StubServer(responder=respond) as server:
@@ -65,7 +64,6 @@ def main() -> None:
             skip_memory=True,
             max_iterations=8,
         )
-        agent._disable_streaming = True  # the stub answers plain JSON, as a provider without SSE does
         engine = agent.context_compressor
         history: list = []
         users: list[str] = []
@@ -74,6 +72,11 @@ def main() -> None:
             users.append(text)
             result = agent.run_conversation(text, conversation_history=history)
             history = result.get("messages") or history
+        recall_q = "recall: what was value_0_7?"
+        users.append(recall_q)
+        result = agent.run_conversation(recall_q, conversation_history=history)
+        history = result.get("messages") or history
+        grep_results = [m.get("content") for m in history if m.get("role") == "tool" and "ctx_grep" in json.dumps(history[max(0, history.index(m) - 1)])]
         invalid = []
         for k, req in enumerate(server.requests):
             msgs = req.body.get("messages") or []
@@ -105,6 +108,7 @@ def main() -> None:
             "final_messages": len(final),
             "compactions_in_store": compactions,
             "tools": [t["function"]["name"] for t in (agent.tools or [])],
+            "recall_answer": grep_results[-1] if grep_results else None,
         }))
 
 

@@ -113,9 +113,9 @@ def test_hermes_loads_the_directory_variant(hermes_python: Path, tmp_path: Path)
 
 
 def test_hermes_agent_loop_compacts_through_ctxengine(hermes_python: Path, tmp_path: Path) -> None:
-    """Hermes' own loop, ten turns of tool calls against StubServer, a 64K window: it passes
-    the threshold, compacts through ctxengine, sends no invalid request and keeps every user
-    message."""
+    """Hermes' own loop, ten turns of tool calls against StubServer (streamed), a 64K window: it
+    passes the threshold, compacts through ctxengine, sends no invalid request, keeps every user
+    message, and a last turn gets a compacted fact back through ctxengine's ctx_grep."""
     proc = run_in_hermes(hermes_python, str(HERE / "hermes_agent_loop.py"), tmp_path, str(tmp_path), "10")
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -124,6 +124,9 @@ def test_hermes_agent_loop_compacts_through_ctxengine(hermes_python: Path, tmp_p
     assert got["invalid"] == []
     assert got["missing_users"] == []
     assert got["requests"] >= 20  # a tool call and an answer per turn
+    # ctxengine's recall is in Hermes' tool list, and Hermes dispatches the model's call to it
+    assert {"ctx_grep", "ctx_expand"} <= set(got["tools"])
+    assert got["recall_answer"] is not None and "value_0_7 = compute(7)" in got["recall_answer"]
 
 
 _COMPAT = textwrap.dedent(

@@ -11,9 +11,9 @@ What it adds around the delegate engine:
   Hermes hands over messages (compaction, tool calls, turn end, session end) and every
   compaction as an event with the list before and after.
 * **Recall tools** (``get_tool_schemas`` / ``handle_tool_call``): the platform's recall over the
-  store when it is available, else the delegate engine's own tools (``lcm_grep`` …). Hermes asks
-  for the schemas once, when the agent starts, so they are offered from the start whenever a
-  store is enabled.
+  store (``ctx_grep``, ``ctx_expand``; ``lcm_*`` names for the lossless engine), else (no store)
+  the delegate engine's own tools. Hermes asks for the schemas once, when the agent starts, so
+  they are offered from the start whenever a store is enabled.
 * **Commit only when used** (Hermes' newer contract): ``compress`` may run on a pooled worker
   thread under a host timeout, on a deep copy of the messages. It computes on a *clone* of the
   delegate engine and keeps the clone pending; the clone replaces the live engine only once the
@@ -46,8 +46,9 @@ from ctxengine.errors import ConfigError
 from ctxengine.manager import default_store
 from ctxengine.messages import Message, content_text, is_summary, validate
 from ctxengine.models import DEFAULT_CONTEXT_LENGTH
+from ctxengine.recall import LCM_ALIASES, Recall
 from ctxengine.registry import EngineRegistry
-from ctxengine.storage import SessionRecorder
+from ctxengine.storage import RecallStore, SessionRecorder
 
 __all__ = ["ENGINE_NAME", "HermesAdapter", "HermesSettings", "settings_from_hermes_config"]
 
@@ -170,7 +171,7 @@ class HermesAdapter:
         self._lock = threading.RLock()
         self._inner: CtxEngine | None = None
         self._pending: tuple[CtxEngine, list[Message]] | None = None
-        self._recall: Any = None
+        self._recall: Recall | None = None
         self.session_id: str | None = None
         self.model = ""
         self.last_prompt_tokens = 0
@@ -455,19 +456,14 @@ class HermesAdapter:
             log.warning("ctxengine: recording a compaction of %s failed: %s", self._sid(), exc)
 
     def _recall_tools(self) -> tuple[list[dict[str, Any]], Callable[[str, dict[str, Any]], str]] | None:
-        """The platform's recall over the store (``ctxengine.recall``), when both exist."""
+        """The platform's recall over the store (``ctx_grep``/``ctx_expand``; ``lcm_*`` names
+        when the delegate engine is the lossless one), or ``None`` when no store is enabled."""
         store = self.store
-        if store is None:
+        if store is None or not isinstance(store, RecallStore):
             return None
-        if self._recall is None:
-            try:
-                import importlib
-
-                module = importlib.import_module("ctxengine.recall")
-                self._recall = module.Recall(store, self._sid())
-            except Exception:  # recall not available in this build, or the store lacks search
-                self._recall = False
-        if self._recall is False:
-            return None
+        engine_tools = {_tool_name(t) for t in self.engine.get_tool_schemas()}
+        aliases = LCM_ALIASES if engine_tools & set(LCM_ALIASES) else None
         recall = self._recall
+        if recall is None or recall.session_id != self._sid() or bool(recall.aliases) != bool(aliases):
+            recall = self._recall = Recall(store, self._sid(), aliases=aliases)
         return list(recall.tool_schemas()), recall.handle
