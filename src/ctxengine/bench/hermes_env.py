@@ -106,6 +106,10 @@ def ensure_hermes_venv(
             shutil.rmtree(target, ignore_errors=True)
             raise
         ready.write_text(f"hermes-agent=={version}\n", encoding="utf-8")
+        if ctxengine_source is not None:  # venvs of an older pyproject.toml are never used again
+            for old in target.parent.glob("hermes-*-ctxengine-*"):
+                if old != target and old.is_dir():
+                    shutil.rmtree(old, ignore_errors=True)
         return _python(target)
 
 
