@@ -191,3 +191,29 @@ def test_cache_marker_helper_on_every_kind_of_message(native: bool) -> None:
         assert tool["cache_control"] == marker and tool["content"] == "out"
     else:
         assert "cache_control" not in tool and tool["content"][0]["cache_control"] == marker
+
+
+def test_compress_on_a_pooled_thread_whose_result_times_out(tmp_path: Path) -> None:
+    """Hermes' newer host: compress runs on a worker thread, on a deep copy, under a timeout;
+    a result that arrives too late is not used, and the engine behaves as if it never ran."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    a = _adapter(tmp_path)
+    msgs = _conversation(12)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        late = pool.submit(a.compress, copy.deepcopy(msgs), estimate_messages_tokens(msgs)).result(timeout=60)
+    assert len(late) < len(msgs)
+    # the host gave up and went on with its own list, then compacts again later
+    grown = [*msgs, {"role": "user", "content": "user message #12"}, {"role": "assistant", "content": "ok"}]
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        used = pool.submit(a.compress, copy.deepcopy(grown), estimate_messages_tokens(grown)).result(timeout=60)
+    assert a.compression_count == 0  # neither result adopted yet
+    a.on_session_start("s1", boundary_reason="compression", old_session_id="s1")
+    assert a.compression_count == 1 and a.engine.compression_count == 1
+    assert "user message #12" in json.dumps(used)
+
+
+def test_an_unknown_window_keeps_the_current_one(tmp_path: Path) -> None:
+    a = _adapter(tmp_path)
+    a.update_model("unknown-model", 0)
+    assert a.context_length == 32_000 and a.threshold_tokens > 0

@@ -388,6 +388,8 @@ class HermesAdapter:
         api_mode: str = "",
     ) -> None:
         self.model = model
+        if not context_length or int(context_length) <= 0:  # unknown window: keep the current one
+            context_length = self.context_length
         with self._lock:
             self.context_length = int(context_length)
             if self._inner is None:
