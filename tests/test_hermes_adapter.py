@@ -76,7 +76,8 @@ def test_a_result_the_host_dropped_leaves_the_engine_as_it_was(tmp_path: Path) -
     grown = [*msgs, {"role": "user", "content": "user message #99"}]
     out = a.compress(grown, current_tokens=estimate_messages_tokens(grown))
     assert a.engine is live and a.compression_count == 0  # the first result was never adopted
-    a.on_turn_complete([*out, {"role": "assistant", "content": "ok"}])
+    carried = [{**m, "_db_persisted": True} for m in out]  # the host's own bookkeeping keys
+    a.on_turn_complete([*carried, {"role": "assistant", "content": "ok"}])
     assert a.compression_count == 1 and a.engine is not live
 
 

@@ -125,6 +125,14 @@ def _clone(engine: CtxEngine, shared: Sequence[Any]) -> CtxEngine:
     return clone
 
 
+def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Equal messages, ignoring the host's private bookkeeping keys (Hermes adds ``_db_persisted``
+    and the like to messages it carries forward)."""
+    if a == b:
+        return True
+    return {k: v for k, v in a.items() if not str(k).startswith("_")} == {k: v for k, v in b.items() if not str(k).startswith("_")}
+
+
 def _tool_name(schema: Mapping[str, Any]) -> str:
     fn = schema.get("function")
     if isinstance(fn, Mapping):
@@ -258,7 +266,7 @@ class HermesAdapter:
             clone, out = self._pending
             if messages is not None:
                 n = len(out)
-                if len(messages) < n or any(a != b for a, b in zip(messages[:n], out, strict=True)):
+                if len(messages) < n or any(not _same(a, b) for a, b in zip(messages[:n], out, strict=True)):
                     self._pending = None
                     log.info("ctxengine: a compaction result was not used by the host; its state is dropped")
                     return
