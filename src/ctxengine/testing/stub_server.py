@@ -406,7 +406,7 @@ def _anthropic_stop(reply: StubReply) -> str:
 def _anthropic_events(reply: StubReply, model: str, n: int, request: RecordedRequest) -> list[bytes]:
     usage = _anthropic_usage(reply, request)
     start_usage = {k: v for k, v in usage.items() if k != "output_tokens"} | {"output_tokens": 1}
-    message = {"id": f"msg_stub_{n}", "type": "message", "role": "assistant", "model": model, "content": [], "stop_reason": None, "stop_sequence": None, "usage": start_usage}
+    message: dict[str, Any] = {"id": f"msg_stub_{n}", "type": "message", "role": "assistant", "model": model, "content": [], "stop_reason": None, "stop_sequence": None, "usage": start_usage}
     events = [_sse({"type": "message_start", "message": message}, "message_start")]
     index = 0
     if reply.text:
