@@ -1,7 +1,8 @@
 """Run inside the Hermes venv: Hermes' own agent loop against StubServer, ctxengine as engine.
 
 Prints one JSON object with what happened; ``test_hermes_real.py`` asserts on it. Usage:
-``python hermes_agent_loop.py WORKDIR TURNS``.
+``python hermes_agent_loop.py WORKDIR TURNS [ENGINE]`` (ENGINE: the ctxengine engine, default
+``compressor``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 def main() -> None:
     work = Path(sys.argv[1])
     turns = int(sys.argv[2])
+    engine_name = sys.argv[3] if len(sys.argv) > 3 else "compressor"
     home = work / "hermes-home"
     home.mkdir(parents=True, exist_ok=True)
     files = work / "files"
@@ -25,7 +27,7 @@ def main() -> None:
         "context:\n  engine: ctxengine\n"
         "model:\n  context_length: 65536\n"
         "ctxengine:\n"
-        "  engine: compressor\n"
+        f"  engine: {engine_name}\n"
         f"  store: {{backend: sqlite, path: {work / 'ctx.db'}}}\n",
         encoding="utf-8",
     )
@@ -44,7 +46,9 @@ def main() -> None:
             if isinstance(text, list):
                 text = " ".join(p.get("text", "") for p in text if isinstance(p, dict))
             if "recall:" in str(text):  # the model asks ctxengine's recall for a compacted fact
-                return StubReply.calling(("ctx_grep", {"query": "value_0_7 = compute(7)"}))
+                offered = [t["function"]["name"] for t in request.body.get("tools") or []]
+                grep = next(n for n in offered if n in ("ctx_grep", "lcm_grep"))
+                return StubReply.calling((grep, {"query": "value_0_7 = compute(7)"}))
             i = int(str(text).split("#", 1)[1].split(":", 1)[0]) if "#" in str(text) else 0
             return StubReply.calling(("read_file", {"path": str(files / f"module_{i}.py")}))
         return StubReply.ok("Read it; module looks fine. " + "Analysis detail. " * 40)
@@ -76,7 +80,7 @@ def main() -> None:
         users.append(recall_q)
         result = agent.run_conversation(recall_q, conversation_history=history)
         history = result.get("messages") or history
-        grep_results = [m.get("content") for m in history if m.get("role") == "tool" and "ctx_grep" in json.dumps(history[max(0, history.index(m) - 1)])]
+        grep_results = [m.get("content") for m in history if m.get("role") == "tool" and "_grep" in json.dumps(history[max(0, history.index(m) - 1)])]
         invalid = []
         for k, req in enumerate(server.requests):
             msgs = req.body.get("messages") or []

@@ -112,20 +112,21 @@ def test_hermes_loads_the_directory_variant(hermes_python: Path, tmp_path: Path)
             shutil.rmtree(target, ignore_errors=True)
 
 
-def test_hermes_agent_loop_compacts_through_ctxengine(hermes_python: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("engine", "grep"), [("compressor", "ctx_grep"), ("lcm", "lcm_grep")])
+def test_hermes_agent_loop_compacts_through_ctxengine(hermes_python: Path, tmp_path: Path, engine: str, grep: str) -> None:
     """Hermes' own loop, ten turns of tool calls against StubServer (streamed), a 64K window: it
     passes the threshold, compacts through ctxengine, sends no invalid request, keeps every user
     message, and a last turn gets a compacted fact back through ctxengine's ctx_grep."""
-    proc = run_in_hermes(hermes_python, str(HERE / "hermes_agent_loop.py"), tmp_path, str(tmp_path), "10")
+    proc = run_in_hermes(hermes_python, str(HERE / "hermes_agent_loop.py"), tmp_path, str(tmp_path), "10", engine)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert got["engine_class"] == "CtxEngineContextEngine"
+    assert got["engine_class"] == "CtxEngineContextEngine" and got["status"]["engine"] == f"ctxengine:{engine}"
     assert got["compression_count"] >= 1 and got["compactions_in_store"] == got["compression_count"]
     assert got["invalid"] == []
     assert got["missing_users"] == []
     assert got["requests"] >= 20  # a tool call and an answer per turn
     # ctxengine's recall is in Hermes' tool list, and Hermes dispatches the model's call to it
-    assert {"ctx_grep", "ctx_expand"} <= set(got["tools"])
+    assert grep in got["tools"]
     assert got["recall_answer"] is not None and "value_0_7 = compute(7)" in got["recall_answer"]
 
 
