@@ -60,14 +60,20 @@ def _probe(hermes_python: Path, home: Path) -> dict:
 
 
 def test_hermes_plugin_manager_discovers_and_activates_the_engine(hermes_python: Path, tmp_path: Path) -> None:
-    home = _home(tmp_path, f"""
-        plugins: {{enabled: [ctxengine]}}
-        context: {{engine: ctxengine}}
-        model: {{context_length: 100000}}
-        ctxengine:
-          engine: rules
-          store: {{path: {tmp_path / 'ctx.db'}}}
-    """)
+    """The README's route: `hermes plugins enable ctxengine` (Hermes' own command), then
+    `context.engine: ctxengine` (here with a `ctxengine:` section choosing the engine)."""
+    import yaml
+
+    home = tmp_path / "hermes-home"
+    home.mkdir()
+    enable = run_in_hermes(hermes_python, "import sys; from hermes_cli.main import main; sys.argv = ['hermes', 'plugins', 'enable', 'ctxengine']; main()", home)
+    assert enable.returncode == 0, enable.stdout + enable.stderr
+    config = yaml.safe_load((home / "config.yaml").read_text(encoding="utf-8"))
+    assert "ctxengine" in config["plugins"]["enabled"]
+    config["context"] = {**(config.get("context") or {}), "engine": "ctxengine"}
+    config["model"] = {**(config.get("model") or {}), "context_length": 100_000}
+    config["ctxengine"] = {"engine": "rules", "store": {"path": str(tmp_path / "ctx.db")}}
+    (home / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
     got = _probe(hermes_python, home)
     assert got["registered"] == "CtxEngineContextEngine" and got["is_hermes_engine"]
     assert got["plugin"]["enabled"] is True and got["plugin"]["source"] == "entrypoint"
