@@ -218,3 +218,23 @@ def test_an_unknown_window_keeps_the_current_one(tmp_path: Path) -> None:
     a = _adapter(tmp_path)
     a.update_model("unknown-model", 0)
     assert a.context_length == 32_000 and a.threshold_tokens > 0
+
+
+def test_hermes_baseline_without_hermes_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from ctxengine.bench.baselines import HermesBaseline, _HermesWorker
+    from ctxengine.errors import EngineError
+
+    monkeypatch.setenv("CTXENGINE_HERMES_PYTHON", sys.executable)  # a python without Hermes
+    monkeypatch.setattr(_HermesWorker, "_shared", None)
+    with pytest.raises(EngineError, match="is hermes-agent importable"):
+        HermesBaseline(context_length=32_000)
+    monkeypatch.setattr(_HermesWorker, "_shared", None)
+    monkeypatch.setenv("CTXENGINE_HERMES_PYTHON", str(tmp_path / "missing" / "python"))
+    from ctxengine.cli.main import cli
+
+    session = tmp_path / "s.jsonl"
+    session.write_text(json.dumps({"id": "s", "messages": _conversation(3)}) + "\n", encoding="utf-8")
+    res = CliRunner().invoke(cli, ["bench", str(session), "-e", "hermes"])
+    assert res.exit_code == 2 and "CTXENGINE_HERMES_PYTHON" in res.output

@@ -21,6 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ctxengine.errors import CtxEngineError
+
 __all__ = ["HERMES_VERSION", "HermesEnvUnavailable", "default_cache_dir", "ensure_hermes_venv", "hermes_python", "venv_dir"]
 
 HERMES_VERSION = "0.19.0"
@@ -29,7 +31,7 @@ HERMES_VERSION = "0.19.0"
 _INSTALL_TIMEOUT_S = 900
 
 
-class HermesEnvUnavailable(RuntimeError):
+class HermesEnvUnavailable(CtxEngineError):
     """The Hermes venv could not be built or found; the message says why."""
 
 
