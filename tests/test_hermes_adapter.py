@@ -238,3 +238,17 @@ def test_hermes_baseline_without_hermes_says_so(tmp_path: Path, monkeypatch: pyt
     session.write_text(json.dumps({"id": "s", "messages": _conversation(3)}) + "\n", encoding="utf-8")
     res = CliRunner().invoke(cli, ["bench", str(session), "-e", "hermes"])
     assert res.exit_code == 2 and "CTXENGINE_HERMES_PYTHON" in res.output
+
+
+def test_a_dropped_result_leaves_no_trace_in_the_live_engine(tmp_path: Path) -> None:
+    a = _adapter(tmp_path)
+    msgs = _conversation(12)
+    live = a.engine
+    a.should_compress_preflight(msgs)
+    a.update_from_response({"prompt_tokens": 30_000, "completion_tokens": 10})  # anchors the count
+    before = {k: (copy.copy(vars(v)) if hasattr(v, "__dict__") else v) for k, v in vars(live).items() if k != "last_report"}
+    a.compress(msgs, current_tokens=estimate_messages_tokens(msgs))
+    a.compress([*msgs, {"role": "user", "content": "another"}])  # the first result was dropped
+    a._pending = None  # and so was the second
+    after = {k: (copy.copy(vars(v)) if hasattr(v, "__dict__") else v) for k, v in vars(live).items() if k != "last_report"}
+    assert after == before

@@ -105,8 +105,9 @@ def settings_from_hermes_config(hermes_config: Mapping[str, Any] | None) -> Herm
 
 
 def _clone(engine: CtxEngine, shared: Sequence[Any]) -> CtxEngine:
-    """A copy of ``engine`` whose own state (attributes, and the lists/dicts/sets they hold)
-    can change without touching ``engine``; ``shared`` objects (store, summarizer) stay shared.
+    """A copy of ``engine`` whose own state (attributes, the lists/dicts/sets they hold and its
+    ctxengine helper objects) can change without touching ``engine``; ``shared`` objects (store,
+    summarizer, counter) stay shared.
 
     One level deep: engines replace or extend their containers, and a deep copy of a long
     session's state would cost more than the compaction itself.
@@ -118,6 +119,9 @@ def _clone(engine: CtxEngine, shared: Sequence[Any]) -> CtxEngine:
         if id(value) in shared_ids:
             state[key] = value
         elif isinstance(value, list | dict | set | bytearray):
+            state[key] = copy.copy(value)
+        elif type(value).__module__.startswith("ctxengine.") and not isinstance(value, type):
+            # the engine's own helpers (token anchor, fact sets …): the clone gets its own copy
             state[key] = copy.copy(value)
         else:
             state[key] = value
