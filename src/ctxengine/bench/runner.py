@@ -474,9 +474,11 @@ def _run(
     t0 = time.perf_counter()
     facts = [session_facts(s) for s in sessions]
     result = BenchResult(context_length, placement, amodel.name, omodel.name, [s.id for s in sessions], {})
-    for n in names:
-        totals = EngineTotals(n)
-        for s, f in zip(sessions, facts, strict=True):
+    result.engines = {n: EngineTotals(n) for n in names}
+    # session by session, every engine in turn: a machine that gets busier during the run slows
+    # every engine alike, so latency ratios (to the hermes baseline, say) stay fair
+    for s, f in zip(sessions, facts, strict=True):
+        for n in names:
             run = run_session(
                 s,
                 n,
@@ -489,9 +491,9 @@ def _run(
                 session_id=f"bench:{n}:{s.id}",
                 facts=f,
             )
-            totals.runs.append(run)
-        result.engines[n] = totals
-        if progress is not None:
+            result.engines[n].runs.append(run)
+    if progress is not None:
+        for n, totals in result.engines.items():
             progress(f"{n}: {len(sessions)} sessions, {totals.calls} calls")
     result.elapsed_s = time.perf_counter() - t0
     return result
