@@ -6,10 +6,20 @@ import copy
 import json
 from typing import Any
 
-from ctxengine.engines.cacheaware import CUT_MARK, DIGEST_MARK, CacheAwareEngine, CacheAwareSettings
+import pytest
+
+from ctxengine.config import Config
+from ctxengine.engine import Services
+from ctxengine.engines.cacheaware import CacheAwareEngine, CacheAwareSettings
+from ctxengine.engines.kit.originals import Originals
 from ctxengine.facts import FACT_KINDS, context_text, extract_facts, missing_facts
 from ctxengine.messages import Message, validate
+from ctxengine.recall import Recall
 from ctxengine.registry import EngineRegistry
+from ctxengine.store import SqliteStore
+
+CUT_MARK = "[ctxengine:cut"
+DIGEST_MARK = "[ctxengine:digest"
 
 
 def _output(k: int, lines: int = 60) -> str:
@@ -27,8 +37,17 @@ def _session(groups: int, lines: int = 60) -> list[Message]:
     return msgs
 
 
-def _engine(**kw: Any) -> CacheAwareEngine:
-    return CacheAwareEngine(context_length=kw.pop("context_length", 100_000), settings=CacheAwareSettings(cost_aware=False, **kw))
+def _engine(store: SqliteStore | None = None, **kw: Any) -> CacheAwareEngine:
+    kw.setdefault("fold_batches", False)
+    kw.setdefault("rewrite_every", 0)
+    kw.setdefault("min_gain", 0.0)
+    originals = Originals(store, "s1") if store is not None else None
+    return CacheAwareEngine(context_length=kw.pop("context_length", 100_000), settings=CacheAwareSettings(cost_aware=False, **kw), originals=originals)
+
+
+@pytest.fixture
+def store() -> SqliteStore:
+    return SqliteStore(":memory:")
 
 
 def _valid(msgs: list[Message]) -> bool:
@@ -38,6 +57,16 @@ def _valid(msgs: list[Message]) -> bool:
 def test_registered_as_a_builtin() -> None:
     assert "cacheaware" in EngineRegistry(entry_points=False).names()
     assert EngineRegistry(entry_points=False).create("cacheaware").name == "cacheaware"
+
+
+def test_settings_come_from_the_config_section_and_services() -> None:
+    cfg = Config.from_dict({"cacheaware": {"keep_recent": 4, "batch": 5}})
+    eng = CacheAwareEngine.from_config(cfg.cacheaware, Services(context_length=64_000))
+    assert eng.settings.keep_recent == 4 and eng.context_length == 64_000 and eng.originals is None
+    legacy = CacheAwareEngine.from_config(cfg, context_length=32_000, store=SqliteStore(":memory:"))
+    assert legacy.settings.batch == 5 and legacy.context_length == 32_000 and legacy.originals is not None
+    with pytest.raises(Exception, match="keep_recent"):
+        Config.from_dict({"cacheaware": {"keep_recent": -1}})
 
 
 def test_recent_outputs_stay_whole_and_batches_wait() -> None:
@@ -63,6 +92,7 @@ def test_cut_records_keep_head_tail_and_the_facts_of_the_middle() -> None:
     record = out[3]["content"]
     assert record.startswith(CUT_MARK) and "bash output" in record
     assert "0: line 0 of output 0" in record and "59: line 59 of output 0" in record
+    assert record.count("\n[facts]\n") == 1  # the kit's one fact-block format
     assert "ERROR: build failed in src/main/java/App0.java" in record
     assert "https://example.com/docs/0" in record
     assert "line 20 of output 0" not in record
@@ -87,22 +117,32 @@ def test_deterministic() -> None:
     assert _engine(batch=4).compress(msgs) == _engine(batch=4).compress(msgs)
 
 
-def test_giant_new_output_is_cut_before_it_is_sent_and_recallable() -> None:
-    eng = _engine(context_length=10_000, keep_recent=3, giant_ratio=0.1)
+def test_giant_new_output_is_cut_before_it_is_sent_and_recallable(store: SqliteStore) -> None:
+    eng = _engine(store, context_length=10_000, keep_recent=3, giant_ratio=0.1)
     msgs = _session(1, lines=3000)  # one fresh output far above 10 % of the window
     assert eng.should_compress_preflight(msgs)
     out = eng.compress(msgs)
-    assert out[-1]["content"].startswith(CUT_MARK)
-    assert sum(len(str(m.get("content"))) for m in out) < 5_000
-    answer = json.loads(eng.handle_tool_call("ctx_grep", {"query": "line 1500 of output 0"}))
-    assert answer["matches"] and "1500: line 1500 of output 0" in answer["matches"][0]
+    record = out[-1]["content"]
+    assert record.startswith(CUT_MARK)
+    assert sum(len(str(m.get("content"))) for m in out) < 10_000
     assert eng.retrievable("1500: line 1500 of output 0 with some words in it")
-    assert json.loads(eng.handle_tool_call("nope", {}))["error"].startswith("Unknown tool")
-    assert [s["name"] for s in eng.get_tool_schemas()] == ["ctx_grep"]
+    # the marker names a node that the store-backed recall expands to the original, verbatim
+    ref = record.split("ref=", 1)[1].split(":", 1)[0]
+    answer = json.loads(Recall(store, "s1").handle("ctx_expand", {"id": ref, "max_tokens": 100_000}))
+    assert answer["messages"][0]["message"]["content"] == msgs[-1]["content"]
+    assert eng.get_tool_schemas() == []  # recall tools are the kernel's, offered for every engine
 
 
-def test_old_turns_fold_into_digests_over_the_threshold_keeping_users() -> None:
-    eng = _engine(context_length=6_000, keep_recent=2, batch=1, fold_ratio=0.25, fold_target=0.1)
+def test_without_a_store_every_fact_stays_in_context() -> None:
+    eng = _engine(context_length=10_000, keep_recent=3, giant_ratio=0.1)
+    msgs = _session(1, lines=3000)
+    out = eng.compress(msgs)
+    assert not missing_facts(extract_facts(msgs), context_text(out)).all()
+    assert not eng.retrievable("1500: line 1500 of output 0 with some words in it")
+
+
+def test_old_turns_fold_into_digests_over_the_threshold_keeping_users(store: SqliteStore) -> None:
+    eng = _engine(store, context_length=6_000, keep_recent=2, batch=1, fold_ratio=0.25, fold_target=0.1)
     msgs: list[Message] = [{"role": "system", "content": "sys"}]
     for t in range(4):
         msgs.append({"role": "user", "content": f"task {t}: fix src/t{t}.py"})
@@ -131,13 +171,33 @@ def test_a_finished_turn_is_folded_when_the_next_one_starts() -> None:
     assert "bash" in out[2]["content"]
 
 
-def test_reset_forgets_originals() -> None:
-    eng = _engine(keep_recent=1, batch=1)
+def test_batches_fold_into_digests_of_actions_and_facts(store: SqliteStore) -> None:
+    eng = _engine(store, keep_recent=2, batch=4, fold_batches=True)
+    msgs = _session(8)
+    out = eng.compress(msgs)
+    assert _valid(out)
+    digests = [m["content"] for m in out if str(m.get("content", "")).startswith(DIGEST_MARK)]
+    assert len(digests) == 1 and "- bash: cat src/f0.txt" in digests[0]
+    assert out[-4:] == msgs[-4:]  # the recent exchanges stay whole
+    missing = missing_facts(extract_facts(msgs), context_text(out))
+    assert all(eng.retrievable(f) for f in missing.all())
+
+
+def test_a_small_gain_is_not_worth_a_rewrite() -> None:
+    eng = _engine(keep_recent=1, batch=1, min_gain=0.5, cut_min_tokens=1)
+    msgs = _session(2, lines=40)
+    out = eng.compress(msgs)
+    assert out == msgs and eng.compression_count == 0
+
+
+def test_one_prefix_rewrite_per_n_turns() -> None:
+    eng = _engine(keep_recent=1, batch=1, rewrite_every=3)
     eng.compress(_session(3))
-    assert eng.retrievable("20: line 20 of output 0 with some words in it")
-    eng.on_session_reset()
-    assert not eng.retrievable("20: line 20 of output 0 with some words in it")
-    assert eng.get_status()["originals_kept"] == 0
+    assert eng.compression_count == 1
+    assert not eng.should_compress_preflight(_session(5))
+    for _ in range(3):
+        eng.update_from_response({"prompt_tokens": 1000})
+    assert eng.should_compress_preflight(_session(5))
 
 
 def test_batches_weigh_the_cache_reads_the_provider_reported() -> None:
@@ -145,7 +205,7 @@ def test_batches_weigh_the_cache_reads_the_provider_reported() -> None:
     prompt warm) makes the next batch wait until it pays for a full rewrite."""
     decisions = []
     for reads_all in (True, False):
-        eng = CacheAwareEngine(context_length=100_000, settings=CacheAwareSettings(keep_recent=1, batch=2, batch_tokens=10**9, min_horizon=1))
+        eng = CacheAwareEngine(context_length=100_000, settings=CacheAwareSettings(keep_recent=1, batch=2, batch_tokens=10**9, min_horizon=1, fold_batches=False, rewrite_every=0))
         for _ in range(20):  # a session with some history: the first batch pays
             eng.update_from_response({"prompt_tokens": 1000})
         msgs = _session(12)

@@ -297,3 +297,43 @@ def test_generated_conversations_cover_what_real_sessions_hold() -> None:
 
     collect()
     assert sorted(set(FEATURES) - seen) == []
+
+
+class Nibbler(ContextEngine):
+    """Over its threshold it trims a few lines off the largest output, every turn: the
+    compaction loop of a giant output in the protected tail."""
+
+    @property
+    def name(self) -> str:
+        return "nibbler"
+
+    def update_from_response(self, usage: Any) -> None:
+        self._record_usage(usage)
+
+    def should_compress(self, prompt_tokens: int | None = None) -> bool:
+        return (prompt_tokens or 0) >= self.threshold_tokens > 0
+
+    def compress(self, messages: list[Message], current_tokens: int | None = None, focus_topic: str | None = None) -> list[Message]:
+        out = list(messages)
+        tools = [i for i, m in enumerate(out) if m.get("role") == "tool" and isinstance(m.get("content"), str)]
+        if tools:
+            i = max(tools, key=lambda k: len(out[k]["content"]))
+            lines = out[i]["content"].splitlines()
+            out[i] = {**out[i], "content": "\n".join(lines[: max(1, len(lines) - 5)])}
+        return out
+
+
+def test_the_kit_catches_an_engine_that_compacts_on_every_turn() -> None:
+    from ctxengine.testing.contract import _Harness
+
+    harness = _Harness(lambda: Nibbler(context_length=4000))
+    with pytest.raises(ContractViolation) as info:
+        harness.thrash()
+    assert info.value.invariant == 12
+    assert "consecutive turns" in str(info.value)
+
+
+def test_kernel_checks_are_counted() -> None:
+    report = check_engine_contract(lambda: Identity(context_length=4000), examples=3)
+    assert report.checks[10] > 0 and report.checks[11] > 0 and report.checks[12] == 1
+    assert report.max_consecutive_compactions <= 3

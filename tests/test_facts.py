@@ -109,3 +109,45 @@ def test_retention_counts_kept_and_retrievable_facts() -> None:
     assert missing.paths == ["c/d.py"] and missing.errors == ["Error: boom"]
     total, kept, missing = retention(facts, context, retrievable=lambda f: f == "c/d.py")
     assert kept["paths"] == 2 and kept["errors"] == 0 and len(missing) == 1
+
+
+def test_call_facts_are_name_and_command_line() -> None:
+    from ctxengine.facts import call_facts, call_retention
+
+    msgs = [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "a",
+                    "type": "function",
+                    "function": {
+                        "name": "bash",
+                        "arguments": '{"command": "open src/Foo.java\\nscroll_down"}',
+                    },
+                },
+                {"id": "b", "type": "function", "function": {"name": "submit", "arguments": "{}"}},
+            ],
+        },
+    ]
+    assert call_facts(msgs) == ["bash: open src/Foo.java", "submit"]
+    record = [
+        {
+            "role": "tool",
+            "tool_call_id": "a",
+            "content": "[ctxengine:record] bash: open src/Foo.java -> ok; submit",
+        }
+    ]
+    assert call_retention(call_facts(msgs), record) == (2, 2, [])
+    assert call_retention(call_facts(msgs), [{"role": "user", "content": "bash submit"}]) == (
+        2,
+        1,
+        ["bash: open src/Foo.java"],
+    )
+    kept = call_retention(
+        call_facts(msgs),
+        [{"role": "user", "content": "bash submit"}],
+        lambda t: t == "open src/Foo.java",
+    )
+    assert kept == (2, 2, [])

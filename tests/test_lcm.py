@@ -11,6 +11,7 @@ import pytest
 
 from ctxengine.bench.replay import replay_session
 from ctxengine.config import Config
+from ctxengine.engines.kit import parse_header
 from ctxengine.engines.lcm import NODE_RE, LcmEngine, digest
 from ctxengine.errors import ConfigError, SummarizerError
 from ctxengine.facts import extract_facts
@@ -224,7 +225,7 @@ def test_escalation_llm_then_shorter_then_deterministic(store: SqliteStore) -> N
     assert failing.budgets == [1200, 600]  # the target, then half of it
     assert eng.last_report is not None and eng.last_report.fallback == "extractive"
     summary = next(content_text(m["content"]) for m in out if is_summary(m))
-    assert "Tools: run_tests, read_file" in summary  # the deterministic digest
+    assert "Actions:\n- run_tests: src/module_0/file_0.py\n- read_file: " in summary  # the kit's digest
     assert not eng.deterministic
 
 
@@ -241,10 +242,10 @@ def test_llm_summary_used_and_users_still_quoted(store: SqliteStore) -> None:
 
 def test_digest_shows_facts_until_the_fact_budget() -> None:
     span = _agent_session(30)[1:]
-    small = digest(span, 300, fact_tokens=200)
+    small = digest(span, budget_tokens=300, fact_tokens=200, recall_hint="lcm_grep")
     assert small.startswith("User: Task 0")
-    assert "[not shown here:" in small and "use lcm_grep" in small
-    full = digest(span, 300, fact_tokens=100_000)
+    assert "[not shown here:" in small and "lcm_grep finds them" in small
+    full = digest(span, budget_tokens=300, fact_tokens=100_000)
     facts = extract_facts(span)
     assert all(p in full for p in facts.paths) and all(e in full for e in facts.errors)
 
@@ -314,7 +315,9 @@ def test_a_giant_new_output_is_cut_before_it_is_sent(store: SqliteStore) -> None
     assert eng.counter.count_messages(out) < 32_000
     text = content_text(cut["content"])
     assert "./src/pkg0/Module0.java" in text and "./src/pkg119/Module5999.java" in text  # head and tail
-    node = NODE_RE.match(text).group(1)  # type: ignore[union-attr]
+    marker = parse_header(text)  # the kit's one cut, its ref the node recall expands
+    assert marker is not None and marker.kind == "cut" and marker.ref is not None
+    node = marker.ref
     whole = eng.expand(node, max_tokens=200_000)
     assert whole["messages"][0]["message"] == msgs[3]
     assert eng.retrievable("./src/pkg60/Module3000.java")

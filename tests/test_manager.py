@@ -174,7 +174,9 @@ def test_hygiene_fires_exactly_once_when_crossing_85_percent() -> None:
     eng = TinyEngine(context_length=1000, reduce=False)
     mgr = _mgr(lambda: eng)
     _grow(mgr, _history(1), turns=30, size=40)
-    assert mgr.status()["last_tokens"] > 1000
+    # the context stays above the hygiene threshold: the window cap, not the engine, holds it
+    assert mgr.window.limit >= mgr.status()["last_tokens"] > mgr.hygiene_threshold
+    assert mgr.status()["window_cuts"] > 0
     assert mgr.status()["hygiene_fired"] == 1
     assert eng.compress_calls == 1
 
@@ -191,7 +193,7 @@ def test_hygiene_rearms_after_the_session_fell_below_and_compacts() -> None:
 
 
 def test_hygiene_needs_four_messages_and_compression_enabled() -> None:
-    big = "word " * 1200
+    big = "word " * 800  # with the history: above the hygiene threshold (850), inside the window
     eng = TinyEngine(context_length=1000)
     mgr = _mgr(lambda: eng)
     mgr.prepare([{"role": "system", "content": "s"}, {"role": "user", "content": big}])

@@ -267,7 +267,10 @@ def test_general_plugin_in_process() -> None:
 
     reg.register_plugin(register, source="my-plugin")
     assert seen[0].source == "my-plugin"
-    assert reg.create("inproc") is engine  # the registered instance itself
+    # each session gets its own copy of the registered instance, never the instance itself
+    first, second = reg.create("inproc"), reg.create("inproc")
+    assert isinstance(first, type(engine)) and first.name == "inproc"
+    assert first is not engine and second is not first
     assert "inproc" in reg.names()
     assert {"name": "inproc", "source": "my-plugin"} in reg.describe()
 
@@ -292,7 +295,7 @@ def test_second_registration_is_rejected_with_a_warning(dists: Dists) -> None:
     reg.register_plugin(lambda ctx: ctx.register_context_engine(first), "plugin-a")
     with pytest.warns(UserWarning, match=r"'second' from plugin-b rejected.*'first' from plugin-a"):
         reg.register_plugin(lambda ctx: ctx.register_context_engine(second), "plugin-b")
-    assert reg.create("first") is first
+    assert reg.create("first").name == "first"
     assert "second" not in reg.names()
     with pytest.raises(ConfigError, match="unknown context engine 'second'"):
         reg.create("second")
@@ -443,7 +446,7 @@ def test_broken_entry_points_are_reported_and_others_load(dists: Dists) -> None:
 def test_broken_engine_class_entry_point(dists: Dists) -> None:
     dists.add({"ctxengine.engines": {"crashy": "{mod:c}:Crashy"}}, {"c": "class Crashy:\n    def __init__(self, context_length):\n        raise OSError('disk full')\n"})
     reg = EngineRegistry()
-    with pytest.raises(PluginError, match="engine 'crashy' failed to start: OSError: disk full"):
+    with pytest.raises(PluginError, match=r"engine 'crashy' \(from entry point crashy .*\) failed to start: OSError: disk full"):
         reg.create("crashy")
     dists.add({"ctxengine.engines": {"notengine": "{mod:n}:Thing"}}, {"n": "class Thing:\n    pass\n"})
     reg2 = EngineRegistry()
@@ -500,3 +503,54 @@ def test_no_warning_when_nothing_is_wrong(plugin_root: Path, dists: Dists) -> No
         assert reg.create("quiet").name == "quiet"
         assert reg.create("calm").name == "calm"
     assert reg.problems == []
+
+
+# -- per-session construction: from_config(settings, services) ---------------------------------
+def test_engines_with_a_settings_model_get_validated_settings_and_the_session_services() -> None:
+    from pydantic import BaseModel
+
+    from ctxengine.engine import Services
+    from ctxengine.registry import builds_from_settings, settings_for
+
+    class Knobs(BaseModel):
+        threshold: float = 0.5
+        keep: int = 2
+
+    built: list[tuple[Any, Any]] = []
+
+    class Knobbed(InProcessEngine):
+        Settings = Knobs
+        config_section = "compaction"  # reads an existing section: only its known fields matter
+
+        def __init__(self, *, context_length: int = 1000, threshold: float | None = None, keep: int = 1) -> None:
+            super().__init__("knobbed")
+            self.context_length = context_length
+            self.keep = keep
+
+        @classmethod
+        def from_config(cls, settings: Any, services: Any) -> Knobbed:  # type: ignore[override]
+            built.append((settings, services))
+            return cls(context_length=services.context_length, keep=settings.keep)
+
+    assert builds_from_settings(Knobbed)  # the ABC default counts too: every engine gets (settings, services)
+
+    class Loose(BaseModel):
+        model_config = {"extra": "ignore"}
+        trigger_threshold: float = 0.1
+
+    class FromSection(Knobbed):
+        Settings = Loose
+
+        @classmethod
+        def from_config(cls, settings: Any, services: Any) -> FromSection:  # type: ignore[override]
+            built.append((settings, services))
+            return cls(context_length=services.context_length)
+
+    cfg = Config.from_dict({"compaction": {"trigger_threshold": 0.42}})
+    assert settings_for(FromSection, cfg, "fs").trigger_threshold == 0.42  # type: ignore[union-attr]
+    reg = EngineRegistry(entry_points=False)
+    reg.register_engine_class("knobbed", Knobbed)
+    engine = reg.create("knobbed", Config(), context_length=7000, services=Services(session_id="s9", context_length=7000))
+    settings, services = built[-1]
+    assert isinstance(settings, Knobs) and services.session_id == "s9" and services.context_length == 7000
+    assert engine.context_length == 7000 and engine.keep == 2  # type: ignore[attr-defined]

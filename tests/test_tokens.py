@@ -192,7 +192,7 @@ def test_message_odd_content_is_serialised_not_crashed() -> None:
     assert estimate_message_tokens({"role": "user", "content": {"weird": 1}}) > MESSAGE_OVERHEAD_TOKENS
 
 
-def test_estimate_messages_tokens_rough_sums_messages() -> None:
+def test_estimate_messages_tokens_sums_messages() -> None:
     msgs = [{"role": "system", "content": ENGLISH}, {"role": "user", "content": CJK}]
     assert estimate_messages_tokens(msgs) == sum(estimate_message_tokens(m) for m in msgs)
     assert estimate_messages_tokens([]) == 0

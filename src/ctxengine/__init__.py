@@ -15,8 +15,10 @@ from ctxengine.engines.lcm import LcmEngine
 from ctxengine.engines.rules import RulesEngine
 from ctxengine.errors import (
     ConfigError,
+    ContextWindowError,
     CtxEngineError,
     EngineError,
+    EngineStartError,
     InputError,
     InvalidMessages,
     NotFoundError,
@@ -56,9 +58,11 @@ __all__ = [
     "ContextCompressor",
     "ContextEngine",
     "ContextManager",
+    "ContextWindowError",
     "CtxEngineError",
     "EngineError",
     "EngineRegistry",
+    "EngineStartError",
     "ExactCounter",
     "Facts",
     "InputError",

@@ -45,6 +45,7 @@ from ctxengine.errors import ConfigError
 
 __all__ = [
     "AuxiliaryConfig",
+    "CacheAwareConfig",
     "CompactionConfig",
     "CompressionConfig",
     "Config",
@@ -67,6 +68,26 @@ class _Section(BaseModel):
 class ContextConfig(_Section):
     engine: str = Field("compressor", description="Active engine: compressor, rules, lcm, or a plugin name.")
     token_counter: str = Field("estimate", description="estimate | exact | exact:cl100k_base")
+    completion_reserve: int | None = Field(
+        None,
+        ge=0,
+        description="Tokens kept free for the model's answer: no request is larger than the window minus this minus window_margin. Default: min(8192, window/16).",
+    )
+    window_margin: float = Field(
+        0.03,
+        ge=0.0,
+        lt=0.5,
+        description="Share of the window kept free for providers whose tokenizer counts more than o200k (requests are measured with o200k).",
+    )
+    engine_timeout: float | None = Field(
+        300.0,
+        gt=0,
+        description="Seconds one compress() may take; a late result is discarded (EngineError, or the fallback engine). null: no deadline.",
+    )
+    fallback_engine: str | None = Field(
+        None,
+        description="Engine used for a session when the configured one fails to load, start or compress (the reason is logged). null: the error is raised.",
+    )
 
 
 class CompressionConfig(_Section):
@@ -132,6 +153,8 @@ class CompactionConfig(_Section):
     head_lines: int = Field(10, ge=0)
     tail_lines: int = Field(5, ge=0)
     target_ratio: float = Field(0.35, gt=0.0, lt=1.0, description="Compact down to this fraction of the window, so compactions come in batches.")
+    fact_tokens: int = Field(400, ge=0, description="Verbatim facts one record lists when a store keeps the originals (the rest is one ctx_grep away); without a store every fact is listed.")
+    min_gain: float = Field(0.0, ge=0.0, lt=1.0, description="A compaction freeing less than this share of the trigger is not done (0: always compact when triggered).")
 
 
 class LcmConfig(_Section):
@@ -144,6 +167,32 @@ class LcmConfig(_Section):
     leaf_target_tokens: int = Field(1200, ge=100)
     leaf_chunk_tokens: int = Field(20_000, ge=500, description="Largest span of originals one leaf summary node covers.")
     leaf_fact_tokens: int = Field(4000, ge=0, description="Verbatim paths, URLs, tool names and error lines a node shows; the rest stays retrievable with lcm_grep.")
+
+
+class CacheAwareConfig(_Section):
+    """The ``cacheaware`` engine (``cacheaware:``); defaults measured on the long sessions of
+    ../shared/data (DESIGN §3.8): the last 3 tool exchanges stay whole, older ones are folded
+    in batches of 8 into digests of actions and facts."""
+
+    keep_recent: int = Field(3, ge=0, description="Tool exchanges at the end kept whole (the agent is still using them).")
+    batch: int = Field(8, ge=1, description="Compact once this many older whole outputs wait…")
+    batch_tokens: int = Field(6000, ge=0, description="…or once they hold this many tokens.")
+    cut_min_tokens: int = Field(120, ge=0, description="Outputs shorter than this are never cut.")
+    fold_batches: bool = Field(True, description="Fold a due batch into a digest of actions and facts (off: cut each output to a record).")
+    record_tokens: int = Field(160, ge=40, description="Size of one cut record (head and tail lines plus facts).")
+    head_lines: int = Field(3, ge=0)
+    tail_lines: int = Field(2, ge=0)
+    digest_tokens: int = Field(400, ge=100, description="Size of one digest (actions, facts, assistant notes).")
+    fact_tokens: int = Field(60, ge=0, description="Verbatim facts one record or digest lists when a store keeps the originals (the rest is one ctx_grep away); without a store every fact is listed.")
+    giant_ratio: float = Field(0.08, gt=0.0, le=1.0, description="A new output larger than this share of the window is cut before it is sent.")
+    giant_tokens: int = Field(1500, ge=100, description="Size a giant output is cut to.")
+    fold_ratio: float = Field(0.55, gt=0.0, le=1.0, description="Fold old turns when the context passes this share of the window…")
+    fold_target: float = Field(0.35, gt=0.0, lt=1.0, description="…down to this share.")
+    fold_run_tokens: int = Field(2000, ge=0, description="When a new user turn begins, fold the previous turn's run if it holds this many tokens (0: off).")
+    cost_aware: bool = Field(True, description="Compact a batch only when it pays for its cache rewrite.")
+    min_horizon: int = Field(8, ge=1)
+    min_gain: float = Field(0.02, ge=0.0, lt=1.0, description="A compaction freeing less than this share of the threshold is not done.")
+    rewrite_every: int = Field(3, ge=0, description="At most one compaction that rewrites the cached prefix per this many turns, unless the window requires it.")
 
 
 class StoreConfig(_Section):
@@ -183,6 +232,7 @@ class Config(_Section):
     models: dict[str, dict[str, Any]] = Field(default_factory=dict)
     compaction: CompactionConfig = Field(default_factory=CompactionConfig)
     lcm: LcmConfig = Field(default_factory=LcmConfig)
+    cacheaware: CacheAwareConfig = Field(default_factory=CacheAwareConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     proxy: ProxyConfig = Field(default_factory=ProxyConfig)
     plugins: PluginsConfig = Field(default_factory=PluginsConfig)

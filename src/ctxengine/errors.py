@@ -9,7 +9,9 @@ translated once, at the boundary where they occur, with ``raise ... from exc``::
     ├── InputError             a file or payload cannot be read or parsed
     ├── ConfigError            bad configuration: unknown key, bad value, unknown engine
     ├── PluginError            a plugin failed to load or registered something invalid
-    ├── EngineError            an engine broke its contract (names the broken rule)
+    ├── EngineError            an engine broke its contract (names the broken rule), failed or timed out
+    │   └── EngineStartError   an engine could not be built (also a PluginError)
+    ├── ContextWindowError     a request cannot fit the window even with every output cut
     ├── SummarizerError        a summary could not be produced
     │   ├── SummarizerAuthError      credentials rejected (never retried)
     │   └── SummarizerContextError   the span does not fit the summarizer's window
@@ -28,8 +30,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ConfigError",
+    "ContextWindowError",
     "CtxEngineError",
     "EngineError",
+    "EngineStartError",
     "InputError",
     "InvalidMessages",
     "NotFoundError",
@@ -76,6 +80,16 @@ class PluginError(CtxEngineError):
 
 class EngineError(CtxEngineError):
     """An engine returned output that breaks the engine contract."""
+
+
+class EngineStartError(EngineError, PluginError):
+    """An engine could not be built: its plugin failed to import, or its constructor raised
+    (names the engine and where it comes from)."""
+
+
+class ContextWindowError(CtxEngineError, ValueError):
+    """No valid request fits the window: the system prompt and the latest user message alone
+    exceed it (or the configured reserve and margin leave no room)."""
 
 
 class SummarizerError(CtxEngineError):

@@ -13,24 +13,36 @@ benchmark that measures retention all agree:
   ``exception``, ``traceback``, ``failed``, ``fatal``, ``panic``, ``denied``, ``not found``,
   Java/Python exception class names), stripped and cut to :data:`MAX_ERROR_LINE` characters.
 * **users**: user message texts (kept verbatim; engines never edit them).
+* **calls** (measured by the benchmark, :func:`call_facts`): each tool call as
+  ``name: command line`` (``bash: open src/Foo.java``).
 
-A fact is *kept* when its exact text appears in the text of the context (or, for engines with a
-store, can be retrieved verbatim from it).
+A fact is *kept* when its exact text appears in the text of the context, or when recall over
+the session store returns it verbatim (the kernel offers recall to every engine).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ctxengine.messages import content_text, message_text, tool_call_name, tool_calls
+from ctxengine.messages import (
+    content_text,
+    message_text,
+    tool_call_args,
+    tool_call_name,
+    tool_calls,
+)
 
 __all__ = [
+    "CALL_KIND",
     "FACT_KINDS",
     "MAX_ERROR_LINE",
     "Facts",
+    "call_facts",
+    "call_retention",
     "error_lines",
     "extract_facts",
     "missing_facts",
@@ -252,3 +264,54 @@ def retention(
 def context_text(messages: Iterable[Mapping[str, Any]]) -> str:
     """All text of ``messages`` (system included) joined, for fact lookups."""
     return "\n".join(message_text(m) for m in messages)
+
+
+CALL_KIND = "calls"
+"""The measured fact kind of tool calls: ``name: command line`` (``bash: open src/Foo.java``)."""
+
+_MAIN_ARGS = ("command", "cmd", "input", "code", "query", "path", "file", "url")
+MAX_CALL_LINE = 200
+
+
+def _command_line(args: Any) -> str:
+    if isinstance(args, str):
+        value: Any = args
+    elif isinstance(args, Mapping):
+        value = next((args[k] for k in _MAIN_ARGS if isinstance(args.get(k), str) and args[k].strip()), None)
+        if value is None:
+            value = next((v for v in args.values() if isinstance(v, str) and v.strip()), "")
+    else:
+        value = ""
+    line = next((x.strip() for x in str(value).splitlines() if x.strip()), "")
+    return line[:MAX_CALL_LINE]
+
+
+def call_facts(messages: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Tool-call facts of ``messages``: ``name: command line`` per call (the first non-empty line
+    of its main argument — ``command``, ``cmd``, ``input`` … — at most 200 characters), or the
+    bare name for a call without arguments; ordered, unique."""
+    out: dict[str, None] = {}
+    for m in messages:
+        for c in tool_calls(m):
+            name = tool_call_name(c)
+            line = _command_line(tool_call_args(c))
+            out[f"{name}: {line}" if line else name] = None
+    return list(out)
+
+
+def call_retention(calls: Sequence[str], messages: Iterable[Mapping[str, Any]], retrievable: Callable[[str], bool] | None = None) -> tuple[int, int, list[str]]:
+    """``(total, kept, missing)`` for tool-call facts: a call is kept when ``name: command line``
+    is in the context verbatim, or its name is and its command line is in the context or
+    returned verbatim by ``retrievable`` (recall over the store)."""
+    text = context_text(messages)
+    missing: list[str] = []
+    for fact in calls:
+        if fact in text:
+            continue
+        name, _, line = fact.partition(": ")
+        # the arguments are JSON in a call: the line may appear escaped there (quotes, \uXXXX)
+        forms = dict.fromkeys([line, json.dumps(line, ensure_ascii=False)[1:-1], json.dumps(line)[1:-1]])
+        if name in text and (not line or any(f in text for f in forms) or (retrievable is not None and any(retrievable(f) for f in forms))):
+            continue
+        missing.append(fact)
+    return len(calls), len(calls) - len(missing), missing

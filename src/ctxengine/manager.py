@@ -11,18 +11,27 @@
 ``prepare`` does, in order:
 
 1. validates the input (:class:`~ctxengine.errors.InvalidMessages` lists every problem);
-2. runs the context engine's own tools the model called in the last assistant message
-   (``lcm_grep`` …) through ``handle_tool_call`` and appends their results;
+2. answers the recall tools the model called in the last assistant message (``ctx_grep``,
+   ``ctx_expand``: :mod:`ctxengine.recall`, over the session store; outside the session lock,
+   so a long search never blocks the session), then the engine's own tools (``lcm_grep`` …)
+   through ``handle_tool_call``, and appends their results;
 3. **gateway session hygiene** (seeds 000/001): a safety net fixed at 85 % of the model's window,
-   counted from the last provider-reported prompt tokens plus an estimate of what was added
-   since (the rough estimate alone when no response was seen), only with ≥ 4 messages and
-   compression enabled. It fires once when the session crosses 85 % and re-arms only after the
-   session fell below it again: firing on every turn of a long session is what made the seed
-   move it from 50 % to 85 %;
-4. the engine's ``should_compress`` (or ``should_compress_preflight``) and ``compress``;
-5. checks what the engine returned and raises :class:`~ctxengine.errors.EngineError` naming
-   the broken rule; records the history and any compaction in the session store.
+   counted from the last provider-reported prompt tokens plus a count of what was added
+   since (long texts counted with o200k), only with ≥ 4 messages and compression enabled. It
+   fires once when the session crosses 85 % and re-arms only after the session fell below it
+   again: firing on every turn of a long session is what made the seed move it from 50 % to 85 %;
+4. the engine's trigger and ``compress`` through the one agent loop (:mod:`ctxengine.loop`: a
+   deep copy, ``context.engine_timeout``, anything the engine raises — ``SystemExit``
+   included — an :class:`~ctxengine.errors.EngineError` naming it, or ``context.fallback_engine``
+   takes the session over). After compactions on 3 consecutive turns, compaction rests a turn;
+5. checks what the engine returned (rules 1, 2 and 5) and records the history and any
+   compaction in the session store;
+6. **the window cap** (:mod:`ctxengine.window`), after any engine: the request is counted with
+   o200k and, when it exceeds the window minus the completion reserve and margin, its largest
+   outputs are cut (originals in the store, retrievable through recall).
 
+From the first turn whose context lost text (a compaction or a cut), :meth:`tools` offers the
+recall tools — with a store only, and not to an engine that answers recall itself.
 One manager serves many sessions (``session_id=`` on every method); each session has its own
 engine instance, token anchor and lock, so calls for one session are serialised while
 different sessions proceed in parallel. Lifecycle hooks follow seed 002: ``on_session_start``
@@ -32,12 +41,10 @@ on a session's first use, ``on_session_reset`` on :meth:`ContextManager.reset_se
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 import logging
 import threading
-import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,23 +60,29 @@ from ctxengine.caching import (
     system_and_3_breakpoints,
 )
 from ctxengine.config import Config, load_config
-from ctxengine.engine import CompactionReport, ContextEngine, normalize_usage
+from ctxengine.engine import CompactionReport, ContextEngine, Services, normalize_usage
 from ctxengine.errors import ConfigError, EngineError
+from ctxengine.loop import check_output, engine_label, run_compress, should_compact
 from ctxengine.messages import (
     Message,
     check,
-    content_text,
-    is_summary,
     tool_call_args,
     tool_call_id,
     tool_call_name,
     tool_calls,
-    validate,
 )
 from ctxengine.models import ModelProfile, UnknownModelWarning, resolve_model
+from ctxengine.recall import LCM_ALIASES, Recall
 from ctxengine.registry import EngineRegistry
-from ctxengine.storage import SessionRecorder
-from ctxengine.tokens import AnchoredCounter, TokenCounter, estimate_message_tokens, get_counter
+from ctxengine.storage import RecallStore, SessionRecorder
+from ctxengine.tokens import (
+    AnchoredCounter,
+    EstimateCounter,
+    TokenCounter,
+    estimate_message_tokens,
+    get_counter,
+)
+from ctxengine.window import CapResult, WindowCap, WindowCounter, WindowLimit
 
 __all__ = ["HYGIENE_MIN_MESSAGES", "HYGIENE_RATIO", "ContextManager", "default_store"]
 
@@ -81,6 +94,11 @@ with the engine's own trigger (50–75 %), low enough to leave room for the next
 
 HYGIENE_MIN_MESSAGES = 4
 """Hygiene ignores histories shorter than this (seed 000): nothing to compact yet."""
+
+MAX_CONSECUTIVE_COMPACTIONS = 3
+"""After compactions on this many consecutive turns, neither hygiene nor the engine's trigger
+runs on the next turn (the window cap still holds the window): an engine that cannot get under
+its own threshold would otherwise compact — and rewrite the cached prefix — on every turn."""
 
 PRESSURE_RATIO = 0.85
 """Context pressure warnings (seed 000, off by default) at 85 % of the compaction threshold."""
@@ -134,6 +152,12 @@ class _Session:
     store_errors: int = 0
     engine_errors: int = 0
     last_compaction: dict[str, Any] | None = None
+    recall: Recall | None = None
+    lost: bool = False
+    streak: int = 0
+    max_streak: int = 0
+    window_cuts: int = 0
+    fallback_reason: str | None = None
 
 
 def _tool_name(schema: Mapping[str, Any]) -> str:
@@ -150,18 +174,14 @@ def _as_openai_tool(schema: Mapping[str, Any]) -> dict[str, Any]:
     return {"type": "function", "function": dict(schema)}
 
 
-def _fingerprint(messages: Sequence[Message]) -> str:
-    raw = json.dumps(list(messages), sort_keys=True, ensure_ascii=False, default=str)
-    return hashlib.blake2b(raw.encode("utf-8"), digest_size=16).hexdigest()
-
-
 class ContextManager:
     """The per-turn facade (see the module docstring).
 
     Build it with :meth:`from_config`. ``engine_factory`` (tests, benchmarks) replaces the
     registry lookup: it is called once per session and must return a fresh engine.
     ``strict=False`` (benchmarks) logs broken input or engine output instead of raising, so a
-    misbehaving engine can be measured rather than stopped.
+    misbehaving engine can be measured rather than stopped. ``cap_window=False`` turns the
+    window cap off (only for the benchmark's no-compaction baseline).
     """
 
     def __init__(
@@ -177,9 +197,11 @@ class ContextManager:
         engine_factory: Callable[[], ContextEngine] | None = None,
         counter: TokenCounter | None = None,
         strict: bool = True,
+        cap_window: bool = True,
     ) -> None:
         self.config = config
         self.strict = strict
+        self.cap_window = cap_window
         self.model = model
         self.provider = provider or config.model.provider
         with warnings.catch_warnings():
@@ -197,6 +219,18 @@ class ContextManager:
         self._registry = registry
         self._engine_factory = engine_factory
         self._counter = counter or get_counter(config.context.token_counter)
+        self.window_counter = WindowCounter()
+        # decisions count long new texts exactly (the estimate is 16 % low on a /sys listing)
+        self._session_counter: TokenCounter = self.window_counter if isinstance(self._counter, EstimateCounter) else self._counter
+        ctx = config.context
+        self.window = WindowCap(
+            WindowLimit.for_window(
+                self.context_length,
+                completion_reserve=ctx.completion_reserve,
+                margin_ratio=ctx.window_margin,
+            ),
+            self.window_counter,
+        )
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.Lock()
         pc = config.prompt_caching
@@ -235,32 +269,91 @@ class ContextManager:
         )
 
     # -- sessions ---------------------------------------------------------------------------
-    def _new_engine(self) -> ContextEngine:
-        if self._engine_factory is not None:
+    def _services(self, sid: str) -> Services:
+        recall = Recall(self.store, sid) if isinstance(self.store, RecallStore) else None
+        return Services(
+            context_length=self.context_length,
+            session_id=sid,
+            store=self.store,
+            recall=recall,
+            counter=self._counter,
+            model=self.model,
+            config=self.config,
+        )
+
+    def _registry_get(self) -> EngineRegistry:
+        if self._registry is None:
+            self._registry = EngineRegistry(plugin_dirs=self.config.plugins.dirs, entry_points=self.config.plugins.entry_points)
+        return self._registry
+
+    def _new_engine(self, sid: str, name: str | None = None) -> ContextEngine:
+        """A fresh engine for session ``sid`` (never shared between sessions)."""
+        if self._engine_factory is not None and name is None:
             engine = self._engine_factory()
         else:
-            if self._registry is None:
-                self._registry = EngineRegistry(plugin_dirs=self.config.plugins.dirs, entry_points=self.config.plugins.entry_points)
-            registry = self._registry
-            services: dict[str, Any] = {}
-            if self.store is not None:
-                services["store"] = self.store
-            engine = registry.create(self.config.context.engine, self.config, context_length=self.context_length, **services)
+            engine = self._registry_get().create(
+                name or self.config.context.engine,
+                self.config,
+                context_length=self.context_length,
+                services=self._services(sid),
+            )
         if engine.context_length != self.context_length:
             engine.update_model(self.model, self.context_length)
         return engine
+
+    def _fallback(self, s: _Session, reason: str) -> bool:
+        """Switch ``s`` to ``context.fallback_engine`` after its engine failed; False when none
+        is configured (or the fallback is the engine that failed)."""
+        name = self.config.context.fallback_engine
+        if not name or name == s.engine.name:
+            return False
+        log.warning(
+            "session %s: engine %s replaced by the fallback %r: %s",
+            s.id,
+            engine_label(s.engine),
+            name,
+            reason,
+        )
+        engine = self._new_engine(s.id, name)
+        engine.on_session_start(s.id, model=self.model, context_length=self.context_length)
+        s.engine = engine
+        s.fallback_reason = reason
+        return True
+
+    def _start_engine(self, sid: str) -> ContextEngine:
+        try:
+            return self._new_engine(sid)
+        except EngineError as exc:
+            name = self.config.context.fallback_engine
+            if not name or self._engine_factory is not None:
+                raise
+            log.warning(
+                "session %s: engine %r failed to start, using the fallback %r: %s",
+                sid,
+                self.config.context.engine,
+                name,
+                exc,
+            )
+            return self._new_engine(sid, name)
 
     def _session(self, session_id: str | None) -> _Session:
         sid = session_id or self.default_session
         with self._lock:
             s = self._sessions.get(sid)
             if s is None:
-                s = _Session(sid, self._new_engine(), AnchoredCounter(self._counter))
+                s = _Session(sid, self._start_engine(sid), AnchoredCounter(self._session_counter))
+                if isinstance(self.store, RecallStore):
+                    s.recall = Recall(self.store, sid)
                 self._sessions[sid] = s
         if not s.started:
             with s.lock:
                 if not s.started:
-                    s.engine.on_session_start(sid, model=self.model, context_length=self.context_length)
+                    try:
+                        s.engine.on_session_start(sid, model=self.model, context_length=self.context_length)
+                    except Exception as exc:
+                        err = EngineError(f"engine {engine_label(s.engine)} failed in on_session_start: {type(exc).__name__}: {exc}")
+                        if not self._fallback(s, str(err)):
+                            raise err from exc
                     s.started = True
         return s
 
@@ -284,6 +377,8 @@ class ContextManager:
             s.last_request = None
             s.last_tokens = 0
             s.pressure_warning = None
+            s.lost = False
+            s.streak = 0
 
     def end_session(self, session_id: str | None = None, messages: Sequence[Message] | None = None) -> None:
         """The session ends (exit, expiry): ``on_session_end`` runs and the state is dropped."""
@@ -308,50 +403,107 @@ class ContextManager:
         self.close()
 
     # -- tools ------------------------------------------------------------------------------
-    def tools(self, agent_tools: Sequence[Mapping[str, Any]] | None = None, *, session_id: str | None = None) -> list[dict[str, Any]]:
-        """The agent's tool list with the engine's tools appended (OpenAI ``tools`` format).
+    def _recall_offered(self, s: _Session) -> bool:
+        """Recall tools go out once the context lost text, with a store, unless the engine
+        answers recall itself (its own tools under a recall name, e.g. ``lcm_grep``)."""
+        if s.recall is None or not s.lost:
+            return False
+        own = {_tool_name(t) for t in s.engine.get_tool_schemas()}
+        return not (own & (s.recall.names() | set(LCM_ALIASES)))
 
-        An engine tool whose name the agent already uses is left out, with a warning: the
-        agent's own tool wins.
+    def tools(
+        self,
+        agent_tools: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        session_id: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """The agent's tool list with the engine's tools and, once the session's context lost
+        text and a store is enabled, the recall tools (``ctx_grep``, ``ctx_expand``) appended
+        (OpenAI ``tools`` format).
+
+        A tool whose name the agent already uses is left out, with a warning: the agent's own
+        tool wins. Once offered, the recall tools stay for the session (a stable tool list
+        keeps the provider's prompt cache warm).
         """
+        s = self._session(session_id)
         out = [dict(t) for t in agent_tools or []]
         taken = {_tool_name(t) for t in out}
-        for schema in self._session(session_id).engine.get_tool_schemas():
+        schemas = list(s.engine.get_tool_schemas())
+        if s.recall is not None and self._recall_offered(s):
+            schemas += s.recall.tool_schemas()
+        for schema in schemas:
             name = _tool_name(schema)
             if name in taken:
                 log.warning("engine tool %r shadowed by an agent tool of the same name", name)
                 continue
+            taken.add(name)
             out.append(_as_openai_tool(schema))
+        return out
+
+    def _pending_calls(self, messages: list[Message], names: set[str]) -> list[tuple[str, str, Any]]:
+        """``(call id, name, args)`` of the last assistant message's calls to ``names`` that
+        have no result yet."""
+        if not names:
+            return []
+        last = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") != "tool"), -1)
+        if last < 0 or messages[last].get("role") != "assistant":
+            return []
+        answered = {m.get("tool_call_id") for m in messages[last + 1 :]}
+        out = []
+        for call in tool_calls(messages[last]):
+            cid, name = tool_call_id(call), tool_call_name(call)
+            if name in names and cid not in answered:
+                args = tool_call_args(call)
+                out.append((cid, name, args if isinstance(args, dict) else {"input": args}))
+        return out
+
+    def _dispatch_recall(self, s: _Session, messages: list[Message]) -> list[Message]:
+        """Answer the model's recall calls. Runs without the session lock: a search may take
+        long, and other calls for this session must not wait on it."""
+        recall = s.recall
+        if recall is None or not self._recall_offered(s):
+            return messages
+        pending = self._pending_calls(messages, recall.names())
+        if not pending:
+            return messages
+        out = list(messages)
+        for cid, name, args in pending:
+            try:
+                result = recall.handle(name, args)
+            except Exception as exc:  # the model sees the failure instead of the agent crashing
+                result = json.dumps({"error": f"{name} failed: {type(exc).__name__}: {exc}"})
+            out.append({"role": "tool", "tool_call_id": cid, "content": result})
         return out
 
     def _dispatch_engine_tools(self, s: _Session, messages: list[Message]) -> list[Message]:
         names = {_tool_name(t) for t in s.engine.get_tool_schemas()}
-        if not names:
+        pending = self._pending_calls(messages, names)
+        if not pending:
             return messages
-        last = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") != "tool"), -1)
-        if last < 0 or messages[last].get("role") != "assistant":
-            return messages
-        answered = {m.get("tool_call_id") for m in messages[last + 1 :]}
-        out = messages
-        for call in tool_calls(messages[last]):
-            cid = tool_call_id(call)
-            name = tool_call_name(call)
-            if name not in names or cid in answered:
-                continue
-            args = tool_call_args(call)
+        out = list(messages)
+        for cid, name, args in pending:
             try:
-                result = s.engine.handle_tool_call(name, args if isinstance(args, dict) else {"input": args}, session_id=s.id, messages=messages)
+                result = s.engine.handle_tool_call(name, args, session_id=s.id, messages=messages)
             except Exception as exc:  # the model sees the failure instead of the agent crashing
                 result = json.dumps({"error": f"{name} failed: {type(exc).__name__}: {exc}"})
-            if out is messages:
-                out = list(messages)
             out.append({"role": "tool", "tool_call_id": cid, "content": result})
         return out
 
+    def retrievable(self, text: str, *, session_id: str | None = None) -> bool:
+        """True when ``text`` can be given back verbatim to the agent: by the recall tools over
+        the session store, or by the engine's own means (:meth:`ContextEngine.retrievable`)."""
+        s = self._session(session_id)
+        if s.recall is not None and s.recall.retrievable(text):
+            return True
+        try:
+            return bool(s.engine.retrievable(text))
+        except Exception:
+            return False
+
     # -- the turn ---------------------------------------------------------------------------
     def count_tokens(self, messages: Sequence[Message], *, session_id: str | None = None) -> int:
-        """Tokens of ``messages`` as the decisions see them: the last real prompt tokens plus an
-        estimate of the messages added since, or an estimate of everything."""
+        """Tokens of ``messages`` as the decisions see them: the last real prompt tokens plus a
+        count of the messages added since (long texts counted exactly), or a count of all."""
         return self._session(session_id).counter.count(messages)
 
     @property
@@ -369,63 +521,129 @@ class ContextManager:
         """What to send this turn (see the module docstring). Never mutates ``messages``.
 
         ``tools`` (the agent's tool list) is only checked for clashes with engine tools here;
-        send :meth:`tools` to the provider.
+        send :meth:`tools` to the provider. The result is never larger than the window minus
+        the completion reserve and margin (:mod:`ctxengine.window`); when even the system prompt
+        and the latest user message cannot fit, :class:`~ctxengine.errors.ContextWindowError`.
         """
         s = self._session(session_id)
+        if self.strict:
+            msgs = check(messages, context="messages passed to prepare", allow_pending_calls=True)
+        else:
+            msgs = list(messages)
+        msgs = self._dispatch_recall(s, msgs)
         with s.lock:
-            if self.strict:
-                msgs = check(messages, context="messages passed to prepare", allow_pending_calls=True)
-            else:
-                msgs = list(messages)
             if tools is not None:
                 self.tools(tools, session_id=s.id)
             msgs = self._dispatch_engine_tools(s, msgs)
             history = msgs
             enabled = self.config.compression.enabled
             tokens = s.counter.count(msgs)
+            compacted = False
+            resting = s.streak >= MAX_CONSECUTIVE_COMPACTIONS
+            if resting:
+                log.info("session %s: %d consecutive compactions, compaction rests this turn (the window cap holds the window)", s.id, s.streak)
             if tokens < self.hygiene_threshold:
                 s.hygiene_armed = True
-            elif enabled and s.hygiene_armed and len(msgs) >= HYGIENE_MIN_MESSAGES:
+            elif enabled and not resting and s.hygiene_armed and len(msgs) >= HYGIENE_MIN_MESSAGES:
                 s.hygiene_armed = False
                 s.hygiene_fired += 1
                 log.info("session hygiene: %s at %d tokens (>= %d), compacting", s.id, tokens, self.hygiene_threshold)
-                msgs = self._compress(s, msgs, tokens, focus_topic, trigger="hygiene")
+                out = self._compress(s, msgs, tokens, focus_topic, trigger="hygiene")
+                compacted = out is not msgs
+                msgs = out
                 tokens = s.counter.count(msgs)
-            if enabled and (s.engine.should_compress(tokens) or s.engine.should_compress_preflight(msgs)):
-                msgs = self._compress(s, msgs, tokens, focus_topic, trigger="engine")
+            if enabled and not resting and self._should_compact(s, tokens, msgs):
+                out = self._compress(s, msgs, tokens, focus_topic, trigger="engine")
+                compacted = compacted or out is not msgs
+                msgs = out
                 tokens = s.counter.count(msgs)
+            s.streak = s.streak + 1 if compacted else 0
+            s.max_streak = max(s.max_streak, s.streak)
+            ids = self._record(s, history)
+            capped = self._cap(s, msgs, tokens, history, ids)
+            if capped.changed:
+                msgs = capped.messages
+                tokens = capped.tokens
+                s.counter.reset()
             s.last_sent = msgs
             s.last_tokens = tokens
             s.turns += 1
             self._update_pressure(s, tokens)
-            self._record(s, history)
             return msgs
 
-    def _compress(self, s: _Session, msgs: list[Message], tokens: int, focus_topic: str | None, trigger: str) -> list[Message]:
-        engine = s.engine
-        before_fp = _fingerprint(msgs)
-        t0 = time.perf_counter()
+    def _should_compact(self, s: _Session, tokens: int, msgs: list[Message]) -> bool:
         try:
-            out = engine.compress(msgs, current_tokens=tokens, focus_topic=focus_topic)
-        except TypeError:
-            # seed-era plugins: compress(messages, current_tokens=None) without focus_topic
-            out = engine.compress(msgs, current_tokens=tokens)
-        elapsed = (time.perf_counter() - t0) * 1000.0
-        try:
-            self._check_output(engine, msgs, out, before_fp)
+            return should_compact(s.engine, tokens, msgs)
         except EngineError as exc:
+            if self._fallback(s, str(exc)):
+                return should_compact(s.engine, tokens, msgs)
             if self.strict:
                 raise
             s.engine_errors += 1
             log.warning("%s", exc)
+            return False
+
+    def _cap(
+        self,
+        s: _Session,
+        msgs: list[Message],
+        tokens: int,
+        history: list[Message],
+        ids: list[str] | None,
+    ) -> CapResult:
+        """Hold the window after the engine (see :mod:`ctxengine.window`); what is cut stays in
+        the store, retrievable through recall."""
+        ref_for = None
+        if ids is not None and len(ids) == len(history):
+            by_call = {m.get("tool_call_id"): mid for m, mid in zip(history, ids, strict=True) if m.get("role") == "tool"}
+            by_text = {json.dumps(m, sort_keys=True, default=str): mid for m, mid in zip(history, ids, strict=True) if m.get("role") == "user"}
+
+            def ref_for(i: int, m: Message) -> str | None:
+                if m.get("role") == "tool":
+                    return by_call.get(m.get("tool_call_id"))
+                return by_text.get(json.dumps(m, sort_keys=True, default=str))
+
+        if not self.cap_window:
+            return CapResult(msgs, tokens, self.window.limit)
+        result = self.window.fit(msgs, estimated=tokens, ref_for=ref_for)
+        if result.changed:
+            s.window_cuts += len(result.cut) + len(result.stubbed_users)
+            s.lost = True
+            for note in result.notes:
+                log.info("session %s: %s", s.id, note)
+        return result
+
+    def _compress(self, s: _Session, msgs: list[Message], tokens: int, focus_topic: str | None, trigger: str) -> list[Message]:
+        """One compaction through the shared loop (a copy, under ``context.engine_timeout``);
+        returns ``msgs`` itself when nothing changed."""
+        engine = s.engine
+        deadline = self.config.context.engine_timeout
+        try:
+            outcome = run_compress(engine, msgs, tokens=tokens, focus_topic=focus_topic, deadline=deadline)
+            out = outcome.output
+            check_output(engine, msgs, out)
+        except EngineError as exc:
+            if self._fallback(s, str(exc)):
+                return self._compress(s, msgs, tokens, focus_topic, trigger)
+            if self.strict:
+                raise
+            s.engine_errors += 1
+            log.warning("%s", exc)
+            return msgs
         if out == msgs:
             return msgs
         s.compactions += 1
+        s.lost = True
         s.counter.reset()
         report = engine.last_report
         if report is None or report.messages_after != len(out):
             report = CompactionReport(
-                engine.name, len(msgs), len(out), tokens, self._counter.count_messages(out), elapsed_ms=elapsed
+                engine.name,
+                len(msgs),
+                len(out),
+                tokens,
+                self._counter.count_messages(out),
+                elapsed_ms=outcome.elapsed_ms,
             )
         data = report.to_dict()
         data["trigger"] = trigger
@@ -438,33 +656,16 @@ class ContextManager:
                 log.warning("session store: recording a compaction of %s failed: %s", s.id, exc)
         return list(out)
 
-    def _check_output(self, engine: ContextEngine, before: list[Message], out: Any, before_fp: str) -> None:
-        name = engine.name
-        if not isinstance(out, list) or not all(isinstance(m, dict) for m in out):
-            raise EngineError(f"engine {name!r} broke rule 1 (valid in, valid out): compress returned {type(out).__name__}, not a list of message dicts")
-        if _fingerprint(before) != before_fp:
-            raise EngineError(f"engine {name!r} broke rule 2 (no mutation of the input): compress edited the messages it was given")
-        errors = [v for v in validate(out, allow_pending_calls=True) if v.severity == "error"]
-        if errors:
-            shown = "; ".join(str(v) for v in errors[:3])
-            raise EngineError(f"engine {name!r} broke rule 1 (valid in, valid out): {len(errors)} violation(s): {shown}")
-        if before and before[0].get("role") == "system" and (not out or out[0].get("role") != "system"):
-            raise EngineError(f"engine {name!r} broke rule 5 (anchors survive): the system prompt is no longer first")
-        # an engine's own user-role summary is not the user's latest message
-        last_user = next((m for m in reversed(before) if m.get("role") == "user" and not is_summary(m)), None)
-        if last_user is not None:
-            text = content_text(last_user.get("content"))
-            if not any(m.get("role") == "user" and content_text(m.get("content")) == text for m in out):
-                raise EngineError(f"engine {name!r} broke rule 5 (anchors survive): the latest user message was not kept verbatim")
-
-    def _record(self, s: _Session, history: list[Message]) -> None:
+    def _record(self, s: _Session, history: list[Message]) -> list[str] | None:
+        """Record the history (every original, before any cut); returns the message ids."""
         if self.store is None:
-            return
+            return None
         try:
-            self.store.record_messages(s.id, history)
+            return list(self.store.record_messages(s.id, history))
         except Exception as exc:
             s.store_errors += 1
             log.warning("session store: recording the history of %s failed: %s", s.id, exc)
+            return None
 
     def _update_pressure(self, s: _Session, tokens: int) -> None:
         if not self.config.prompt_caching.pressure_warnings:
@@ -506,6 +707,8 @@ class ContextManager:
     def request(self, messages: Sequence[Message], *, session_id: str | None = None) -> list[Message]:
         """The messages to send, with ``cache_control`` markers when caching applies to this
         model and provider (a deep copy; ``messages`` is untouched)."""
+        if self.cap_window:
+            messages = self.window.fit(messages).messages
         indices = self.breakpoints(messages, session_id=session_id)
         if not self.caching.enabled:
             return list(messages)
@@ -550,10 +753,16 @@ class ContextManager:
                     "store": type(self.store).__name__ if self.store is not None else None,
                     "store_errors": s.store_errors,
                     "engine_errors": s.engine_errors,
+                    "window_limit": self.window.limit,
+                    "window_cuts": s.window_cuts,
+                    "max_consecutive_compactions": s.max_streak,
+                    "recall_offered": self._recall_offered(s),
                 }
             )
             if s.pressure_warning:
                 st["pressure_warning"] = s.pressure_warning
             if s.last_compaction is not None:
                 st["last_compaction"] = s.last_compaction
+            if s.fallback_reason is not None:
+                st["fallback_reason"] = s.fallback_reason
             return st

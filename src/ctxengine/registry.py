@@ -17,10 +17,20 @@ built-in (as in seed 003), so a plugin that names its engine ``compressor`` cann
 the default; it is reported as a problem. A second plugin registering a context engine is
 rejected with a warning. A broken plugin is reported with its path and error and does not take
 the others down. An unknown name raises :class:`ConfigError` listing the known ones.
+
+Engines are built per session (:meth:`EngineRegistry.create`, called by the manager for each
+new session): ``from_config(settings, services)`` with the engine's settings validated by its
+``Settings`` model from its config section and the session's
+:class:`~ctxengine.engine.Services`; an engine a plugin registered as an instance is copied for
+each session, never shared. Whatever a plugin does while being imported or built — raise, or
+call ``sys.exit`` — becomes :class:`~ctxengine.errors.EngineStartError` naming it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import dataclasses
 import importlib
 import importlib.util
 import inspect
@@ -34,12 +44,23 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel, ValidationError
 
 from ctxengine.config import Config
-from ctxengine.engine import ContextEngine
-from ctxengine.errors import ConfigError, PluginError
+from ctxengine.engine import ContextEngine, Services
+from ctxengine.errors import ConfigError, EngineStartError, PluginError
 
-__all__ = ["BUILTIN_ENGINES", "DEFAULT_ENGINE", "EngineRegistry", "PluginContext", "PluginProblem", "create_engine", "default_registry"]
+__all__ = [
+    "BUILTIN_ENGINES",
+    "DEFAULT_ENGINE",
+    "EngineRegistry",
+    "PluginContext",
+    "PluginProblem",
+    "builds_from_settings",
+    "create_engine",
+    "default_registry",
+    "settings_for",
+]
 
 log = logging.getLogger("ctxengine.registry")
 
@@ -80,21 +101,71 @@ class PluginContext:
         self._registry._accept_plugin_engine(engine, self.source)
 
 
-def _instantiate(factory: Any, config: Config, context_length: int, services: dict[str, Any]) -> ContextEngine:
-    """Build an engine from a class or callable: ``from_config`` when it has one, else the
-    seed's ``cls(context_length=...)``."""
-    from_config = getattr(factory, "from_config", None)
-    if callable(from_config):
-        engine = from_config(config, context_length=context_length, **services)
+def builds_from_settings(factory: Any) -> bool:
+    """True when ``factory`` builds with ``from_config(settings, services)`` (the ABC's
+    default, or an override with those parameters); False for the seed's
+    ``from_config(config, context_length, **services)`` and for plain constructors."""
+    fc = getattr(factory, "from_config", None)
+    if not callable(fc):
+        return False
+    if getattr(fc, "__func__", None) is getattr(ContextEngine.from_config, "__func__", None):
+        return True
+    try:
+        params = list(inspect.signature(fc).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if not names and any(p.kind is p.VAR_POSITIONAL for p in params):
+        return True  # ``from_config(*args, **kwargs)`` like the ABC: takes both conventions
+    return names[:2] == ["settings", "services"]
+
+
+def settings_for(factory: Any, config: Config, name: str) -> BaseModel | None:
+    """The engine's settings, validated by its :attr:`ContextEngine.Settings` model from the
+    config section it names (``config_section``, default the engine's name); ``None`` for an
+    engine without a settings model. A config's ``engine_settings(name)`` hook, when it has
+    one, supplies the raw section."""
+    model = getattr(factory, "Settings", None)
+    if model is None:
+        return None
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        raise ConfigError(f"engine {name!r}: Settings must be a pydantic model class, not {model!r}")
+    hook = getattr(config, "engine_settings", None)
+    section = getattr(factory, "config_section", None) or name
+    raw = hook(name) if callable(hook) else getattr(config, section, None)
+    if isinstance(raw, model):
+        return raw
+    if isinstance(raw, BaseModel):
+        raw = raw.model_dump()
+    try:
+        return model.model_validate(raw or {})
+    except ValidationError as exc:
+        raise ConfigError(f"engine {name!r}: invalid settings in {section!r}: {exc}") from exc
+
+
+def _instantiate(factory: Any, config: Config, name: str, services: Services, legacy: dict[str, Any]) -> ContextEngine:
+    """Build an engine from a class or callable: ``from_config(settings, services)``, the
+    seed's ``from_config(config, context_length, **services)``, or ``cls(context_length=...)``."""
+    if builds_from_settings(factory):
+        engine = factory.from_config(settings_for(factory, config, name), services)
+    elif callable(getattr(factory, "from_config", None)):
+        engine = factory.from_config(config, context_length=services.context_length, **_accepted_services(factory, legacy))
     else:
         params = inspect.signature(factory).parameters
         kwargs: dict[str, Any] = {}
         if "context_length" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            kwargs["context_length"] = context_length
+            kwargs["context_length"] = services.context_length
         engine = factory(**kwargs)
     if not isinstance(engine, ContextEngine):
         raise PluginError(f"{factory!r} produced a {type(engine).__name__}, not a ContextEngine")
     return engine
+
+
+def _mark_source(engine: ContextEngine, source: str | None) -> None:
+    """Remember where a plugin engine comes from, so errors can name it."""
+    if source and source != "built-in":
+        with contextlib.suppress(AttributeError, TypeError):  # a slotted engine: errors name it without source
+            engine._ctxengine_source = source  # type: ignore[attr-defined]
 
 
 class EngineRegistry:
@@ -113,7 +184,7 @@ class EngineRegistry:
         """Run a general plugin's ``register(ctx)`` in-process (what entry points do)."""
         try:
             register(PluginContext(self, source))
-        except Exception as exc:  # a broken plugin must not take the others down
+        except (Exception, SystemExit) as exc:  # a broken plugin must not take the others down
             self._problem(source, exc)
 
     def register_engine_class(self, name: str, factory: Any, source: str = "<in-process>") -> None:
@@ -154,7 +225,7 @@ class EngineRegistry:
                 source = f"entry point {ep.name} ({ep.value}){_dist_where(ep)}"
                 try:
                     obj = ep.load()
-                except Exception as exc:
+                except (Exception, SystemExit) as exc:  # sys.exit() on import must not end the host
                     self._problem(source, exc)
                     continue
                 if group == ENGINE_GROUP:
@@ -184,9 +255,9 @@ class EngineRegistry:
                 continue
             try:
                 return self._load_dir_plugin(d, name)
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:  # sys.exit() on import must not end the host
                 self._problem(str(d), exc)
-                raise PluginError(f"plugin {name!r} at {d} failed to load: {type(exc).__name__}: {exc}") from exc
+                raise EngineStartError(f"plugin {name!r} at {d} failed to load: {type(exc).__name__}: {exc}") from exc
         return None
 
     def _load_dir_plugin(self, d: Path, name: str) -> Any:
@@ -247,25 +318,48 @@ class EngineRegistry:
         return [{"name": n, "source": rows[n]} for n in sorted(rows)]
 
     # -- creation ---------------------------------------------------------------------------------
-    def create(self, name: str, config: Config | None = None, *, context_length: int | None = None, **services: Any) -> ContextEngine:
-        """Build the engine ``name`` following the resolution order.
+    def create(
+        self,
+        name: str,
+        config: Config | None = None,
+        *,
+        context_length: int | None = None,
+        services: Services | None = None,
+        **legacy: Any,
+    ) -> ContextEngine:
+        """Build a fresh engine ``name`` for one session, following the resolution order.
 
-        ``services`` (``store=``, ``summarizer=``, ``counter=``) are passed to engines whose
-        ``from_config`` accepts them.
+        ``services`` (a :class:`~ctxengine.engine.Services`) go to ``from_config(settings,
+        services)``; the keyword services of the seed era (``store=``, ``summarizer=``,
+        ``counter=``) are still accepted and passed to engines whose ``from_config`` takes them.
+        An engine a plugin registered as an instance is copied for each call, so no two
+        sessions share one. Whatever goes wrong while importing or building a plugin —
+        ``SystemExit`` included — is an :class:`~ctxengine.errors.EngineStartError` naming it.
         """
         config = config or Config()
-        n = context_length or config.model.context_length or config.model.default_context_length
+        n = context_length or (services.context_length if services is not None else None) or config.model.context_length or config.model.default_context_length
+        if services is None:
+            known = {k: legacy[k] for k in ("store", "recall", "counter", "summarizer", "session_id", "model") if k in legacy}
+            services = Services(context_length=n, config=config, **known)
+        elif services.context_length != n:
+            services = dataclasses.replace(services, context_length=n)
+        if services.config is None:
+            services = dataclasses.replace(services, config=config)
+        for key in ("store", "counter", "summarizer", "recall"):
+            value = getattr(services, key)
+            if value is not None and key not in legacy:
+                legacy[key] = value
+        source = "built-in"
         # the default is always the built-in: plugins are never auto-activated (seed 003)
         factory = None if name == DEFAULT_ENGINE else self._dir_plugin(name)
-        if factory is None:
+        if factory is not None:
+            source = f"plugin directory context_engine/{name}"
+        else:
             self._load_entry_points()
             if self._plugin_engine is not None and self._plugin_engine[0].name == name:
-                engine = self._plugin_engine[0]
-                if context_length is not None:
-                    engine.update_model(config.model.default or "", n)
-                return engine
+                return self._copy_plugin_engine(name, config, n, context_length is not None)
             if name in self._engine_classes:
-                factory = self._engine_classes[name][0]
+                factory, source = self._engine_classes[name]
             elif name in self._builtins:
                 target = self._builtins[name]
                 if isinstance(target, str):
@@ -278,13 +372,30 @@ class EngineRegistry:
                     factory = target
         if factory is None:
             raise ConfigError(f"unknown context engine {name!r}; known engines: {', '.join(self.names())}")
-        accepted = _accepted_services(factory, services)
         try:
-            return _instantiate(factory, config, n, accepted)
+            engine = _instantiate(factory, config, name, services, legacy)
         except (ConfigError, PluginError):
             raise
+        except (Exception, SystemExit) as exc:  # a plugin's sys.exit() must not end the host
+            where = "" if source == "built-in" else f" (from {source})"
+            raise EngineStartError(f"engine {name!r}{where} failed to start: {type(exc).__name__}: {exc}") from exc
+        _mark_source(engine, source)
+        return engine
+
+    def _copy_plugin_engine(self, name: str, config: Config, n: int, resize: bool) -> ContextEngine:
+        assert self._plugin_engine is not None
+        prototype, source = self._plugin_engine
+        try:
+            engine = copy.deepcopy(prototype)
         except Exception as exc:
-            raise PluginError(f"engine {name!r} failed to start: {type(exc).__name__}: {exc}") from exc
+            raise EngineStartError(
+                f"engine {name!r} (from {source}) cannot be copied for a new session ({type(exc).__name__}: {exc}); "
+                "register an engine class (register_engine_class) so each session gets its own instance"
+            ) from exc
+        if resize:
+            engine.update_model(config.model.default or "", n)
+        _mark_source(engine, source)
+        return engine
 
 
 def _dist_where(ep: metadata.EntryPoint) -> str:

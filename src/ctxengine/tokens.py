@@ -39,6 +39,7 @@ __all__ = [
     "estimate_messages_tokens_rough",
     "exact",
     "get_counter",
+    "message_tokens",
 ]
 
 MESSAGE_OVERHEAD_TOKENS = 4
@@ -130,6 +131,12 @@ def _message_tokens(message: Mapping[str, Any], count: Any) -> int:
         if isinstance(v, str):
             total += count(v)
     return total
+
+
+def message_tokens(message: Mapping[str, Any], count: Any) -> int:
+    """Tokens of one message with ``count(text) -> int`` for its texts, plus the fixed
+    overheads (what every counter here uses; the window cap counts with a memoised tokenizer)."""
+    return _message_tokens(message, count)
 
 
 def estimate_message_tokens(message: Mapping[str, Any]) -> int:

@@ -1,8 +1,9 @@
 """Replay a recorded agent session through an engine, as a live agent loop would.
 
 Before every assistant message of the recording, the working context (everything the agent
-would send) goes through the engine: ``should_compress`` is asked with the context's token
-count and, when it says so, ``compress`` runs (timed). The resulting request is checked
+would send) goes through a :class:`~ctxengine.ContextManager` serving this engine — the one
+agent loop of :mod:`ctxengine.loop`: hygiene, the engine's trigger and ``compress`` (timed),
+then the window cap. The resulting request is checked
 (valid chat format, inside the window) and measured; then the recorded assistant message and
 what followed it (tool results, the next user message) are appended to the *compacted* working
 context, exactly as an agent carries its history forward.
@@ -19,12 +20,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ctxengine.config import Config
 from ctxengine.engine import ContextEngine
 from ctxengine.facts import FACT_KINDS, extract_facts, retention
+from ctxengine.loop import replay
+from ctxengine.manager import ContextManager
 from ctxengine.messages import Message, validate
 from ctxengine.tokens import EstimateCounter, TokenCounter, estimate_message_tokens
 
-__all__ = ["ReplayResult", "percentile", "replay_session"]
+__all__ = ["ReplayResult", "percentile", "replay_session", "seen_messages"]
 
 RequestHook = Callable[[int, list[Message], int], None]
 
@@ -95,38 +99,52 @@ def replay_session(
     counter: TokenCounter | None = None,
     on_request: RequestHook | None = None,
     retrievable: Callable[[str], bool] | None = None,
+    store: Any = None,
 ) -> ReplayResult:
     """Replay ``messages`` through ``engine`` (see the module docstring).
 
+    The loop is the one every caller uses (:func:`ctxengine.loop.replay` driving a
+    :class:`~ctxengine.ContextManager` with this engine): the same trigger, hygiene and window
+    cap as a live agent. ``counter`` measures the requests (default: the estimate);
     ``on_request(call_index, request, tokens)`` sees every request (for cost models);
     ``retrievable(fact)`` may say a fact missing from the context can still be recovered
-    verbatim (engines with a store).
+    verbatim; ``store`` is the session store the manager records originals in and recall reads
+    (default: a fresh in-memory SQLite store), so facts cut away count when recall returns them.
     """
     counter = counter or EstimateCounter()
     result = ReplayResult(session_id, engine.name, engine.context_length)
-    msgs = list(messages)
-    first = next((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), len(msgs))
-    working: list[Message] = list(msgs[:first])
-    seen = first
-    last_request: list[Message] = working
-    engine.on_session_start(session_id)
-    i = first
-    while i < len(msgs):
-        # the request before assistant message i
-        tokens = counter.count_messages(working)
-        if engine.should_compress(tokens):
-            t0 = time.perf_counter()
-            compacted = engine.compress(working, current_tokens=tokens)
-            elapsed = (time.perf_counter() - t0) * 1000.0
-            after = counter.count_messages(compacted)
-            if compacted != working:
-                result.compactions += 1
-                result.latencies_ms.append(elapsed)
-                result.reductions.append(1.0 - after / tokens if tokens else 0.0)
-                result.compaction_calls.append(result.calls)
-            working = compacted
-            tokens = after
-        problems = [v for v in validate(working) if v.severity == "error"]
+    own_store = store is None
+    if own_store:
+        from ctxengine.store.sqlite import SqliteStore
+
+        store = SqliteStore(":memory:")
+    mgr = ContextManager(
+        Config(),
+        model="replay",
+        context_length=engine.context_length,
+        engine_factory=lambda: engine,
+        strict=False,
+        store=store,
+    )
+
+    def prepare(working: list[Message]) -> list[Message]:
+        before = mgr.status(session_id)["compactions"]
+        tokens_in = counter.count_messages(working)
+        t0 = time.perf_counter()
+        out = mgr.prepare(working, session_id=session_id)
+        elapsed = (time.perf_counter() - t0) * 1000.0
+        if mgr.status(session_id)["compactions"] != before:
+            after = counter.count_messages(out)
+            result.compactions += 1
+            report = engine.last_report
+            result.latencies_ms.append(report.elapsed_ms if report is not None and report.elapsed_ms > 0 else elapsed)
+            result.reductions.append(1.0 - after / tokens_in if tokens_in else 0.0)
+            result.compaction_calls.append(result.calls)
+        return out
+
+    def after(call: int, request: list[Message], appended: list[Message]) -> None:
+        tokens = counter.count_messages(request)
+        problems = [v for v in validate(request) if v.severity == "error"]
         if problems:
             result.invalid_requests += 1
             if len(result.invalid_details) < 20:
@@ -135,21 +153,34 @@ def replay_session(
             result.over_window += 1
         result.request_tokens.append(tokens)
         if on_request is not None:
-            on_request(result.calls, working, tokens)
-        last_request = working
-        seen = i
+            on_request(result.calls, request, tokens)
         result.calls += 1
-        # the assistant answers; what follows until the next assistant message is appended
-        j = i + 1
-        while j < len(msgs) and msgs[j].get("role") != "assistant":
-            j += 1
-        new = msgs[i:j]
-        engine.update_from_response({"prompt_tokens": tokens, "completion_tokens": estimate_message_tokens(msgs[i]), "total_tokens": tokens + estimate_message_tokens(msgs[i])})
-        working = [*working, *new]
-        i = j
-    engine.on_session_end(session_id, working)
-    result.facts_total, result.facts_kept, missing = retention(extract_facts(msgs[:seen]), last_request, retrievable)
+        completion = estimate_message_tokens(appended[0]) if appended else 0
+        mgr.update_from_response({"prompt_tokens": tokens, "completion_tokens": completion, "total_tokens": tokens + completion}, session_id=session_id)
+
+    try:
+        last_request, working = replay(messages, prepare, after)
+        seen = seen_messages(messages)
+        check = retrievable or (lambda text: mgr_retrievable(mgr, session_id, text))
+        result.facts_total, result.facts_kept, missing = retention(extract_facts(seen), last_request, check)
+        mgr.end_session(session_id, working)
+    finally:
+        if own_store:
+            store.close()
     for k in FACT_KINDS:
         if getattr(missing, k):
             result.facts_missing[k] = getattr(missing, k)[:20]
     return result
+
+
+def mgr_retrievable(mgr: Any, session_id: str, text: str) -> bool:
+    """A fact is retrievable when the session's recall (or its engine) gives it back verbatim."""
+    return bool(mgr.retrievable(text, session_id=session_id))
+
+
+def seen_messages(messages: Sequence[Message]) -> list[Message]:
+    """What the agent had seen before its last request: everything before the last assistant
+    message."""
+    msgs = list(messages)
+    last = max((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), default=len(msgs))
+    return msgs[:last]

@@ -1,17 +1,19 @@
 """The benchmark loop: recorded sessions through engines, with caching and cost simulated.
 
 For each session and engine a :class:`~ctxengine.ContextManager` (its engine built fresh per
-session) runs a simulated agent loop: before every recorded assistant message the working
-context goes through ``prepare`` (hygiene, the engine's trigger and compaction) and the
-request's cache breakpoints come from the configured placement; the request is checked (valid
-chat format, inside the window), billed by the Anthropic and OpenAI cache models of
-:mod:`ctxengine.cost`, and its size reported back through ``update_from_response``; then the
-recorded assistant message and what followed it are appended to the *compacted* context, as
-an agent carries its history forward.
+session, a fresh in-memory SQLite store recording the originals) runs the one agent loop of
+:func:`ctxengine.loop.replay`: before every recorded assistant message the working context
+goes through ``prepare`` (hygiene, the engine's trigger and compaction, the window cap) and
+the request's cache breakpoints come from the configured placement; the request is counted
+with the o200k tokenizer, checked (valid chat format, inside the window), billed by the
+Anthropic and OpenAI cache models of :mod:`ctxengine.cost`, and its o200k size reported back
+through ``update_from_response`` as a provider would; then the recorded assistant message and
+what followed it are appended to the *compacted* context, as an agent carries its history
+forward. Compactions on consecutive turns are counted (``max_consecutive_compactions``).
 
 At the end, the preservation-guarantee facts of everything the agent saw are looked up in the
-last request; a fact missing there counts as kept when the engine can give it back verbatim
-(an engine method ``retrievable(text) -> bool``, or its ``lcm_grep``/``ctx_grep`` tool).
+last request; a fact missing there counts as kept when recall gives it back verbatim (the
+session store's ``ctx_grep``, or the engine's own means: :meth:`ContextManager.retrievable`).
 """
 
 from __future__ import annotations
@@ -27,18 +29,26 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ctxengine.bench.baselines import HermesBaseline, MaskingBaseline, NoCompaction
-from ctxengine.bench.replay import percentile
+from ctxengine.bench.replay import percentile, seen_messages
 from ctxengine.config import Config
 from ctxengine.cost import AnthropicCache, CostReport, OpenAICache, PrefixHasher
 from ctxengine.engine import ContextEngine
 from ctxengine.errors import ConfigError
-from ctxengine.facts import FACT_KINDS, Facts, extract_facts, retention
+from ctxengine.facts import (
+    CALL_KIND,
+    FACT_KINDS,
+    Facts,
+    call_facts,
+    call_retention,
+    extract_facts,
+    retention,
+)
 from ctxengine.io import Session
+from ctxengine.loop import replay
 from ctxengine.manager import ContextManager, default_store
 from ctxengine.messages import Message, validate
 from ctxengine.models import ModelProfile, UnknownModelWarning, resolve_model
 from ctxengine.registry import EngineRegistry
-from ctxengine.tokens import estimate_message_tokens
 
 __all__ = [
     "BASELINES",
@@ -80,14 +90,15 @@ def make_engine_factory(
 
 
 def engine_retrievable(engine: ContextEngine) -> Callable[[str], bool] | None:
-    """How to ask ``engine`` whether a fact is retrievable verbatim, or ``None``.
+    """How to ask ``engine`` alone whether a fact is retrievable verbatim, or ``None``.
 
-    Engines may define ``retrievable(text) -> bool``; otherwise an ``lcm_grep`` or ``ctx_grep``
-    tool is called with the fact as query and the fact must appear in its answer.
+    An engine that overrides :meth:`ContextEngine.retrievable` answers itself; otherwise an
+    ``lcm_grep`` or ``ctx_grep`` tool of the engine is called with the fact as query and the
+    fact must appear in its answer. (The bench asks the manager, whose store-backed recall
+    answers for every engine: :meth:`ctxengine.ContextManager.retrievable`.)
     """
-    hook = getattr(engine, "retrievable", None)
-    if callable(hook):
-        return lambda text: bool(hook(text))
+    if type(engine).retrievable is not ContextEngine.retrievable:
+        return lambda text: bool(engine.retrievable(text))
     names = {str(s.get("name") or (s.get("function") or {}).get("name")) for s in engine.get_tool_schemas()}
     for tool in ("lcm_grep", "ctx_grep"):
         if tool in names:
@@ -109,6 +120,18 @@ def engine_retrievable(engine: ContextEngine) -> Callable[[str], bool] | None:
     return None
 
 
+def max_consecutive(calls: Sequence[int]) -> int:
+    """The longest run of consecutive call indices in ``calls`` (compactions on consecutive
+    turns)."""
+    best = run = 0
+    prev: int | None = None
+    for c in sorted(calls):
+        run = run + 1 if prev is not None and c == prev + 1 else 1
+        best = max(best, run)
+        prev = c
+    return best
+
+
 @dataclass(slots=True)
 class SessionRun:
     """One session replayed through one engine."""
@@ -124,6 +147,8 @@ class SessionRun:
     invalid_details: list[str] = field(default_factory=list)
     over_window: int = 0
     hygiene_fired: int = 0
+    window_cuts: int = 0
+    max_consecutive_compactions: int = 0
     facts_total: dict[str, int] = field(default_factory=dict)
     facts_kept: dict[str, int] = field(default_factory=dict)
     facts_missing: dict[str, list[str]] = field(default_factory=dict)
@@ -158,6 +183,8 @@ class SessionRun:
             "invalid_details": self.invalid_details,
             "over_window": self.over_window,
             "hygiene_fired": self.hygiene_fired,
+            "window_cuts": self.window_cuts,
+            "max_consecutive_compactions": self.max_consecutive_compactions,
             "retention": round(self.retention, 4),
             "facts_total": self.facts_total,
             "facts_kept": self.facts_kept,
@@ -177,19 +204,6 @@ def session_facts(session: Session) -> Facts:
     return extract_facts(msgs[:last])
 
 
-class _TokenMemo:
-    def __init__(self) -> None:
-        self._memo: dict[int, tuple[Mapping[str, Any], int]] = {}
-
-    def __call__(self, m: Mapping[str, Any]) -> int:
-        hit = self._memo.get(id(m))
-        if hit is not None and hit[0] is m:
-            return hit[1]
-        t = estimate_message_tokens(m)
-        self._memo[id(m)] = (m, t)
-        return t
-
-
 def run_session(
     session: Session,
     engine_name: str,
@@ -202,20 +216,27 @@ def run_session(
     placement: Placement = "system_and_3",
     session_id: str | None = None,
     facts: Facts | None = None,
+    store: Any = None,
 ) -> SessionRun:
     """Replay one session through one engine (see the module docstring). ``session_id`` is the
     id the engine sees (defaults to the session's own); ``facts`` are the session's facts when
-    already known (:func:`session_facts`), so several engines do not extract them again."""
+    already known (:func:`session_facts`), so several engines do not extract them again;
+    ``store`` is the session store the manager records originals in and recall reads (default:
+    a fresh in-memory SQLite store for this session)."""
     t_start = time.perf_counter()
     cfg = config.with_overrides(prompt_caching={"enabled": True, "strategy": placement})
+    own_store = store is None
+    if own_store:
+        store = default_store(cfg.with_overrides(store={"enabled": True, "backend": "sqlite", "path": ":memory:"}))
     mgr = ContextManager(
         cfg,
         model=anthropic_model.name,
         provider="anthropic",
-        store=None,
+        store=store,
         context_length=context_length,
         engine_factory=factory,
         strict=False,
+        cap_window=engine_name != "none",  # the baseline shows what no compaction at all would send
     )
     sid = session_id or session.id
     engine = mgr.engine(sid)
@@ -230,22 +251,21 @@ def run_session(
     oai = OpenAICache(input_price=openai_model.input, cached_discount=openai_model.openai_cached_discount, hasher=hasher)
     run.anthropic = CostReport("anthropic", anthropic_model.name)
     run.openai = CostReport("openai", openai_model.name)
-    count = _TokenMemo()
-    msgs = session.messages
-    first = next((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), len(msgs))
-    working: list[Message] = list(msgs[:first])
-    last_request: list[Message] = working
-    i = first
-    while i < len(msgs):
+    exact = mgr.window_counter  # o200k, memoised per text: the window check counts exactly
+
+    def prepare(working: list[Message]) -> list[Message]:
         before = mgr.status(sid)["compactions"]
         t0 = time.perf_counter()
-        working = mgr.prepare(working, session_id=sid)
+        out = mgr.prepare(working, session_id=sid)
         elapsed = (time.perf_counter() - t0) * 1000.0
         if mgr.status(sid)["compactions"] != before:
             run.compaction_calls.append(run.calls)
             report = engine.last_report
             run.latencies_ms.append(report.elapsed_ms if report is not None and report.elapsed_ms > 0 else elapsed)
-        toks = [count(m) for m in working]
+        return out
+
+    def after(call: int, working: list[Message], appended: list[Message]) -> None:
+        toks = exact.exact_messages(working)
         tokens = sum(toks)
         errors = [v for v in validate(working) if v.severity == "error"]
         if errors:
@@ -256,16 +276,13 @@ def run_session(
             run.over_window += 1
         bps = mgr.breakpoints(working, session_id=sid, tokens=toks)
         billed = anth.call(working, bps, tokens=toks)
+        assert run.anthropic is not None and run.openai is not None
         run.anthropic.calls.append(billed)
         run.openai.calls.append(oai.call(working, tokens=toks))
         run.request_tokens.append(tokens)
-        last_request = working
         run.calls += 1
-        j = i + 1
-        while j < len(msgs) and msgs[j].get("role") != "assistant":
-            j += 1
-        completion = count(msgs[i])
-        # the usage a provider would report, cache fields included (engines may learn from them)
+        completion = exact.exact_message(appended[0]) if appended else 0
+        # the usage a provider would report (o200k), cache fields included (engines may learn from them)
         usage = {
             "prompt_tokens": tokens,
             "completion_tokens": completion,
@@ -274,16 +291,32 @@ def run_session(
             "cache_creation_input_tokens": billed.write_tokens,
         }
         mgr.update_from_response(usage, session_id=sid)
-        working = [*working, *msgs[i:j]]
-        i = j
-    run.hygiene_fired = int(mgr.status(sid)["hygiene_fired"])
-    if facts is None:
-        facts = session_facts(session)
-    run.facts_total, run.facts_kept, missing = retention(facts, last_request, engine_retrievable(engine))
-    for k in FACT_KINDS:
-        if getattr(missing, k):
-            run.facts_missing[k] = getattr(missing, k)[:10]
-    mgr.end_session(sid, working)
+
+    try:
+        last_request, working = replay(session.messages, prepare, after)
+        status = mgr.status(sid)
+        run.hygiene_fired = int(status["hygiene_fired"])
+        run.window_cuts = int(status["window_cuts"])
+        run.max_consecutive_compactions = max_consecutive(run.compaction_calls)
+        if facts is None:
+            facts = session_facts(session)
+        def recall(text: str) -> bool:
+            return mgr.retrievable(text, session_id=sid)
+
+        run.facts_total, run.facts_kept, missing = retention(facts, last_request, recall)
+        for k in FACT_KINDS:
+            if getattr(missing, k):
+                run.facts_missing[k] = getattr(missing, k)[:10]
+        total, kept, lost = call_retention(call_facts(seen_messages(session.messages)), last_request, recall)
+        run.facts_total[CALL_KIND], run.facts_kept[CALL_KIND] = total, kept
+        if lost:
+            run.facts_missing[CALL_KIND] = lost[:10]
+        mgr.end_session(sid, working)
+    finally:
+        if own_store:
+            close = getattr(store, "close", None)
+            if callable(close):
+                close()
     run.elapsed_s = time.perf_counter() - t_start
     return run
 
@@ -343,9 +376,18 @@ class EngineTotals:
     def over_window(self) -> int:
         return sum(r.over_window for r in self.runs)
 
+    @property
+    def window_cuts(self) -> int:
+        return sum(r.window_cuts for r in self.runs)
+
+    @property
+    def max_consecutive_compactions(self) -> int:
+        return max((r.max_consecutive_compactions for r in self.runs), default=0)
+
     def facts(self) -> tuple[dict[str, int], dict[str, int]]:
-        total = {k: sum(r.facts_total.get(k, 0) for r in self.runs) for k in FACT_KINDS}
-        kept = {k: sum(r.facts_kept.get(k, 0) for r in self.runs) for k in FACT_KINDS}
+        kinds = (*FACT_KINDS, CALL_KIND)
+        total = {k: sum(r.facts_total.get(k, 0) for r in self.runs) for k in kinds}
+        kept = {k: sum(r.facts_kept.get(k, 0) for r in self.runs) for k in kinds}
         return total, kept
 
     def retention(self, kind: str | None = None) -> float:
@@ -378,8 +420,10 @@ class EngineTotals:
             "latency_median_ms": round(statistics.median(lat), 3) if lat else 0.0,
             "invalid_requests": self.invalid_requests,
             "over_window": self.over_window,
+            "window_cuts": self.window_cuts,
+            "max_consecutive_compactions": self.max_consecutive_compactions,
             "retention": round(self.retention(), 4),
-            "retention_by_kind": {k: round(self.retention(k), 4) for k in FACT_KINDS},
+            "retention_by_kind": {k: round(self.retention(k), 4) for k in (*FACT_KINDS, CALL_KIND)},
             "min_session_retention": round(self.min_session_retention, 4),
             "facts_total": total,
             "facts_kept": kept,

@@ -1,7 +1,9 @@
 """``ctxengine compact``, ``ctxengine count`` and ``ctxengine engines``.
 
 ``compact`` runs one engine over saved sessions, as a manual ``/compress`` does (it always
-compacts, whatever the trigger says), checks that the result is a valid chat (an invalid one is
+compacts, whatever the trigger says), through the one agent loop's isolated call
+(:func:`ctxengine.loop.run_compress`: a copy, ``context.engine_timeout``), holds the window
+(:mod:`ctxengine.window`), checks that the result is a valid chat (an invalid one is
 the engine's fault and is reported as :class:`~ctxengine.errors.EngineError` naming the broken
 rule), and writes it in the shape it came in: a JSON list stays a list, an object keeps its
 other keys (``id``, ``tools``, ``meta``…), JSON Lines stay JSON Lines. The before/after table
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,11 +26,13 @@ from ctxengine.config import Config, load_config
 from ctxengine.engine import ContextEngine
 from ctxengine.errors import EngineError, InputError, TokenizerError
 from ctxengine.io import Session, parse_sessions, read_sessions
+from ctxengine.loop import run_compress
 from ctxengine.messages import Message, validate
 from ctxengine.models import resolve_model
 from ctxengine.registry import EngineRegistry, create_engine
 from ctxengine.storage import SessionRecorder
 from ctxengine.tokens import ExactCounter, estimate_messages_tokens
+from ctxengine.window import WindowCap, WindowLimit
 
 PROGRESS_MIN_SESSIONS = 5
 """Files with at least this many sessions get a progress bar on stderr."""
@@ -147,15 +150,21 @@ def compact(file: str, engine_name: str | None, config_path: str | None, context
     rows = [["session", "messages", "tokens", "after", "reduction", "engine", "ms"]]
     before_total = after_total = 0
     services: dict[str, Any] = {"store": _store_for(config)} if name == "lcm" else {}
+    ctx = config.context
+    window_length = n or config.model.context_length or config.model.default_context_length
+    window = WindowCap(WindowLimit.for_window(window_length, completion_reserve=ctx.completion_reserve, margin_ratio=ctx.window_margin))
     with _progress(inp.sessions, "compacting") as sessions:
         for session in sessions:
             engine = create_engine(config, name=name, context_length=n, **services)
             engine.on_session_start(session.id)
             before = estimate_messages_tokens(session.messages)
-            t0 = time.perf_counter()
-            out = engine.compress(list(session.messages), current_tokens=before)
-            ms = (time.perf_counter() - t0) * 1000.0
-            out = _check_output(engine, session, out)
+            try:
+                outcome = run_compress(engine, session.messages, tokens=before, deadline=config.context.engine_timeout)
+            except EngineError as exc:
+                raise EngineError(f"{exc} (session {session.id})") from exc
+            ms = outcome.elapsed_ms
+            out = _check_output(engine, session, outcome.output)
+            out = window.fit(out).messages
             engine.on_session_end(session.id, out)
             after = estimate_messages_tokens(out)
             before_total += before

@@ -2,136 +2,95 @@
 
 Under explicit cache breakpoints a request costs little for the prefix it shares with the
 previous one (read at 0.1×) and a lot for everything after the first changed byte (written
-again at 1.25×). Replays of real agent sessions (DESIGN §3.8) show what follows, and this
-engine does exactly that:
+again at 1.25×). Replays of real agent sessions (DESIGN §3.8) show what follows; this engine is
+that policy, built on the shared kit (:mod:`ctxengine.engines.kit`):
 
-1. **Cut tool outputs in batches, soon after use.** A tool result stays whole while it is one
-   of the last ``keep_recent`` tool exchanges (the agent is still working with it). Once enough
-   older whole outputs have piled up (``batch`` of them, or ``batch_tokens``), all of them are
-   cut at once: first ``head_lines`` and last ``tail_lines`` lines kept, plus a verbatim list of
-   the paths, URLs and error lines of the removed middle. One rewrite per batch instead of one
-   per call.
-2. **Fold old turns into fact digests** when the context still passes ``fold_ratio`` of the
-   window: the oldest assistant/tool runs (never user messages, never the system prompt) become
-   one digest of the actions taken and the facts seen, down to ``fold_target`` of the window.
-3. **Cut a giant new output before it is ever sent** (over ``giant_ratio`` of the window): it
+1. **Keep recent outputs whole.** The last ``keep_recent`` tool exchanges are never touched:
+   the agent is still working with them.
+2. **Compact older exchanges in batches.** Once ``batch`` older whole outputs wait (or
+   ``batch_tokens``), and the rewrite pays for the cache it invalidates, the runs of agent
+   turns before the recent ones are folded into digests (``fold_batches``: the actions as
+   ``tool: command line`` plus the facts seen) or each output is cut to a record (head and tail
+   lines plus the facts of the removed middle). One rewrite per batch, never one per call.
+3. **Fold the finished turn** when a new user turn begins (it rewrites almost nothing but the
+   new user message, which is written anyway), and fold old turns down to ``fold_target`` when
+   the context passes ``fold_ratio`` of the window.
+4. **Cut a giant new output before it is ever sent** (over ``giant_ratio`` of the window): it
    was never cached, so cutting it costs nothing, and it could not fit anyway.
-4. **Never touch the cut prefix again.** Records and digests start with ``[ctxengine:`` and are
-   left alone by later passes, so the prefix stays byte-stable and is read from cache.
+5. **Never touch the settled prefix again**, and never thrash (:class:`~.kit.pacing.Pacing`):
+   a compaction freeing less than ``min_gain`` of the threshold is not done, and at most one
+   prefix rewrite happens per ``rewrite_every`` turns unless the window requires it.
 
-Everything removed stays in the engine (the originals, per session) and can be read back
-verbatim through the ``ctx_grep`` tool, so the preservation guarantee holds for facts that
-do not fit the records (a recursive listing can hold more distinct paths than any window).
+With a session store (``Services.store``) the originals of everything removed are recorded
+and each record's marker names a node (``ref=``) that ``ctx_expand`` returns verbatim; records
+list only ``fact_tokens`` of facts and the rest stays one ``ctx_grep`` away (DESIGN §3.8: keeping
+every path of a huge listing in context is what makes it expensive). Without a store, every
+fact is listed in context.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from ctxengine.boundaries import group_spans
+from ctxengine.config import CacheAwareConfig
 from ctxengine.cost import compaction_break_even
 from ctxengine.engine import CompactionReport, ContextEngine
-from ctxengine.facts import FACT_KINDS, Facts, extract_facts
-from ctxengine.messages import (
-    Message,
-    content_text,
-    is_summary,
-    message_text,
-    tool_call_name,
-    tool_calls,
-)
+from ctxengine.engines.kit import call_of, cut_output, header, is_marked
+from ctxengine.engines.kit.build import settings_and_services, with_overrides
+from ctxengine.engines.kit.digest import digest
+from ctxengine.engines.kit.originals import Originals, Refs
+from ctxengine.engines.kit.pacing import Pacing, first_change, giant_outputs
+from ctxengine.engines.kit.tail import tail_by_exchanges
+from ctxengine.facts import extract_facts
+from ctxengine.messages import Message, content_text, tool_call_name
 from ctxengine.models import DEFAULT_CONTEXT_LENGTH
-from ctxengine.tokens import estimate_message_tokens
+from ctxengine.tokens import estimate, estimate_message_tokens
 
 __all__ = ["CacheAwareEngine", "CacheAwareSettings"]
 
-CUT_MARK = "[ctxengine:cut]"
-DIGEST_MARK = "[ctxengine:digest]"
-GREP_TOOL = "ctx_grep"
-_RECORD_TOKENS = 200
-"""Rough size of a cut record (header, head and tail lines, a few facts)."""
-
-
-@dataclass(frozen=True, slots=True)
-class CacheAwareSettings:
-    """Knobs of the cacheaware engine; the defaults are the measured sweet spot on the shared
-    trajectories (keep a few outputs whole, cut in batches of about six)."""
-
-    keep_recent: int = 3
-    """Tool exchanges at the end kept whole: the agent is still using them."""
-    batch: int = 6
-    """Cut once this many older whole outputs are waiting…"""
-    batch_tokens: int = 6000
-    """…or once they hold this many tokens."""
-    cut_min_tokens: int = 120
-    """Outputs shorter than this are never cut: the record would save nothing."""
-    head_lines: int = 6
-    tail_lines: int = 3
-    max_line_chars: int = 300
-    max_fact_lines: int | None = 12
-    """Facts listed in one record; the rest stay retrievable through ``ctx_grep`` (DESIGN §3.8:
-    keeping every path of a huge listing in context is what makes it expensive). ``None``
-    lists every fact, as the contract kit's invariant 8 asks of deterministic engines."""
-    giant_ratio: float = 0.08
-    """A new output larger than this fraction of the window is cut before it is sent."""
-    fold_ratio: float = 0.55
-    """Fold old turns into digests when the context passes this fraction of the window…"""
-    fold_target: float = 0.35
-    """…down to this fraction."""
-    fold_run_tokens: int = 8000
-    """When a new user turn begins, the previous turn's assistant/tool run is folded into a
-    digest if it holds at least this many tokens (0 turns this off)."""
-    max_action_chars: int = 160
-    cost_aware: bool = True
-    """Cut a batch only when it pays for its cache rewrite (Anthropic rates, see
-    :func:`ctxengine.cost.compaction_break_even`); off: cut as soon as a batch is full. The
-    prefix a cut leaves untouched counts as cached in the proportion the provider's usage
-    (``cache_read_input_tokens``) showed after the previous compaction."""
-    min_horizon: int = 8
-
-
-def _cap(line: str, n: int) -> str:
-    return line if len(line) <= n else line[:n] + "…"
+CacheAwareSettings = CacheAwareConfig
+"""The engine's settings model (the ``cacheaware:`` section of the config)."""
 
 
 class CacheAwareEngine(ContextEngine):
     """See the module docstring. Deterministic: same input, same output."""
 
     deterministic = True
+    Settings: ClassVar[type[CacheAwareConfig]] = CacheAwareConfig
+    config_section: ClassVar[str | None] = "cacheaware"
 
     def __init__(
         self,
         *,
         context_length: int = DEFAULT_CONTEXT_LENGTH,
         threshold: float | None = None,
-        settings: CacheAwareSettings | None = None,
+        settings: CacheAwareConfig | None = None,
+        originals: Originals | None = None,
+        **overrides: Any,
     ) -> None:
-        self.settings = settings or CacheAwareSettings()
-        self.threshold_ratio = self.settings.fold_ratio
+        self.settings = s = with_overrides(CacheAwareConfig, settings, overrides)
+        self.threshold_ratio = s.fold_ratio
         super().__init__(context_length=context_length, threshold=threshold)
-        self._originals: list[str] = []
-        self._recallable: set[str] = set()
+        self.originals = originals
+        self.pacing = Pacing(min_gain=s.min_gain, rewrite_every=s.rewrite_every)
         self._tok: dict[int, tuple[Mapping[str, Any], int]] = {}
-        self._calls = 0
         self._expected_stable: int | None = None
         self._stable_ratio = 1.0
-        self._fact_memo: dict[int, tuple[Mapping[str, Any], Facts]] = {}
 
     @classmethod
-    def from_config(cls, config: Any, context_length: int, **services: Any) -> CacheAwareEngine:
-        """Defaults only: the engine has no config section yet (its knobs are
-        :class:`CacheAwareSettings`)."""
-        return cls(context_length=context_length)
+    def from_config(cls, *args: Any, **kwargs: Any) -> CacheAwareEngine:
+        """``from_config(settings, services)`` (or the seed's ``(config, context_length,
+        **services)``): settings from ``cacheaware:``, originals in ``services.store``."""
+        settings, services = settings_and_services(CacheAwareConfig, "cacheaware", args, kwargs)
+        return cls(context_length=services.context_length, settings=settings, originals=Originals.from_services(services))
 
     @property
     def name(self) -> str:
         return "cacheaware"
 
-    # -- token counts, memoised per message object ------------------------------------------
     def _tokens(self, m: Mapping[str, Any]) -> int:
         hit = self._tok.get(id(m))
         if hit is not None and hit[0] is m:
@@ -142,116 +101,59 @@ class CacheAwareEngine(ContextEngine):
         self._tok[id(m)] = (m, t)
         return t
 
-    def _facts(self, m: Mapping[str, Any]) -> Facts:
-        hit = self._fact_memo.get(id(m))
-        if hit is not None and hit[0] is m:
-            return hit[1]
-        f = extract_facts([m])
-        if len(self._fact_memo) > 50_000:
-            self._fact_memo.clear()
-        self._fact_memo[id(m)] = (m, f)
-        return f
-
     # -- the contract -----------------------------------------------------------------------
+    def on_session_start(self, session_id: str, **kwargs: Any) -> None:
+        if self.originals is not None:
+            self.originals.use_session(session_id)
+
     def update_from_response(self, usage: Any) -> None:
         u = self._record_usage(usage)
-        self._calls += 1
+        self.pacing.tick()
         if self._expected_stable is not None and (u.cache_read_tokens or u.cache_write_tokens):
             # the first response after a compaction says how much of the prefix we kept was
-            # really read from cache (a rolling placement such as system_and_3 reads only the
-            # system prompt): later batches are weighed with what the provider delivers
+            # really read from cache: later batches are weighed with what the provider delivers
             if self._expected_stable > 0:
                 self._stable_ratio = min(1.0, u.cache_read_tokens / self._expected_stable)
             self._expected_stable = None
 
     def should_compress(self, prompt_tokens: int | None = None) -> bool:
         tokens = self.last_prompt_tokens if prompt_tokens is None else prompt_tokens
-        return tokens >= self.threshold_tokens
+        return self.pacing.armed(tokens, self.threshold_tokens, self.context_length)
 
     def should_compress_preflight(self, messages: list[Message]) -> bool:
-        giant, batch = self._plan(messages)
-        return bool(giant) or self._batch_due(messages, batch) or self._finished_run(messages) is not None
+        giant, waiting = self._plan(messages)
+        if giant:
+            return True
+        return self.pacing.may_rewrite() and (self._batch_due(messages, waiting) or self._finished_run(messages) is not None)
 
     def on_session_reset(self) -> None:
         super().on_session_reset()
-        self._originals.clear()
-        self._recallable.clear()
-        self._calls = 0
+        self.pacing.reset()
         self._expected_stable = None
         self._stable_ratio = 1.0
 
-    def get_tool_schemas(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "name": GREP_TOOL,
-                "description": "Search the full text of tool outputs and turns that were cut from the context; returns the matching original lines verbatim.",
-                "parameters": {
-                    "type": "object",
-                    "properties": {
-                        "query": {"type": "string", "description": "Text to look for (case-insensitive substring)."},
-                        "limit": {"type": "integer", "description": "Maximum lines to return (default 50)."},
-                    },
-                    "required": ["query"],
-                },
-            }
-        ]
-
-    def handle_tool_call(self, name: str, args: Mapping[str, Any], **kwargs: Any) -> str:
-        if name != GREP_TOOL:
-            return json.dumps({"error": f"Unknown tool: {name}"})
-        query = str(args.get("query", "")).lower()
-        if not query:
-            return json.dumps({"error": "query is empty"})
-        limit = int(args.get("limit", 50) or 50)
-        hits: list[str] = []
-        for n, text in enumerate(self._originals):
-            for line in text.splitlines():
-                if query in line.lower():
-                    hits.append(f"[{n}] {line}")
-                    if len(hits) >= limit:
-                        return json.dumps({"matches": hits, "truncated": True}, ensure_ascii=False)
-        return json.dumps({"matches": hits, "truncated": False}, ensure_ascii=False)
-
     def retrievable(self, text: str) -> bool:
-        """True when ``text`` occurs verbatim in something this engine removed (``ctx_grep``
-        returns it)."""
-        if text in self._recallable:
-            return True
-        return any(text in o for o in self._originals)
-
-    def get_status(self) -> dict[str, Any]:
-        st = super().get_status()
-        st["originals_kept"] = len(self._originals)
-        return st
+        """True when the store-backed recall returns ``text`` verbatim (needs a store)."""
+        return self.originals is not None and self.originals.retrievable(text)
 
     # -- planning ---------------------------------------------------------------------------
     def _cuttable(self, m: Mapping[str, Any]) -> bool:
-        if m.get("role") != "tool":
-            return False
-        if is_summary(m):
-            return False
-        return self._tokens(m) >= self.settings.cut_min_tokens
+        return m.get("role") == "tool" and not is_marked(m) and self._tokens(m) >= self.settings.cut_min_tokens
 
-    def _tail_start(self, messages: Sequence[Message], spans: list[tuple[int, int]]) -> int:
-        """Index where the protected tail (the last ``keep_recent`` tool exchanges) begins."""
-        keep = self.settings.keep_recent
-        groups = [a for a, b in spans if b - a > 1 and messages[a].get("role") == "assistant"]
-        if keep <= 0 or not groups:
-            return len(messages)
-        return groups[-keep] if len(groups) >= keep else groups[0]
+    def _tail_start(self, messages: Sequence[Message]) -> int:
+        return tail_by_exchanges(messages, self.settings.keep_recent)
 
     def _plan(self, messages: Sequence[Message]) -> tuple[list[int], list[int]]:
         """(giant outputs in the protected tail, whole outputs waiting before it)."""
-        tail_start = self._tail_start(messages, group_spans(messages))
-        giant_limit = self.settings.giant_ratio * self.context_length
-        giant = [i for i in range(tail_start, len(messages)) if self._cuttable(messages[i]) and self._tokens(messages[i]) > giant_limit]
-        waiting = [i for i in range(tail_start) if self._cuttable(messages[i])]
+        tail = self._tail_start(messages)
+        limit = self.settings.giant_ratio * self.context_length
+        giant = [i for i in range(tail, len(messages)) if self._cuttable(messages[i]) and self._tokens(messages[i]) > limit]
+        waiting = [i for i in range(tail) if self._cuttable(messages[i])]
         return giant, waiting
 
     def _batch_due(self, messages: Sequence[Message], waiting: list[int]) -> bool:
-        """A batch is due when enough whole outputs wait *and* the cut pays for the cache it
-        invalidates within as many further calls as the session has already made (a session
-        that has run N calls is taken to run about N more; at least ``min_horizon``)."""
+        """Enough whole outputs wait *and* the rewrite pays for the cache it invalidates within
+        as many further calls as the session has made (at least ``min_horizon``)."""
         s = self.settings
         if not waiting:
             return False
@@ -262,141 +164,21 @@ class CacheAwareEngine(ContextEngine):
             return True
         toks = [self._tokens(m) for m in messages]
         before = sum(toks)
-        saved = sum(max(0, t - _RECORD_TOKENS) for t in sizes)
+        saved = sum(max(0, t - s.record_tokens) for t in sizes)
         stable = int(sum(toks[: waiting[0]]) * self._stable_ratio)
-        horizon = max(s.min_horizon, self._calls)
-        return compaction_break_even(before, before - saved, stable) <= horizon
+        return compaction_break_even(before, before - saved, stable) <= max(s.min_horizon, self.pacing.turn)
 
-    # -- compaction -------------------------------------------------------------------------
-    def compress(
-        self,
-        messages: list[Message],
-        current_tokens: int | None = None,
-        focus_topic: str | None = None,
-    ) -> list[Message]:
-        t0 = time.perf_counter()
-        before_tokens = sum(self._tokens(m) for m in messages)
-        giant, waiting = self._plan(messages)
-        over = before_tokens >= self.threshold_tokens
-        out = list(messages)
-        replaced: list[int] = []
-        cut = giant + (waiting if (over or self._batch_due(messages, waiting)) else [])
-        owners = self._owners(messages)
-        for i in sorted(cut):
-            out[i] = self._cut(messages[i], owners.get(i))
-            replaced.append(i)
-        notes: list[str] = []
-        tokens = sum(self._tokens(m) for m in out)
-        finished = self._finished_run(out)
-        if finished is not None:
-            out, folded, tokens = self._fold(out, [finished], -1.0)
-            if folded:
-                notes.append(f"folded the {folded} messages of the finished turn into a digest")
-        if tokens >= self.threshold_tokens:
-            out, folded, tokens = self._fold(out, self._runs(out, group_spans(out)), self.settings.fold_target * self.context_length)
-            if folded:
-                notes.append(f"folded {folded} messages into digests")
-        if out == messages:
-            return list(messages)
-        first_changed = next(
-            (i for i, (a, b) in enumerate(zip(out, messages, strict=False)) if a is not b and a != b),
-            min(len(out), len(messages)),
-        )
-        self._expected_stable = sum(self._tokens(m) for m in out[:first_changed])
-        self.compression_count += 1
-        self.last_report = CompactionReport(
-            self.name,
-            len(messages),
-            len(out),
-            before_tokens,
-            tokens,
-            replaced=replaced,
-            notes=notes,
-            elapsed_ms=(time.perf_counter() - t0) * 1000.0,
-        )
-        return out
-
-    def _owners(self, messages: Sequence[Message]) -> dict[int, Mapping[str, Any]]:
-        """Tool result index → the tool call it answers (matched by position in its group)."""
-        out: dict[int, Mapping[str, Any]] = {}
-        for start, end in group_spans(messages):
-            calls = tool_calls(messages[start])
-            by_id = {c.get("id"): c for c in calls}
-            for k, i in enumerate(range(start + 1, end)):
-                call = by_id.get(messages[i].get("tool_call_id"))
-                if call is None and k < len(calls):
-                    call = calls[k]
-                if call is not None:
-                    out[i] = call
-        return out
-
-    def _remember(self, removed: Sequence[Mapping[str, Any]]) -> None:
-        for m in removed:
-            text = message_text(m)
-            if text:
-                self._originals.append(text)
-        for m in removed:
-            facts = self._facts(m)
-            for k in FACT_KINDS:
-                self._recallable.update(getattr(facts, k))
-
-    def _fact_lines(self, facts: Facts, kept: str) -> tuple[list[str], int]:
-        lines: list[str] = []
-        dropped = 0
-        for kind, label in (("errors", "error"), ("paths", "path"), ("urls", "url")):
-            for f in getattr(facts, kind):
-                if f in kept:
-                    continue
-                cap = self.settings.max_fact_lines
-                if cap is not None and len(lines) >= cap:
-                    dropped += 1
-                    continue
-                lines.append(f"{label}: {f}")
-        return lines, dropped
-
-    def _cut(self, m: Message, call: Mapping[str, Any] | None) -> Message:
-        s = self.settings
-        text = content_text(m.get("content"))
-        all_lines = text.splitlines()
-        n = len(all_lines)
-        if n <= s.head_lines + s.tail_lines:
-            kept_lines = [_cap(x, s.max_line_chars) for x in all_lines]
-            removed = 0
-        else:
-            kept_lines = [_cap(x, s.max_line_chars) for x in all_lines[: s.head_lines]]
-            removed = n - s.head_lines - s.tail_lines
-            kept_lines.append(f"[… {removed} lines cut …]")
-            kept_lines += [_cap(x, s.max_line_chars) for x in all_lines[n - s.tail_lines :]]
-        kept = "\n".join(kept_lines)
-        facts = self._facts(m)
-        fact_lines, dropped = self._fact_lines(facts, kept)
-        tool = tool_call_name(call) if call is not None else "tool"
-        header = f"{CUT_MARK} {tool} output, {n} lines, ~{self._tokens(m)} tokens; full text via {GREP_TOOL}"
-        parts = [header, kept]
-        if fact_lines:
-            parts.append("facts of the cut lines:\n" + "\n".join(fact_lines))
-        if dropped:
-            parts.append(f"[{dropped} more facts retrievable via {GREP_TOOL}]")
-        self._remember([m])
-        new = {k: v for k, v in m.items() if k != "content"}
-        new["content"] = "\n".join(parts)
-        return new
-
-    def _runs(self, messages: Sequence[Message], spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-        """Runs of foldable units (assistant turns with their results; never user messages, the
-        system prompt or an earlier digest) before the protected tail, oldest first."""
-        tail_start = self._tail_start(messages, spans)
+    def _runs(self, messages: Sequence[Message]) -> list[tuple[int, int]]:
+        """Runs of agent turns (assistant messages with their results; never user messages,
+        the system prompt or an earlier record) before the protected tail, oldest first."""
+        tail = self._tail_start(messages)
         runs: list[tuple[int, int]] = []
-        start = -1
-        end = -1
-        for a, b in spans:
-            if a >= tail_start:
+        start = end = -1
+        for a, b in group_spans(messages):
+            if a >= tail:
                 break
-            m = messages[a]
-            foldable = m.get("role") == "assistant" and not content_text(m.get("content")).startswith(DIGEST_MARK)
-            if foldable:
-                if start < 0:
-                    start = a
+            if messages[a].get("role") == "assistant" and not is_marked(messages[a]):
+                start = a if start < 0 else start
                 end = b
             elif start >= 0:
                 runs.append((start, end))
@@ -407,85 +189,138 @@ class CacheAwareEngine(ContextEngine):
 
     def _finished_run(self, messages: Sequence[Message]) -> tuple[int, int] | None:
         """The run of the turn that just ended, when a new user turn has just begun and that run
-        holds ``fold_run_tokens`` or more: folding it now rewrites almost nothing but the new
-        user message, which is written anyway."""
+        holds ``fold_run_tokens`` or more."""
         s = self.settings
         if s.fold_run_tokens <= 0 or not messages or messages[-1].get("role") != "user":
             return None
         u = len(messages)
         while u > 0 and messages[u - 1].get("role") == "user":
             u -= 1
-        spans = group_spans(messages)
-        runs = self._runs(messages, spans)
+        runs = self._runs(messages)
         if not runs:
             return None
         a, b = runs[-1]
-        # only the protected tail (kept whole for now) may sit between the run and the new turn
-        if b < u and b < self._tail_start(messages, spans) and any(messages[k].get("role") != "user" for k in range(b, u)):
+        if b < u and b < self._tail_start(messages) and any(messages[k].get("role") != "user" for k in range(b, u)):
             return None
         if sum(self._tokens(messages[k]) for k in range(a, b)) < s.fold_run_tokens:
             return None
         return a, b
 
-    def _fold(self, messages: list[Message], runs: list[tuple[int, int]], target: float) -> tuple[list[Message], int, int]:
-        """Fold ``runs`` (oldest first) into digests until the context is under ``target``."""
-        tokens = sum(self._tokens(m) for m in messages)
-        replace: dict[int, tuple[int, Message]] = {}
-        folded = 0
+    # -- compaction -------------------------------------------------------------------------
+    def compress(self, messages: list[Message], current_tokens: int | None = None, focus_topic: str | None = None) -> list[Message]:
+        t0 = time.perf_counter()
+        s = self.settings
+        before = sum(self._tokens(m) for m in messages)
+        over = before >= self.threshold_tokens
+        giant, waiting = self._plan(messages)
+        ids = Refs(self.originals, messages)
+        plan: dict[int, tuple[int, Message]] = {}  # start -> (end, replacement)
+        notes: list[str] = []
+        for i in giant:
+            plan[i] = (i + 1, self._cut(messages, i, s.giant_tokens, ids))
+        batch = (over or self.pacing.may_rewrite()) and self._batch_due(messages, waiting)
+        if batch and s.fold_batches:
+            self._fold(messages, self._runs(messages), plan, ids, -1)
+            notes.append("folded a batch of older exchanges into digests")
+        elif batch or over:
+            for i in waiting:
+                plan.setdefault(i, (i + 1, self._cut(messages, i, s.record_tokens, ids)))
+        finished = self._finished_run(messages)
+        if finished is not None and finished[0] not in plan:
+            self._fold(messages, [finished], plan, ids, -1)
+            notes.append("folded the finished turn into a digest")
+        out = _apply(messages, plan)
+        tokens = sum(self._tokens(m) for m in out)
+        if tokens >= self.threshold_tokens:
+            self._fold(messages, self._runs(messages), plan, ids, int(s.fold_target * self.context_length), tokens)
+            out = _apply(messages, plan)
+            tokens = sum(self._tokens(m) for m in out)
+        if tokens >= self.threshold_tokens:
+            # no nibbling: what may be folded cannot get under the threshold, so the giant
+            # outputs of the protected tail are cut instead
+            sizes = [self._tokens(m) for m in messages]
+            for i in giant_outputs(messages, sizes, start=self._tail_start(messages), excess=tokens - self.threshold_tokens, min_tokens=s.giant_tokens):
+                if not any(a <= i < e for a, (e, _) in plan.items()):
+                    plan[i] = (i + 1, self._cut(messages, i, s.giant_tokens, ids))
+                    notes.append(f"cut the protected output at message {i} to get under the threshold")
+            out = _apply(messages, plan)
+            tokens = sum(self._tokens(m) for m in out)
+        required = over or bool(giant)
+        if not plan or (not required and not self.pacing.worth(before, tokens, self.threshold_tokens)):
+            return list(messages)
+        ids.commit({content_text(new.get("content")) for _, new in plan.values()})
+        stable = first_change(messages, out)
+        self._expected_stable = sum(self._tokens(m) for m in out[:stable])
+        self.pacing.compacted(after=tokens, target=int(s.fold_target * self.context_length), batch=max(1, self.threshold_tokens - int(s.fold_target * self.context_length)), rewrote=stable < len(messages))
+        self.compression_count += 1
+        replaced = sorted(k for a, (e, _) in plan.items() for k in range(a, e))
+        self.last_report = CompactionReport(self.name, len(messages), len(out), before, tokens, replaced=replaced, notes=notes, elapsed_ms=(time.perf_counter() - t0) * 1000.0)
+        return out
+
+    def _fact_tokens(self) -> int | None:
+        return self.settings.fact_tokens if self.originals is not None else None
+
+    def _cut(self, messages: Sequence[Message], i: int, budget: int, ids: Refs) -> Message:
+        m = messages[i]
+        text = content_text(m.get("content"))
+        if self.originals is None:
+            # no store: every fact of the output stays in context
+            facts = extract_facts([m])
+            budget += sum(estimate(f) + 1 for f in (*facts.paths, *facts.urls, *facts.errors))
+        ref = ids.node([i], kind="cut", text=None)
+        cut = cut_output(text, budget_tokens=budget, ref=ref, head_lines=self.settings.head_lines, tail_lines=self.settings.tail_lines)
+        call = call_of(messages, i)
+        if call is not None and cut.startswith("[ctxengine:cut"):
+            first, _, rest = cut.partition("\n")
+            cut = f"{first[:-1]}; {tool_call_name(call)} output]" + (f"\n{rest}" if rest else "")
+        ids.text(ref, cut)
+        return {**{k: v for k, v in m.items() if k != "content"}, "content": cut}
+
+    def _fold(
+        self,
+        messages: Sequence[Message],
+        runs: list[tuple[int, int]],
+        plan: dict[int, tuple[int, Message]],
+        ids: Refs,
+        target: int,
+        tokens: int | None = None,
+    ) -> None:
+        """Fold ``runs`` (oldest first) into digests until the context is under ``target``
+        (every run when ``target`` < 0); replaces what ``plan`` held inside them."""
+        if tokens is None:
+            tokens = sum(self._tokens(m) for m in _apply(messages, plan))
         for a, b in runs:
-            if tokens <= target:
+            if target >= 0 and tokens <= target:
                 break
-            span = messages[a:b]
-            before = sum(self._tokens(m) for m in span)
-            digest = self._digest(messages, a, b)
-            saved = before - self._tokens(digest)
+            inner = [k for k in plan if a <= k < b]
+            current = sum(self._tokens(m) for m in _apply(messages[a:b], {k - a: (e - a, r) for k, (e, r) in plan.items() if a <= k < b}))
+            ref = ids.node(list(range(a, b)), kind="digest", text=None)
+            body = digest(messages[a:b], budget_tokens=self.settings.digest_tokens, fact_tokens=self._fact_tokens(), recall_hint="ctx_grep" if self.originals else "the store")
+            text = header("digest", f"{b - a} earlier messages folded", ref=ref) + "\n" + body
+            prev = messages[a - 1].get("role") if a > 0 else None
+            nxt = messages[b].get("role") if b < len(messages) else None
+            role = "assistant" if nxt in ("user", None) or prev in ("user", "system") else "user"
+            new: Message = {"role": role, "content": text}
+            saved = current - self._tokens(new)
             if saved <= 0:
                 continue
-            replace[a] = (b, digest)
+            for k in inner:
+                del plan[k]
+            plan[a] = (b, new)
+            ids.text(ref, text)
             tokens -= saved
-            folded += b - a
-        if not replace:
-            return messages, 0, tokens
-        out: list[Message] = []
-        i = 0
-        while i < len(messages):
-            if i in replace:
-                end, digest = replace[i]
-                out.append(digest)
-                i = end
-            else:
-                out.append(messages[i])
-                i += 1
-        return out, folded, sum(self._tokens(m) for m in out)
 
-    def _digest(self, messages: Sequence[Message], a: int, b: int) -> Message:
-        s = self.settings
-        span = messages[a:b]
-        actions: list[str] = []
-        for m in span:
-            for c in tool_calls(m):
-                fn = c.get("function") or {}
-                args = fn.get("arguments") if isinstance(fn, dict) else ""
-                if not isinstance(args, str):
-                    args = json.dumps(args, ensure_ascii=False)
-                actions.append(f"- {tool_call_name(c)}: {_cap(' '.join(args.split()), s.max_action_chars)}")
-        facts = Facts()
-        for m in span:
-            facts = facts.merge(self._facts(m))
-        head = f"{DIGEST_MARK} {len(span)} earlier messages folded; full text via {GREP_TOOL}"
-        kept = "\n".join([head, *actions])
-        fact_lines, dropped = self._fact_lines(facts, kept)
-        tools = [t for t in facts.tools if t not in kept]
-        parts = [kept]
-        if tools:
-            parts.append("tools: " + ", ".join(tools))
-        if fact_lines:
-            parts.append("facts:\n" + "\n".join(fact_lines))
-        if dropped:
-            parts.append(f"[{dropped} more facts retrievable via {GREP_TOOL}]")
-        # remember both the originals and the records they had become
-        self._remember(span)
-        prev = messages[a - 1].get("role") if a > 0 else None
-        nxt = messages[b].get("role") if b < len(messages) else None
-        role = "assistant" if nxt in ("user", None) or prev in ("user", "system") else "user"
-        return {"role": role, "content": "\n\n".join(parts)}
+
+def _apply(messages: Sequence[Message], plan: Mapping[int, tuple[int, Message]]) -> list[Message]:
+    out: list[Message] = []
+    i = 0
+    while i < len(messages):
+        if i in plan:
+            end, new = plan[i]
+            out.append(new)
+            i = end
+        else:
+            out.append(messages[i])
+            i += 1
+    return out
+

@@ -28,10 +28,9 @@ Node ids are content addresses of (depth, children), so the same input gives the
 nodes, and a node that already exists is reused with its stored text (the context prefix stays
 byte-stable, and no LLM call is repeated).
 
-Tools for the agent (``get_tool_schemas`` / ``handle_tool_call``): ``lcm_grep`` (substring or
-regex search over originals and summaries, this session or all), ``lcm_describe`` (a node's
-metadata and children) and ``lcm_expand`` (the originals under a node, verbatim, within a token
-budget).
+Tools for the agent: ``lcm_grep``, ``lcm_describe`` and ``lcm_expand``, the lossless engine's
+names for the shared store-backed recall (:class:`ctxengine.recall.Recall`, ``ctx_grep`` …).
+The digest and the cut of giant outputs are the kit's (:mod:`ctxengine.engines.kit`).
 
 The engine never imports the store: it receives an object with the methods of
 :class:`LcmStore` (``ctxengine.store`` backends have them).
@@ -39,40 +38,40 @@ The engine never imports the store: it receives an object with the methods of
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, cast, runtime_checkable
 
 from ctxengine.boundaries import group_spans
+from ctxengine.config import LcmConfig
 from ctxengine.engine import CompactionReport, ContextEngine
-from ctxengine.errors import ConfigError, CtxEngineError, InputError, NotFoundError, SummarizerError
+from ctxengine.engines.kit import cut_output
+from ctxengine.engines.kit.build import settings_and_services
+from ctxengine.engines.kit.digest import digest
+from ctxengine.engines.kit.originals import node_id
+from ctxengine.engines.kit.records import NODE_RE, node_header
+from ctxengine.engines.kit.tail import tail_by_budget
+from ctxengine.errors import ConfigError, NotFoundError, SummarizerError
 from ctxengine.facts import FACT_KINDS, Facts, extract_facts
-from ctxengine.messages import Message, content_text, is_summary, message_text
+from ctxengine.messages import Message, content_text, is_summary
 from ctxengine.models import DEFAULT_CONTEXT_LENGTH
+from ctxengine.recall import (
+    DESCRIBE_TOOL,
+    EXPAND_DEFAULT_TOKENS,
+    EXPAND_TOOL,
+    GREP_TOOL,
+    LCM_ALIASES,
+    Recall,
+)
 from ctxengine.summarize.base import Summarizer
 from ctxengine.tokens import EstimateCounter, TokenCounter, estimate
 
-if TYPE_CHECKING:
-    from ctxengine.config import Config
-
-__all__ = ["NODE_RE", "LcmEngine", "LcmStore"]
+__all__ = ["NODE_RE", "LcmEngine", "LcmStore", "digest"]
 
 log = logging.getLogger("ctxengine.engines.lcm")
-
-NODE_RE = re.compile(r"^\[ctxengine:lcm node=([0-9a-f]+) depth=(\d+)\]")
-"""The first line of every lcm summary: node id and depth."""
-
-EXPAND_DEFAULT_TOKENS = 4000
-"""Default budget of one ``lcm_expand`` answer: enough for a few tool outputs, small enough
-not to undo the compaction it reads from."""
-
-GREP_DEFAULT_LIMIT = 10
-_PREVIEW = 160
 
 
 @runtime_checkable
@@ -117,18 +116,11 @@ class _Item:
         return self.node_id is not None
 
 
-def _node_id(depth: int, children: Sequence[tuple[str, str]]) -> str:
-    # what a node covers defines it: message ids are chained content addresses, so the same
-    # span gives the same node in every session and every run (deterministic output)
-    key = json.dumps([depth, [list(c) for c in children]], separators=(",", ":"))
-    return hashlib.sha256(key.encode()).hexdigest()[:16]
-
-
-def _header(node_id: str, depth: int, n_messages: int, n_children: int) -> str:
+def _header(nid: str, depth: int, n_messages: int, n_children: int) -> str:
     what = f"{n_messages} earlier messages" if depth == 0 else f"{n_children} summaries of {n_messages} earlier messages"
     return (
-        f"[ctxengine:lcm node={node_id} depth={depth}] Summary of {what}; the originals are kept verbatim. "
-        f'Expand for details: lcm_expand(node_id="{node_id}") returns them, lcm_describe shows the node, '
+        f"{node_header(nid, depth)} Summary of {what}; the originals are kept verbatim. "
+        f'Expand for details: lcm_expand(node_id="{nid}") returns them, lcm_describe shows the node, '
         "lcm_grep searches every original."
     )
 
@@ -137,6 +129,8 @@ class LcmEngine(ContextEngine):
     """Lossless context management over a session store (see the module docstring)."""
 
     threshold_ratio = 0.75
+    Settings: ClassVar[type[LcmConfig]] = LcmConfig
+    config_section: ClassVar[str | None] = "lcm"
 
     def __init__(
         self,
@@ -179,45 +173,27 @@ class LcmEngine(ContextEngine):
         self._facts_tight = False
         self._fact_cache: dict[int, Facts] = {}
         self.deterministic = summarizer is None
+        self._recall: Recall | None = None
 
     @classmethod
-    def from_config(
-        cls,
-        config: Config,
-        context_length: int,
-        *,
-        store: LcmStore | None = None,
-        summarizer: Summarizer | None = None,
-        **services: Any,
-    ) -> LcmEngine:
-        """Build from ``config.lcm`` (and ``auxiliary.compression`` for an LLM summarizer).
-
-        The store is injected (engines never open one): ``ContextManager`` and the CLI pass
-        ``open_store(config.store)``; without one this raises :class:`ConfigError`.
-        """
-        if store is None:
+    def from_config(cls, *args: Any, **kwargs: Any) -> LcmEngine:
+        """``from_config(settings, services)`` (or the seed's ``(config, context_length,
+        **services)``): the ``lcm:`` section; the store is ``services.store`` (required: engines
+        never open one), the summarizer ``services.summarizer`` or the configured
+        ``auxiliary.compression`` model."""
+        settings, services = settings_and_services(LcmConfig, "lcm", args, kwargs)
+        if services.store is None:
             raise ConfigError(
                 "the lcm engine needs a session store: build it through ContextManager or pass "
                 "store=ctxengine.store.open_store(config.store) (store.enabled must not be false)"
             )
-        c = config.lcm
-        if summarizer is None and config.auxiliary.compression.model:
+        summarizer = services.summarizer
+        config = services.config
+        if summarizer is None and config is not None and config.auxiliary.compression.model:
             from ctxengine.summarize.llm import LlmSummarizer
 
             summarizer = LlmSummarizer.from_config(config.auxiliary.compression)
-        return cls(
-            store=store,
-            context_length=context_length,
-            threshold=c.threshold,
-            fresh_tail_messages=c.fresh_tail_messages,
-            fresh_tail_ratio=c.fresh_tail_ratio,
-            condense_after=c.condense_after,
-            leaf_target_tokens=c.leaf_target_tokens,
-            leaf_chunk_tokens=c.leaf_chunk_tokens,
-            leaf_fact_tokens=c.leaf_fact_tokens,
-            summarizer=summarizer,
-            counter=services.get("counter"),
-        )
+        return cls(store=cast(LcmStore, services.store), context_length=services.context_length, summarizer=summarizer, counter=services.counter, session_id=services.session_id, **settings.model_dump())
 
     @property
     def name(self) -> str:
@@ -344,39 +320,22 @@ class LcmEngine(ContextEngine):
         return out
 
     def _cut_giant_outputs(self, msgs: list[Message], ids: list[str]) -> dict[int, Message]:
-        """Tool outputs larger than the whole fresh-tail budget, cut to their first and last
-        lines (plus the paths, URLs and error lines of the cut part) before they are sent; each
-        cut output is a one-message node, so ``lcm_expand`` returns it whole.
-
-        A single recursive listing of 100K tokens would otherwise keep the request over the
-        window however much older history is folded.
-        """
+        """Tool outputs larger than the whole fresh-tail budget, cut with the kit's one cut
+        (head and tail lines plus the facts of the removed middle) before they are sent; each
+        cut output is a one-message node, so ``lcm_expand`` returns it whole."""
         limit = int(self.context_length * self.fresh_tail_ratio)
         cuts: dict[int, Message] = {}
-        sizes = [self.counter.count_messages([m]) if m.get("role") == "tool" and not is_summary(m) else 0 for m in msgs]
-        giant = [i for i, t in enumerate(sizes) if t > limit]
-        if not giant:
-            return cuts
-        parts = {i: _head_tail(content_text(msgs[i].get("content")), max(200, limit // 4)) for i in giant}
-        # every fact of the cut parts shown, unless that alone would overflow the window
-        others = self.counter.count_messages(msgs) - sum(sizes[i] for i in giant)
-        cut_facts = extract_facts([{"role": "tool", "tool_call_id": "cut", "content": parts[i][1]} for i in giant])
-        tight = others + sum(estimate(f) + 2 for f in cut_facts.all()) > self.context_length
-        budget = min(self.leaf_fact_tokens, self.context_length // 16) if tight else self.leaf_fact_tokens
-        for i in giant:
-            m = msgs[i]
-            tokens = sizes[i]
+        for i, m in enumerate(msgs):
+            if m.get("role") != "tool" or is_summary(m):
+                continue
+            tokens = self.counter.count_messages([m])
+            if tokens <= limit:
+                continue
             children = [("message", ids[i])]
-            nid = _node_id(0, children)
+            nid = node_id(0, children)
             text = self._existing(nid)
             if text is None:
-                kept, cut_part = parts[i]
-                facts = digest([{"role": "tool", "tool_call_id": "cut", "content": cut_part}], 0, budget)
-                text = (
-                    f"[ctxengine:lcm node={nid} depth=0] Output of {tokens:,} tokens cut to its first and last lines; "
-                    f'the original is kept verbatim. Expand for details: lcm_expand(node_id="{nid}") returns it whole, '
-                    f"lcm_grep searches it.\n{kept}" + (f"\nIn the cut part:\n{facts}" if facts else "")
-                )
+                text = cut_output(content_text(m.get("content")), budget_tokens=max(200, limit // 4) + min(self.leaf_fact_tokens, self.context_length // 16), ref=nid, counter=self.counter)
                 self.store.add_node(self.session_id, nid, depth=0, text=text, children=children, meta={"messages": 1, "tokens": tokens, "summarizer": "cut"})
             cuts[i] = {**m, "content": text}
         return cuts
@@ -384,18 +343,7 @@ class LcmEngine(ContextEngine):
     def _tail_start(self, msgs: list[Message], units: list[tuple[int, int]]) -> int:
         """First index of the fresh tail: whole units from the end, at most
         ``fresh_tail_messages`` messages and ``fresh_tail_ratio`` of the window, at least one unit."""
-        budget = int(self.context_length * self.fresh_tail_ratio)
-        count = 0
-        tokens = 0
-        start = len(msgs)
-        for s, e in reversed(units):
-            t = self.counter.count_messages(msgs[s:e])
-            if start < len(msgs) and (count + (e - s) > self.fresh_tail_messages or tokens + t > budget):
-                break
-            count += e - s
-            tokens += t
-            start = s
-        return start
+        return tail_by_budget(msgs, max_messages=self.fresh_tail_messages, max_tokens=int(self.context_length * self.fresh_tail_ratio), count=self.counter.count_messages, spans=units)
 
     def _chunks(self, msgs: list[Message], run: list[_Item]) -> list[list[_Item]]:
         chunks: list[list[_Item]] = []
@@ -417,7 +365,7 @@ class LcmEngine(ContextEngine):
         span = [m for it in chunk for m in msgs[it.start : it.end]]
         span_ids = [i for it in chunk for i in ids[it.start : it.end]]
         children = [("message", i) for i in span_ids]
-        nid = _node_id(0, children)
+        nid = node_id(0, children)
         text = self._existing(nid)
         span_tokens = self.counter.count_messages(span)
         if text is None:
@@ -449,8 +397,8 @@ class LcmEngine(ContextEngine):
                 if text and estimate(text) <= int(budget * 1.5) and estimate(text) < span_tokens // 2:
                     users = _quoted_users(span, text)
                     return (f"{users}\n{text}" if users else text), f"llm:{budget}"
-            return digest(span, target, self._fact_budget()), "extractive-after-llm"
-        return digest(span, target, self._fact_budget(), facts=self._facts(span)), "extractive"
+            return digest(span, budget_tokens=target, fact_tokens=self._fact_budget(), recall_hint="lcm_grep"), "extractive-after-llm"
+        return digest(span, budget_tokens=target, fact_tokens=self._fact_budget(), facts=self._facts(span), recall_hint="lcm_grep"), "extractive"
 
     def _facts(self, messages: Sequence[Message]) -> Facts:
         """Facts of ``messages``, extracted once per message object within a ``compress`` call
@@ -513,7 +461,7 @@ class LcmEngine(ContextEngine):
     def _condensed(self, group: list[_Item], focus_topic: str | None) -> _Item:
         depth = group[0].depth + 1
         children = [("node", str(it.node_id)) for it in group]
-        nid = _node_id(depth, children)
+        nid = node_id(depth, children)
         text = self._existing(nid)
         if text is None:
             originals: list[Message] = []
@@ -526,191 +474,36 @@ class LcmEngine(ContextEngine):
             self.store.add_node(self.session_id, nid, depth=depth, text=text, children=children, meta={"messages": len(originals), "summarizer": how})
         return _Item(group[0].start, group[-1].end, nid, depth, text)
 
-    # -- tools -------------------------------------------------------------------------------------
+    # -- tools: the shared store-backed recall under the lcm_* names -------------------------
+    @property
+    def recall(self) -> Recall:
+        """``lcm_grep``/``lcm_describe``/``lcm_expand``: aliases of the shared recall tools."""
+        if self._recall is None or self._recall.session_id != self.session_id:
+            self._recall = Recall(self.store, self.session_id, counter=self.counter, aliases=LCM_ALIASES, tools=(GREP_TOOL, DESCRIBE_TOOL, EXPAND_TOOL))
+        return self._recall
+
     def get_tool_schemas(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "name": "lcm_grep",
-                "description": (
-                    "Search the full original conversation (including everything summarized away) and the "
-                    "summaries. Returns matching lines verbatim with message and summary node ids."
-                ),
-                "parameters": {
-                    "type": "object",
-                    "properties": {
-                        "query": {"type": "string", "description": "Text to find (case-insensitive), or a regular expression with mode=regex."},
-                        "mode": {"type": "string", "enum": ["text", "regex"], "description": "text (default) or regex."},
-                        "scope": {"type": "string", "enum": ["session", "all"], "description": "This session (default) or every stored session."},
-                        "limit": {"type": "integer", "minimum": 1, "maximum": 100, "description": f"Most results to return (default {GREP_DEFAULT_LIMIT})."},
-                    },
-                    "required": ["query"],
-                },
-            },
-            {
-                "name": "lcm_describe",
-                "description": "Show a summary node: depth, size, parents and children (messages or lower summaries) with previews.",
-                "parameters": {
-                    "type": "object",
-                    "properties": {"node_id": {"type": "string", "description": "The id from a [ctxengine:lcm node=...] summary."}},
-                    "required": ["node_id"],
-                },
-            },
-            {
-                "name": "lcm_expand",
-                "description": "Return the original messages under a summary node, verbatim and in order, within a token budget (page with offset).",
-                "parameters": {
-                    "type": "object",
-                    "properties": {
-                        "node_id": {"type": "string", "description": "The id from a [ctxengine:lcm node=...] summary."},
-                        "max_tokens": {"type": "integer", "minimum": 100, "description": f"Token budget of the answer (default {EXPAND_DEFAULT_TOKENS})."},
-                        "offset": {"type": "integer", "minimum": 0, "description": "Index of the first message to return (default 0)."},
-                    },
-                    "required": ["node_id"],
-                },
-            },
-        ]
+        return self.recall.tool_schemas()
 
     def handle_tool_call(self, name: str, args: Mapping[str, Any], **kwargs: Any) -> str:
         """Run ``lcm_grep``, ``lcm_describe`` or ``lcm_expand``; errors come back as ``{"error": ...}``."""
-        if isinstance(args, str):
-            try:
-                args = json.loads(args) if args.strip() else {}
-            except ValueError:
-                return json.dumps({"error": f"{name}: arguments are not JSON"})
-        if not isinstance(args, Mapping):
-            return json.dumps({"error": f"{name}: arguments must be an object"})
-        try:
-            if name == "lcm_grep":
-                return json.dumps(self.grep(**_pick(args, "query", "mode", "scope", "limit")), ensure_ascii=False)
-            if name == "lcm_describe":
-                return json.dumps(self.describe(**_pick(args, "node_id")), ensure_ascii=False)
-            if name == "lcm_expand":
-                return json.dumps(self.expand(**_pick(args, "node_id", "max_tokens", "offset")), ensure_ascii=False)
-        except TypeError as exc:
-            return json.dumps({"error": f"{name}: bad arguments: {exc}"})
-        except CtxEngineError as exc:
-            return json.dumps({"error": f"{name}: {exc}"})
-        return json.dumps({"error": f"Unknown tool: {name}"})
-
-    def grep(self, query: str, mode: str = "text", scope: str = "session", limit: int = GREP_DEFAULT_LIMIT) -> dict[str, Any]:
-        """``lcm_grep``: search originals and summaries; snippets are verbatim."""
-        if scope not in ("session", "all"):
-            raise InputError(f"scope must be 'session' or 'all', not {scope!r}")
-        limit = max(1, min(100, int(limit)))
-        hits = self.store.search(query, session_id=self.session_id if scope == "session" else None, mode=mode, limit=limit)
-        results = [h.to_dict() for h in hits]
-        for r in results:
-            if r["kind"] == "message" and len(r["message_ids"]) > 3:
-                r["message_ids"] = r["message_ids"][:3]
-        return {"query": query, "scope": scope, "count": len(results), "results": results}
-
-    def describe(self, node_id: str) -> dict[str, Any]:
-        """``lcm_describe``: a node's metadata, parents and children with previews."""
-        node = self.store.get_node(str(node_id))
-        msg_ids = [cid for kind, cid in node.children if kind == "message"]
-        previews = dict(zip(msg_ids, self.store.get_messages(msg_ids), strict=True)) if msg_ids else {}
-        children = []
-        for kind, cid in node.children:
-            if kind == "message":
-                m = previews[cid]
-                children.append({"kind": "message", "id": cid, "role": m.get("role"), "preview": _preview(message_text(m))})
-            else:
-                child = self.store.get_node(cid)
-                body = child.text.split("\n", 1)[1] if "\n" in child.text else ""
-                children.append({"kind": "node", "id": cid, "depth": child.depth, "preview": _preview(body)})
-        return {
-            "id": node.id,
-            "session_id": node.session_id,
-            "depth": node.depth,
-            "tokens": node.tokens,
-            "meta": node.meta,
-            "parents": node.parents,
-            "children": children,
-        }
+        if name not in LCM_ALIASES:
+            return json.dumps({"error": f"Unknown tool: {name}"})
+        return self.recall.handle(name, args)
 
     def expand(self, node_id: str, max_tokens: int = EXPAND_DEFAULT_TOKENS, offset: int = 0) -> dict[str, Any]:
-        """``lcm_expand``: the originals under a node, verbatim, from ``offset`` within ``max_tokens``.
-
-        At least one message is returned; one larger than the whole budget comes back whole
-        only if it fits ``max_tokens`` × 4, else its text is cut and ``truncated`` says so.
-        """
-        pairs = self.store.node_messages(str(node_id))
-        offset = max(0, int(offset))
-        budget = max(100, int(max_tokens))
-        out: list[dict[str, Any]] = []
-        used = 0
-        i = offset
-        truncated = False
-        while i < len(pairs):
-            mid, m = pairs[i]
-            t = self.counter.count_messages([m])
-            if out and used + t > budget:
-                break
-            if not out and t > budget * 4:
-                text = message_text(m)
-                m = {**m, "content": text[: budget * 4]}
-                truncated = True
-            out.append({"id": mid, "message": m})
-            used += t
-            i += 1
-        return {
-            "node_id": node_id,
-            "total": len(pairs),
-            "offset": offset,
-            "next_offset": i if i < len(pairs) else None,
-            "truncated": truncated,
-            "messages": out,
-        }
+        """``lcm_expand``: the originals under a node, verbatim, from ``offset`` within ``max_tokens``."""
+        return self.recall.expand(node_id, max_tokens=max_tokens, offset=offset)
 
     def retrievable(self, fact: str) -> bool:
         """True when ``lcm_grep`` over this session returns ``fact`` verbatim (DESIGN §3.3 #8:
         a fact not in the context must be retrievable from the store)."""
-        hits = self.store.search(fact, session_id=self.session_id, limit=5)
-        return any(fact in h.snippet for h in hits)
+        return self.recall.retrievable(fact)
 
     def get_status(self) -> dict[str, Any]:
         status = super().get_status()
         status["session_id"] = self.session_id
         return status
-
-
-def _head_tail(text: str, tokens: int) -> tuple[str, str]:
-    """The first and last lines of ``text`` within about ``tokens`` (two thirds head, one third
-    tail; long lines cut to 300 characters), with a marker line; and the cut middle."""
-    lines = text.splitlines()
-    budget = tokens * 4
-    head: list[str] = []
-    used = 0
-    for line in lines:
-        line = line[:300]
-        if used + len(line) > budget * 2 // 3:
-            break
-        head.append(line)
-        used += len(line) + 1
-    tail: list[str] = []
-    used = 0
-    for line in reversed(lines[len(head) :]):
-        line = line[:300]
-        if used + len(line) > budget // 3:
-            break
-        tail.append(line)
-        used += len(line) + 1
-    tail.reverse()
-    middle = lines[len(head) : len(lines) - len(tail)]
-    kept = "\n".join([*head, f"[... {len(middle):,} lines cut ...]", *tail])
-    return kept, "\n".join(middle)
-
-
-def _pick(args: Mapping[str, Any], *names: str) -> dict[str, Any]:
-    unknown = sorted(set(args) - set(names))
-    if unknown:
-        raise TypeError(f"unexpected argument(s) {', '.join(unknown)}")
-    return {k: args[k] for k in names if k in args}
-
-
-def _preview(text: str) -> str:
-    one = " ".join(text.split())
-    return one if len(one) <= _PREVIEW else one[: _PREVIEW - 1] + "…"
 
 
 def _quoted_users(span: Sequence[Message], text: str) -> str:
@@ -721,67 +514,4 @@ def _quoted_users(span: Sequence[Message], text: str) -> str:
             t = content_text(m.get("content"))
             if t and t not in text:
                 lines.append(f"User: {t}")
-    return "\n".join(lines)
-
-
-def digest(span: Sequence[Message], budget_tokens: int, fact_tokens: int = 4000, *, facts: Facts | None = None) -> str:
-    """The deterministic digest of a span.
-
-    User messages verbatim (always: they are the task); then the preservation facts — tool
-    names, error lines, file paths, URLs — verbatim while they fit ``fact_tokens``; then
-    assistant excerpts while the whole stays within ``budget_tokens``. Facts beyond
-    ``fact_tokens`` (a recursive listing of thousands of paths) are counted, not shown: they
-    stay one ``lcm_grep`` away, which is what keeps a fold of such an output small.
-    """
-    if facts is None:
-        facts = extract_facts([m for m in span if not is_summary(m)])
-    lines: list[str] = []
-    for m in span:
-        if m.get("role") == "user" and is_summary(m):
-            # an earlier summary folded again (from another engine): keep its first line
-            lines.append("Earlier summary: " + content_text(m.get("content")).split("\n", 1)[0][:300])
-    # every user text verbatim, even blank ones (the anchors rule quotes them exactly)
-    users = dict.fromkeys(content_text(m.get("content")) for m in span if m.get("role") == "user" and not is_summary(m))
-    lines += [f"User: {u}" for u in users if u]
-    used = sum(estimate(ln) + 1 for ln in lines)
-    excerpts = []
-    for m in span:
-        if m.get("role") == "assistant":
-            first = next((ln.strip() for ln in content_text(m.get("content")).splitlines() if ln.strip()), "")
-            if first:
-                excerpts.append(first[:200])
-    sections = [
-        ("Tools", facts.tools, ", "),
-        ("Errors", facts.errors, None),
-        ("Files", facts.paths, ", "),
-        ("URLs", facts.urls, ", "),
-        ("Assistant", excerpts, None),
-    ]
-    omitted: list[str] = []
-    fact_used = 0
-    for title, items, sep in sections:
-        if not items:
-            continue
-        kept: list[str] = []
-        for item in items:
-            cost = estimate(item) + 2
-            if title == "Assistant":
-                if used + cost + 8 > budget_tokens:
-                    break
-            elif fact_used + cost > fact_tokens:
-                break
-            else:
-                fact_used += cost
-            kept.append(item)
-            used += cost
-        if kept:
-            if sep is None:
-                lines.append(f"{title}:")
-                lines += [f"- {k}" for k in kept]
-            else:
-                lines.append(f"{title}: {sep.join(kept)}")
-        if len(kept) < len(items):
-            omitted.append(f"{len(items) - len(kept)} {title.lower()}")
-    if omitted:
-        lines.append(f"[not shown here: {', '.join(omitted)} — use lcm_grep or lcm_expand]")
     return "\n".join(lines)

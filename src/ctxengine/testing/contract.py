@@ -68,6 +68,17 @@ It checks, on every ``compress`` call (``W`` the input, ``O`` the output):
    window), the facts may live in a store instead (DESIGN §3.8); the report counts them as
    ``facts_beyond_window``.
 
+Then the kernel's guarantees (DESIGN §3.9), which hold for any engine once it runs inside
+:class:`~ctxengine.ContextManager` (``kernel=True``, the default):
+
+10. **Window held** — each conversation is replayed through a manager serving the engine
+    (:func:`ctxengine.loop.replay`, an in-memory SQLite store): every request, counted with
+    the o200k tokenizer, is within the window minus the completion reserve and margin.
+11. **Removed facts retrievable** — after that replay every fact of the conversation is in
+    the last request or returned verbatim by recall (:meth:`ContextManager.retrievable`).
+12. **No thrash** — on a session whose second tool output alone is about three windows, the
+    engine (its own trigger, no kernel guard) compacts on at most 3 consecutive turns.
+
 A broken invariant raises :class:`ContractViolation` (an ``AssertionError``) naming the
 invariant, the engine and the problem, with the smallest example hypothesis could shrink to.
 Invariant 9 of DESIGN §3.3 (failure never loses context) needs a failing summarizer and is
@@ -89,8 +100,12 @@ from hypothesis import HealthCheck, Phase, Verbosity, given
 from hypothesis import seed as hypothesis_seed
 from hypothesis import settings as hypothesis_settings
 
+from ctxengine.config import Config
 from ctxengine.engine import ContextEngine
+from ctxengine.errors import ContextWindowError, EngineError
 from ctxengine.facts import FACT_KINDS, context_text, extract_facts, missing_facts
+from ctxengine.loop import recorded_turns, replay, run_compress, should_compact
+from ctxengine.manager import MAX_CONSECUTIVE_COMPACTIONS
 from ctxengine.messages import (
     Message,
     content_text,
@@ -115,6 +130,9 @@ INVARIANTS: dict[int, str] = {
     6: "deterministic engines are deterministic",
     7: "prefix stability",
     8: "preservation guarantee",
+    10: "window held (kernel, exact count)",
+    11: "removed facts retrievable (kernel recall)",
+    12: "no thrash",
 }
 """The invariants of DESIGN §3.3 the kit checks, by number."""
 
@@ -167,6 +185,7 @@ class ContractReport:
     facts_beyond_window: int = 0
     anchors_beyond_window: int = 0
     checks: dict[int, int] = field(default_factory=lambda: dict.fromkeys(INVARIANTS, 0))
+    max_consecutive_compactions: int = 0
     notes: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
@@ -265,9 +284,11 @@ class _Harness:
         before = _dumps(messages)
         self.report.compress_calls += 1
         try:
-            out = engine.compress(messages, current_tokens=tokens)
-        except Exception as exc:
-            raise self.fail(1, f"compress raised {type(exc).__name__}: {exc}", messages, where) from exc
+            out: Any = run_compress(engine, messages, tokens=tokens, copy_input=False).output
+        except EngineError as exc:
+            if _dumps(messages) != before:
+                raise self.fail(2, f"compress changed its input: {exc}", json.loads(before), where) from exc
+            raise self.fail(1, f"compress failed: {exc}", messages, where) from exc
         self.count(2)
         if _dumps(messages) != before:
             old = json.loads(before)
@@ -439,12 +460,15 @@ class _Harness:
             tokens = estimate_messages_tokens(request)
             where = f"per-turn replay, request {k} ({tokens:,} estimated tokens, threshold {self.threshold:,})"
             try:
-                fire = bool(engine.should_compress(tokens))
+                triggered = bool(engine.should_compress(tokens))
+                fire = should_compact(engine, tokens, request)  # the trigger every caller uses
+            except EngineError as exc:
+                raise self.fail(1, str(exc), request, where) from exc
             except Exception as exc:
                 raise self.fail(1, f"should_compress raised {type(exc).__name__}: {exc}", request, where) from exc
             if self.threshold > 0 and tokens * 2 <= self.threshold:
                 self.count(3)
-                if fire:
+                if triggered:
                     raise self.fail(3, f"should_compress({tokens}) is True at under half the threshold ({self.threshold})", request, where)
             if fire:
                 out = self.compress(engine, request, tokens, where)
@@ -464,6 +488,96 @@ class _Harness:
             self.check_facts(engine, conv, final, "after the replay: the last request against the whole conversation")
         engine.on_session_end(sid, final)
         return sent
+
+
+    # -- the kernel's guarantees ---------------------------------------------------------------
+    def kernel(self, conv: list[Message]) -> None:
+        """Replay ``conv`` through a :class:`~ctxengine.ContextManager` serving this engine
+        (the one agent loop, an in-memory store): every request fits the window by the o200k
+        count (invariant 10), and every fact of the conversation is in the last request or
+        returned verbatim by recall (invariant 11)."""
+        from ctxengine.manager import ContextManager
+        from ctxengine.store.sqlite import SqliteStore
+
+        store = SqliteStore(":memory:")
+        mgr = ContextManager(Config(), model="contract", context_length=self.context_length, store=store, engine_factory=self._make, strict=False)
+        sid = "contract-kernel"
+        exact = mgr.window_counter
+
+        def after(k: int, request: list[Message], appended: list[Message]) -> None:
+            tokens = sum(exact.exact_messages(request))
+            self.count(10)
+            if tokens > mgr.window.limit:
+                raise self.fail(10, f"request {k} is {tokens:,} o200k tokens, over the limit {mgr.window.limit:,}", request, "kernel replay")
+            mgr.update_from_response({"prompt_tokens": tokens, "completion_tokens": 16}, session_id=sid)
+
+        try:
+            try:
+                last, _ = replay(conv, lambda w: mgr.prepare(w, session_id=sid), after)
+            except ContextWindowError:
+                if not self.anchors_overflow(conv):
+                    raise
+                self.report.anchors_beyond_window += 1
+                return
+            first_assistant = max((i for i, m in enumerate(conv) if m.get("role") == "assistant"), default=len(conv))
+            facts = extract_facts(conv[:first_assistant])
+            missing = missing_facts(facts, context_text(last))
+            self.count(11)
+            lost = [f for f in missing.all() if not mgr.retrievable(f, session_id=sid)]
+            if lost:
+                raise self.fail(11, f"{len(lost)} fact(s) neither in the last request nor returned by recall: {lost[:5]}", conv, "kernel replay")
+        finally:
+            mgr.close()
+            store.close()
+
+    def thrash(self) -> None:
+        """A session with a giant output early on, replayed at the engine level (the engine's
+        own trigger, no kernel guard): the engine compacts on at most
+        :data:`MAX_CONSECUTIVE_COMPACTIONS` consecutive turns (invariant 12)."""
+        session = giant_output_session(self.context_length)
+        engine, sid = self.fresh()
+        streak = best = 0
+        context: list[Message] = []
+        initial, chunks = recorded_turns(session)
+        request = initial
+        for k, chunk in enumerate(chunks):
+            tokens = estimate_messages_tokens(request)
+            where = f"giant-output session, request {k}"
+            try:
+                fire = should_compact(engine, tokens, request)
+                out = run_compress(engine, request, tokens=tokens).output if fire else request
+            except EngineError as exc:
+                raise self.fail(1, str(exc), request, where) from exc
+            changed = out != request
+            streak = streak + 1 if changed else 0
+            best = max(best, streak)
+            sent = estimate_messages_tokens(out)
+            engine.update_from_response({"prompt_tokens": sent, "completion_tokens": 16, "total_tokens": sent + 16})
+            context = list(out)
+            request = [*context, *chunk]
+        engine.on_session_end(sid, context)
+        self.count(12)
+        self.report.max_consecutive_compactions = best
+        if best > MAX_CONSECUTIVE_COMPACTIONS:
+            raise self.fail(12, f"the engine compacted on {best} consecutive turns (at most {MAX_CONSECUTIVE_COMPACTIONS})", session, "giant-output session")
+
+
+def giant_output_session(context_length: int, turns: int = 14) -> list[Message]:
+    """A coding session whose second tool output alone is about three windows (for windows up
+    to ~100K tokens), followed by small turns: an engine that nibbles instead of cutting the
+    giant compacts on every turn."""
+    lines = max(200, min(context_length // 5, 20_000))  # about 3 windows (at most ~300K tokens)
+    giant = "\n".join(f"/sys/devices/platform/serial8250/tty/ttyS{i}/power/runtime_status" for i in range(lines))
+    msgs: list[Message] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "List the devices under /sys and fix src/Serial.java"},
+    ]
+    for k in range(turns):
+        cid = f"g{k}"
+        msgs.append({"role": "assistant", "content": None, "tool_calls": [{"id": cid, "type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": f"step {k}"})}}]})
+        msgs.append({"role": "tool", "tool_call_id": cid, "content": giant if k == 1 else f"ok {k}: src/Serial.java line {k}"})
+    msgs.append({"role": "assistant", "content": "done"})
+    return msgs
 
 
 @contextmanager
@@ -491,6 +605,7 @@ def check_engine_contract(
     max_turns: int = 6,
     huge_tokens: int | None = None,
     shrink_seconds: float = 30.0,
+    kernel: bool = True,
 ) -> ContractReport:
     """Property-test ``engine`` against the invariants of DESIGN §3.3 (see the module docs).
 
@@ -501,7 +616,9 @@ def check_engine_contract(
     ``max_turns``: user turns per conversation. ``huge_tokens``: size bound of the occasional
     huge tool output; default twice the engine's threshold (at least 500, at most 100,000), so
     a single output can cross the threshold as in real sessions. ``shrink_seconds``: time
-    spent shrinking a failure to a smaller example before it is reported.
+    spent shrinking a failure to a smaller example before it is reported. ``kernel``: also
+    replay each conversation through a ContextManager serving the engine (invariants 10, 11)
+    and run the giant-output session (invariant 12); needs the ``exact`` extra.
 
     Returns a :class:`ContractReport`; raises :class:`ContractViolation` (an
     ``AssertionError``) naming the broken invariant with the smallest example found.
@@ -525,6 +642,8 @@ def check_engine_contract(
     @given(strategy)
     def prop(conv: list[Message]) -> None:
         harness.run(conv)
+        if kernel:
+            harness.kernel(conv)
 
     if seed is not None:
         prop = hypothesis_seed(seed)(prop)
@@ -533,6 +652,8 @@ def check_engine_contract(
         # the kit replaces with a bounded rendering: its size warning is noise here
         warnings.filterwarnings("ignore", message="Generating overly large repr")
         prop()
+    if kernel:
+        harness.thrash()
     if harness.report.turn_compactions == 0:
         harness.report.notes.append(
             f"no compaction fired on the per-turn path (threshold {harness.threshold:,} tokens): "

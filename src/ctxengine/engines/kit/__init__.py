@@ -1,0 +1,49 @@
+"""The shared kit every engine builds on (DESIGN §3.9): engines are policies, the kit holds
+the mechanics once.
+
+* :mod:`~ctxengine.engines.kit.cut` — cut one output to a budget (head + tail + facts, one
+  marker naming the recall ref);
+* :mod:`~ctxengine.engines.kit.blocks` — fact blocks: render, parse, fit to a budget;
+* :mod:`~ctxengine.engines.kit.records` — the ``[ctxengine:`` record namespace (one owner).
+"""
+
+from __future__ import annotations
+
+from ctxengine.engines.kit.blocks import (
+    FACTS_HEADER,
+    fit_facts,
+    parse_facts_block,
+    render_facts,
+    split_facts_block,
+    unseen,
+)
+from ctxengine.engines.kit.cut import LINE_CHARS, cut_output
+from ctxengine.engines.kit.records import (
+    EXPAND_TOOL,
+    MARK,
+    Marker,
+    call_of,
+    header,
+    is_marked,
+    is_marked_text,
+    parse_header,
+)
+
+__all__ = [
+    "EXPAND_TOOL",
+    "FACTS_HEADER",
+    "LINE_CHARS",
+    "MARK",
+    "Marker",
+    "call_of",
+    "cut_output",
+    "fit_facts",
+    "header",
+    "is_marked",
+    "is_marked_text",
+    "parse_facts_block",
+    "parse_header",
+    "render_facts",
+    "split_facts_block",
+    "unseen",
+]

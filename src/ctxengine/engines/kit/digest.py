@@ -1,0 +1,101 @@
+"""Digests: turns folded into what was done and what was seen.
+
+One deterministic digest for every engine that folds turns (``cacheaware`` in batches,
+``lcm`` as the body of a summary node): user messages verbatim (always: they are the task),
+then each action as ``- tool: command line``, then a facts block (:mod:`.blocks`) of the paths,
+URLs and error lines within ``fact_tokens``, then the first line of assistant messages while
+the digest stays within ``budget_tokens``. What is not shown is counted in a last line that
+points at recall.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from ctxengine.engines.kit.blocks import fit_facts, render_facts, unseen
+from ctxengine.facts import Facts, extract_facts
+from ctxengine.messages import Message, content_text, is_summary, tool_call_name, tool_calls
+from ctxengine.tokens import estimate
+
+__all__ = ["ACTION_CHARS", "actions", "digest"]
+
+ACTION_CHARS = 160
+"""Characters of a tool call's arguments an action line shows (the rest is retrievable)."""
+
+
+def actions(span: Sequence[Message], max_chars: int = ACTION_CHARS) -> list[str]:
+    """``tool: arguments`` for every tool call of ``span`` (whitespace collapsed, capped)."""
+    out: list[str] = []
+    for m in span:
+        for c in tool_calls(m):
+            fn = c.get("function") or {}
+            args = fn.get("arguments") if isinstance(fn, dict) else ""
+            if not isinstance(args, str):
+                args = json.dumps(args, ensure_ascii=False)
+            try:
+                parsed = json.loads(args) if args.strip().startswith("{") else None
+            except ValueError:
+                parsed = None
+            if isinstance(parsed, dict) and len(parsed) == 1:
+                only = next(iter(parsed.values()))
+                if isinstance(only, str):
+                    args = only  # {"command": "open Foo.java"} reads as the command line
+            line = " ".join(args.split())
+            if len(line) > max_chars:
+                line = line[:max_chars] + "…"
+            out.append(f"{tool_call_name(c)}: {line}")
+    return out
+
+
+def digest(
+    span: Sequence[Message],
+    *,
+    budget_tokens: int,
+    fact_tokens: int | None,
+    facts: Facts | None = None,
+    recall_hint: str = "ctx_grep",
+) -> str:
+    """The digest of ``span`` (see the module docstring). ``fact_tokens`` ``None`` lists every
+    fact (no store: facts stay in context)."""
+    if facts is None:
+        # records folded again still hold facts (their blocks and kept lines)
+        facts = extract_facts(span)
+    lines: list[str] = []
+    for m in span:
+        if is_summary(m) and m.get("role") != "tool":
+            lines.append("Earlier: " + content_text(m.get("content")).split("\n", 1)[0][:300])
+    users = dict.fromkeys(content_text(m.get("content")) for m in span if m.get("role") == "user" and not is_summary(m))
+    lines += [f"User: {u}" for u in users if u]
+    acts = actions(span)
+    if acts:
+        lines += ["Actions:", *(f"- {a}" for a in acts)]
+    shown = "\n".join(lines)
+    tools = [t for t in facts.tools if t not in shown]
+    if tools:
+        lines.append("Tools: " + ", ".join(tools))
+    chosen, dropped = fit_facts(unseen(facts, shown), fact_tokens)
+    block = render_facts(chosen)
+    used = sum(estimate(x) + 1 for x in [*lines, *block])
+    notes: list[str] = []
+    skipped = 0
+    for m in span:
+        if m.get("role") != "assistant" or is_summary(m):
+            continue
+        first = next((ln.strip() for ln in content_text(m.get("content")).splitlines() if ln.strip()), "")
+        if not first:
+            continue
+        cost = estimate(first[:200]) + 3
+        if used + cost + 8 > budget_tokens:
+            skipped += 1
+            continue
+        notes.append(f"- {first[:200]}")
+        used += cost
+    if notes:
+        lines += ["Assistant:", *notes]
+    if dropped or skipped:
+        what = [f"{dropped} facts"] if dropped else []
+        if skipped:
+            what.append(f"{skipped} assistant notes")
+        lines.append(f"[not shown here: {', '.join(what)}; {recall_hint} finds them]")
+    return "\n".join([*lines, *block])

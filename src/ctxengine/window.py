@@ -1,0 +1,499 @@
+"""The window cap: no request leaves the manager larger than the window, whatever the engine did.
+
+The limit of one request is::
+
+    limit = context_length − completion_reserve − window_margin × context_length
+
+* ``completion_reserve`` (``context.completion_reserve``) keeps room for the model's answer.
+  Default ``min(8192, context_length // 16)``: 2,000 tokens at 32K, 8,000 at 128K, 8,192 from
+  about 131K up — what agents usually ask for as ``max_tokens``.
+* ``window_margin`` (``context.window_margin``, default 3 % of the window) absorbs the
+  difference between o200k, which the cap counts with, and a provider's own tokenizer.
+
+Counting (:class:`WindowCounter`): the cap counts every message with the o200k tokenizer,
+memoised per text, so a long session costs one exact count per new text (the estimate is 16 %
+low on a ``/sys`` listing in the data, 20 % on mixed Unicode, 60 % on base64: no estimate is
+trusted at the limit). For the engines' decisions the manager's session counter estimates
+short texts and counts texts of :data:`EXACT_CHARS` characters or more exactly.
+
+When the request is over (:meth:`WindowCap.fit`), the cap cuts, in this order (no tool pair
+breaks, no user message disappears):
+
+1. the largest tool outputs, then the largest assistant texts and marked summaries, each with
+   :func:`ctxengine.engines.kit.cut.cut_output` (head + tail lines, a ``[ctxengine:cut ref=…]``
+   marker naming the original's store id, the paths, URLs and error lines of the removed middle
+   as far as the budget allows); a message is cut to what the excess requires plus 5 % of the
+   limit of headroom, so the next turns do not cut again by a few tokens each;
+2. oversized tool-call arguments (the arguments become a JSON object holding the cut text);
+3. older user messages become recall stubs (a cut with their ``ref``), oldest first;
+4. whole old exchanges (an assistant message and its tool results), oldest first, never the
+   last one (only when the messages alone, each cut to its marker, overflow: thousands of
+   turns in a small window);
+5. if the system prompt and the latest user message alone do not fit, it raises
+   :class:`~ctxengine.errors.ContextWindowError` naming the sizes: nothing valid can be sent.
+
+The originals are in the session store (the manager records every message each turn), so
+everything cut stays retrievable verbatim through recall (:mod:`ctxengine.recall`). Without a
+store the cut keeps the facts it can list and the marker has no ``ref``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ctxengine.engines.kit.cut import cut_output
+from ctxengine.errors import ContextWindowError, TokenizerError
+from ctxengine.messages import Message, content_text, is_summary
+from ctxengine.tokens import EstimateCounter, ExactCounter, TokenCounter, estimate, message_tokens
+
+__all__ = [
+    "EXACT_CHARS",
+    "CapResult",
+    "WindowCap",
+    "WindowCounter",
+    "WindowLimit",
+    "default_completion_reserve",
+]
+
+log = logging.getLogger("ctxengine.window")
+
+EXACT_CHARS = 20_000
+"""Texts at least this long are counted with the real tokenizer, never estimated: a single
+one can hold a listing or a minified file where the estimate is off by 15 % or more, and
+one exact count of 20,000 characters takes about a millisecond."""
+
+HEADROOM_RATIO = 0.05
+"""A cut frees this share of the limit beyond the excess, so the next few turns fit without
+cutting again (each cut rewrites the cached prefix from that message on)."""
+
+MIN_KEEP_TOKENS = 256
+"""A cut leaves at least this much of an output (marker, first lines, facts)."""
+
+STUB_TOKENS = 200
+
+MARKER_TOKENS = 24
+"""The least a cut leaves: about the marker line alone (small windows only)."""
+"""What an older user message keeps when even the anchors do not fit (a recall stub)."""
+
+_MEMO_SIZE = 65_536
+
+
+def default_completion_reserve(context_length: int) -> int:
+    """``min(8192, context_length // 16)``: room for the answer (see the module docstring)."""
+    return max(0, min(8192, int(context_length) // 16))
+
+
+@dataclass(frozen=True, slots=True)
+class WindowLimit:
+    """The largest request for a window: ``context_length - reserve - margin`` tokens."""
+
+    context_length: int
+    reserve: int
+    margin: int
+
+    @classmethod
+    def for_window(
+        cls,
+        context_length: int,
+        *,
+        completion_reserve: int | None = None,
+        margin_ratio: float = 0.03,
+    ) -> WindowLimit:
+        n = int(context_length)
+        if n <= 0:
+            raise ContextWindowError(f"context_length must be positive, not {n}")
+        reserve = (
+            default_completion_reserve(n) if completion_reserve is None else int(completion_reserve)
+        )
+        margin = int(n * float(margin_ratio))
+        if reserve + margin >= n:
+            raise ContextWindowError(
+                f"completion_reserve ({reserve:,}) plus window_margin ({margin:,}) leave no room in a {n:,}-token window"
+            )
+        return cls(n, reserve, margin)
+
+    @property
+    def limit(self) -> int:
+        return self.context_length - self.reserve - self.margin
+
+
+class WindowCounter:
+    """Token counts for window decisions: the estimate for short texts, o200k for long ones
+    (and for everything with :meth:`exact_messages`), memoised per text.
+
+    Falls back to the estimate when the ``exact`` extra is not installed (logged once); the
+    margin is then the only protection against an undercount.
+    """
+
+    def __init__(
+        self, exact: TokenCounter | None = None, *, exact_chars: int = EXACT_CHARS
+    ) -> None:
+        self._exact: TokenCounter | None = exact if exact is not None else ExactCounter()
+        self.exact_chars = int(exact_chars)
+        self._memo: OrderedDict[str, int] = OrderedDict()
+        self._lock = threading.Lock()
+        self.name = "window"
+
+    @property
+    def has_exact(self) -> bool:
+        return self._exact is not None
+
+    def _exact_count(self, text: str) -> int:
+        with self._lock:
+            hit = self._memo.get(text)
+            if hit is not None:
+                self._memo.move_to_end(text)
+                return hit
+        if self._exact is None:
+            return estimate(text)
+        try:
+            n = int(self._exact.count(text))
+        except TokenizerError as exc:
+            log.warning("exact token counts unavailable, estimating instead: %s", exc)
+            self._exact = None
+            return estimate(text)
+        with self._lock:
+            self._memo[text] = n
+            if len(self._memo) > _MEMO_SIZE:
+                self._memo.popitem(last=False)
+        return n
+
+    def count(self, text: str) -> int:
+        """Estimate, or the exact count for a text of :attr:`exact_chars` or more."""
+        if not text:
+            return 0
+        return self._exact_count(text) if len(text) >= self.exact_chars else estimate(text)
+
+    def count_messages(self, messages: Sequence[Mapping[str, Any]]) -> int:
+        return sum(message_tokens(m, self.count) for m in messages)
+
+    def exact_text(self, text: str) -> int:
+        """The exact count of any text (memoised)."""
+        return self._exact_count(text) if text else 0
+
+    def exact_message(self, message: Mapping[str, Any]) -> int:
+        return message_tokens(message, self.exact_text)
+
+    def exact_messages(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        return [self.exact_message(m) for m in messages]
+
+
+class _ExactAdapter:
+    """A :class:`TokenCounter` view of :meth:`WindowCounter.exact_text` (for ``cut_output``)."""
+
+    def __init__(self, counter: WindowCounter) -> None:
+        self._c = counter
+        self.name = "window-exact"
+
+    def count(self, text: str) -> int:
+        return self._c.exact_text(text)
+
+    def count_messages(self, messages: Sequence[Mapping[str, Any]]) -> int:
+        return sum(self._c.exact_messages(messages))
+
+
+@dataclass(slots=True)
+class CapResult:
+    """What :meth:`WindowCap.fit` did: the messages to send, their exact size, what was cut."""
+
+    messages: list[Message]
+    tokens: int
+    limit: int
+    cut: list[int] = field(default_factory=list)
+    stubbed_users: list[int] = field(default_factory=list)
+    dropped: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.cut or self.stubbed_users or self.dropped)
+
+
+RefFor = Callable[[int, Message], str | None]
+"""``ref_for(index, message)``: the store id of the original behind a message, or ``None``."""
+
+
+def _is_first_system(messages: Sequence[Message], i: int) -> bool:
+    return i == 0 and messages[0].get("role") in ("system", "developer")
+
+
+def _latest_user(messages: Sequence[Message]) -> int:
+    for i in range(len(messages) - 1, -1, -1):
+        m = messages[i]
+        if m.get("role") == "user" and not is_summary(m):
+            return i
+    return -1
+
+
+class WindowCap:
+    """Holds :class:`WindowLimit` over any message list (see the module docstring)."""
+
+    def __init__(self, limit: WindowLimit, counter: WindowCounter | None = None) -> None:
+        self.window = limit
+        self.counter = counter or WindowCounter()
+        self._exact = _ExactAdapter(self.counter)
+        self._estimate = EstimateCounter()
+
+    @property
+    def limit(self) -> int:
+        return self.window.limit
+
+    def measure(self, messages: Sequence[Message], estimated: int | None = None) -> int:
+        """The size of ``messages`` as the cap sees it: the o200k count of every message
+        (memoised per text, so each text is tokenized once in a session). ``estimated`` is
+        accepted for callers that have a count and ignored: the estimate is 20 % low on mixed
+        Unicode and 60 % low on base64, so no estimate is trusted near any limit."""
+        del estimated
+        return sum(self.counter.exact_messages(messages))
+
+    def fit(
+        self,
+        messages: Sequence[Message],
+        *,
+        estimated: int | None = None,
+        ref_for: RefFor | None = None,
+    ) -> CapResult:
+        """``messages`` within the limit (a new list when anything was cut; the input is never
+        mutated). ``estimated`` is the caller's count (e.g. anchored on the provider's usage)
+        when it has one. Raises :class:`ContextWindowError` when even the anchors overflow."""
+        limit = self.limit
+        size = self.measure(messages, estimated)
+        if size <= limit:
+            return CapResult(list(messages), size, limit)
+        msgs = list(messages)
+        sizes = self.counter.exact_messages(msgs)
+        total = sum(sizes)
+        result = CapResult(msgs, total, limit)
+        if total <= limit:
+            return result
+        latest = _latest_user(msgs)
+        headroom = int(HEADROOM_RATIO * limit)
+
+        def ref(i: int) -> str | None:
+            return ref_for(i, messages[i]) if ref_for is not None else None
+
+        # 1. the largest outputs, assistant texts and summaries
+        candidates = [
+            i
+            for i, m in enumerate(msgs)
+            if not _is_first_system(msgs, i)
+            and i != latest
+            and (
+                m.get("role") in ("tool", "function", "assistant")
+                or (m.get("role") in ("user", "system") and is_summary(m))
+            )
+            and isinstance(m.get("content"), str | list)
+            and content_text(m.get("content"))
+        ]
+        floor = max(MARKER_TOKENS, min(MIN_KEEP_TOKENS, limit // 40))
+
+        def order(k: int) -> tuple[int, int]:
+            # tool outputs first (the agent's own words and summaries are worth more), then
+            # the rest; small messages last; the largest first within each tier
+            big = sizes[k] > 4 * floor
+            tier = (0 if msgs[k].get("role") in ("tool", "function") else 1) if big else 2
+            return tier, -sizes[k]
+
+        for i in sorted(candidates, key=order):
+            if total <= limit:
+                break
+            total = self._cut_content(
+                msgs, sizes, i, total, limit, headroom, ref(i), floor, result.cut
+            )
+        # 1b. still over (many outputs, a small window): every candidate down to its marker
+        if total > limit:
+            for i in sorted(candidates, key=lambda k: sizes[k], reverse=True):
+                if total <= limit:
+                    break
+                total = self._cut_content(
+                    msgs, sizes, i, total, limit, 0, ref(i), MARKER_TOKENS, result.cut, stub=True
+                )
+        # 2. oversized tool-call arguments
+        if total > limit:
+            for i in sorted(
+                (k for k, m in enumerate(msgs) if m.get("tool_calls")),
+                key=lambda k: sizes[k],
+                reverse=True,
+            ):
+                if total <= limit:
+                    break
+                total = self._cut_arguments(
+                    msgs, sizes, i, total, limit, headroom, ref(i), result.cut
+                )
+        # 3. older user messages become recall stubs, oldest first
+        stub_floor = max(MARKER_TOKENS, min(STUB_TOKENS, limit // 40))
+        if total > limit:
+            for i, m in enumerate(msgs):
+                if total <= limit:
+                    break
+                if (
+                    m.get("role") != "user"
+                    or i == latest
+                    or is_summary(m)
+                    or sizes[i] <= stub_floor
+                ):
+                    continue
+                before = total
+                total = self._cut_content(
+                    msgs,
+                    sizes,
+                    i,
+                    total,
+                    limit,
+                    0,
+                    ref(i),
+                    stub_floor,
+                    result.stubbed_users,
+                    stub=True,
+                )
+                if total < before:
+                    result.notes.append(
+                        f"user message {i} is a recall stub: the anchors alone overflow the window"
+                    )
+        # 4. whole old exchanges (an assistant message and its tool results), oldest first
+        if total > limit:
+            msgs, sizes, total = self._drop_exchanges(msgs, sizes, total, limit, latest, result)
+            result.messages = msgs
+            latest = _latest_user(msgs)
+        if total > limit:
+            raise ContextWindowError(
+                f"the request cannot fit the window: {total:,} tokens after cutting every output and older user message "
+                f"(limit {limit:,} = window {self.window.context_length:,} - completion reserve {self.window.reserve:,} "
+                f"- margin {self.window.margin:,}); the system prompt and the latest user message alone are "
+                f"{sizes[0] if msgs and _is_first_system(msgs, 0) else 0:,} + {sizes[latest] if latest >= 0 else 0:,} tokens"
+            )
+        result.tokens = total
+        if result.cut:
+            result.notes.append(
+                f"window cap: cut {len(result.cut)} message(s) to fit {limit:,} tokens"
+            )
+        return result
+
+    def _drop_exchanges(
+        self,
+        msgs: list[Message],
+        sizes: list[int],
+        total: int,
+        limit: int,
+        latest: int,
+        result: CapResult,
+    ) -> tuple[list[Message], list[int], int]:
+        """Remove the oldest whole exchanges (an assistant message and the tool results that
+        follow it) until the request fits; never the last exchange, never a user message."""
+        groups: list[tuple[int, int]] = []
+        i = 0
+        while i < len(msgs):
+            if msgs[i].get("role") == "assistant":
+                j = i + 1
+                while j < len(msgs) and msgs[j].get("role") in ("tool", "function"):
+                    j += 1
+                groups.append((i, j))
+                i = j
+            else:
+                i += 1
+        drop: set[int] = set()
+        for a, b in groups[:-1]:
+            if total <= limit:
+                break
+            drop.update(range(a, b))
+            total -= sum(sizes[a:b])
+            result.dropped += b - a
+        if not drop:
+            return msgs, sizes, total
+        result.notes.append(
+            f"window cap: dropped {len(drop)} message(s) of old exchanges whole (originals in the store)"
+        )
+        keep = [k for k in range(len(msgs)) if k not in drop]
+        return [msgs[k] for k in keep], [sizes[k] for k in keep], total
+
+    def _cut_content(
+        self,
+        msgs: list[Message],
+        sizes: list[int],
+        i: int,
+        total: int,
+        limit: int,
+        headroom: int,
+        ref: str | None,
+        floor: int,
+        cut_log: list[int],
+        *,
+        stub: bool = False,
+    ) -> int:
+        m = msgs[i]
+        text = content_text(m.get("content"))
+        t = sizes[i]
+        overhead = t - self.counter.exact_text(text)
+        excess = total - limit
+        target = floor if stub else max(floor, t - excess - headroom - overhead)
+        if target >= t - overhead:
+            return total
+        new_text = cut_output(text, budget_tokens=target, ref=ref, counter=self._exact)
+        if new_text == text:
+            return total
+        msgs[i] = {**m, "content": new_text}
+        new_size = self.counter.exact_message(msgs[i])
+        if new_size >= t:
+            msgs[i] = m
+            return total
+        sizes[i] = new_size
+        if i not in cut_log:
+            cut_log.append(i)
+        return total - t + new_size
+
+    def _cut_arguments(
+        self,
+        msgs: list[Message],
+        sizes: list[int],
+        i: int,
+        total: int,
+        limit: int,
+        headroom: int,
+        ref: str | None,
+        cut_log: list[int],
+    ) -> int:
+        m = msgs[i]
+        calls = m.get("tool_calls")
+        if not isinstance(calls, list):
+            return total
+        new_calls: list[Any] = []
+        floor = max(MARKER_TOKENS, min(MIN_KEEP_TOKENS, limit // 40))
+        changed = False
+        excess = total - limit + headroom
+        for c in calls:
+            fn = c.get("function") if isinstance(c, dict) else None
+            args = fn.get("arguments") if isinstance(fn, dict) else None
+            if (
+                excess > 0
+                and isinstance(fn, dict)
+                and isinstance(args, str)
+                and self.counter.exact_text(args) > floor * 2
+            ):
+                t = self.counter.exact_text(args)
+                cut = cut_output(
+                    args,
+                    budget_tokens=max(floor, t - excess),
+                    ref=ref,
+                    counter=self._exact,
+                )
+                if cut != args:
+                    wrapped = json.dumps({"ctxengine_cut": cut}, ensure_ascii=False)
+                    excess -= t - self.counter.exact_text(wrapped)
+                    new_calls.append({**c, "function": {**fn, "arguments": wrapped}})
+                    changed = True
+                    continue
+            new_calls.append(c)
+        if not changed:
+            return total
+        msgs[i] = {**m, "tool_calls": new_calls}
+        new_size = self.counter.exact_message(msgs[i])
+        t = sizes[i]
+        sizes[i] = new_size
+        cut_log.append(i)
+        return total - t + new_size

@@ -1,0 +1,203 @@
+"""The window cap: no request leaves the manager larger than the window, whatever the engine."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from ctxengine.config import Config
+from ctxengine.engine import ContextEngine
+from ctxengine.errors import ConfigError, ContextWindowError
+from ctxengine.manager import ContextManager
+from ctxengine.messages import Message, content_text, validate
+from ctxengine.store.sqlite import SqliteStore
+from ctxengine.tokens import ExactCounter
+from ctxengine.window import WindowCap, WindowCounter, WindowLimit, default_completion_reserve
+
+O200K = ExactCounter()
+
+
+def _listing(n: int) -> str:
+    return "\n".join(
+        f"/sys/devices/pci0000:00/0000:00:{i % 32:02x}.{i % 8}/power/runtime_status{i}"
+        for i in range(n)
+    )
+
+
+def _call(cid: str, command: str) -> Message:
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": cid,
+                "type": "function",
+                "function": {"name": "bash", "arguments": json.dumps({"command": command})},
+            }
+        ],
+    }
+
+
+def _session(giant: int = 4000) -> list[Message]:
+    return [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Find the power settings under /sys and fix src/Power.java"},
+        _call("c1", "find /sys -name power"),
+        {
+            "role": "tool",
+            "tool_call_id": "c1",
+            "content": _listing(giant) + "\nError: permission denied on /sys/kernel/debug",
+        },
+        _call("c2", "cat src/Power.java"),
+        {"role": "tool", "tool_call_id": "c2", "content": "class Power { }"},
+    ]
+
+
+class KeepAll(ContextEngine):
+    """An engine that never compacts: whatever it returns must still fit."""
+
+    @property
+    def name(self) -> str:
+        return "keepall"
+
+    def update_from_response(self, usage: Any) -> None:
+        self._record_usage(usage)
+
+    def should_compress(self, prompt_tokens: int | None = None) -> bool:
+        return False
+
+    def compress(
+        self,
+        messages: list[Message],
+        current_tokens: int | None = None,
+        focus_topic: str | None = None,
+    ) -> list[Message]:
+        return list(messages)
+
+
+def _mgr(n: int = 8000, store: Any = None, config: Config | None = None) -> ContextManager:
+    return ContextManager(
+        config or Config(),
+        model="gpt-4o",
+        context_length=n,
+        store=store,
+        engine_factory=lambda: KeepAll(context_length=n),
+    )
+
+
+def test_limit_is_window_minus_reserve_minus_margin() -> None:
+    w = WindowLimit.for_window(128_000)
+    assert (w.reserve, w.margin, w.limit) == (8000, 3840, 128_000 - 8000 - 3840)
+    assert default_completion_reserve(32_000) == 2000
+    assert default_completion_reserve(1_000_000) == 8192
+    assert WindowLimit.for_window(32_000, completion_reserve=0, margin_ratio=0.0).limit == 32_000
+    with pytest.raises(ContextWindowError, match="leave no room"):
+        WindowLimit.for_window(1000, completion_reserve=990)
+
+
+def test_config_keys_set_the_limit() -> None:
+    cfg = Config.from_dict({"context": {"completion_reserve": 1000, "window_margin": 0.1}})
+    assert _mgr(10_000, config=cfg).window.limit == 10_000 - 1000 - 1000
+    with pytest.raises(ConfigError):
+        Config.from_dict({"context": {"window_margin": 0.9}})
+
+
+def test_a_giant_output_is_cut_and_the_request_fits_by_o200k() -> None:
+    msgs = _session()
+    before = copy.deepcopy(msgs)
+    mgr = _mgr(8000)
+    out = mgr.prepare(msgs)
+    assert msgs == before  # the caller's list is untouched
+    assert O200K.count_messages(out) <= mgr.window.limit
+    assert not [v for v in validate(out) if v.severity == "error"]
+    assert len(out) == len(msgs)  # nothing dropped: the output was cut in place
+    cut = content_text(out[3]["content"])
+    assert cut.startswith("[ctxengine:cut")
+    assert "Error: permission denied on /sys/kernel/debug" in cut  # error lines listed verbatim
+    assert [m for m in out if m["role"] == "user"] == [m for m in msgs if m["role"] == "user"]
+    assert mgr.status()["window_cuts"] == 1
+
+
+def test_a_fitting_request_is_untouched() -> None:
+    msgs = _session(giant=50)
+    assert _mgr(8000).prepare(msgs) == msgs
+
+
+def test_the_estimate_is_not_trusted_on_long_texts() -> None:
+    # hex digests: the estimate undercounts them by about a quarter; long texts are counted exactly
+    blob = "\n".join(f"{i:08x}{'deadbeef' * 7}" for i in range(1400))
+    counter = WindowCounter()
+    assert counter.count(blob) == O200K.count(blob)
+    msgs = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "hash them"},
+        _call("c1", "sha"),
+        {"role": "tool", "tool_call_id": "c1", "content": blob},
+    ]
+    mgr = _mgr(int(O200K.count_messages(msgs) * 1.02))
+    out = mgr.prepare(msgs)
+    assert O200K.count_messages(out) <= mgr.window.limit
+
+
+def test_cut_originals_stay_retrievable_through_recall() -> None:
+    store = SqliteStore(":memory:")
+    mgr = _mgr(8000, store=store)
+    out = mgr.prepare(_session())
+    assert "/sys/devices/pci0000:00/0000:00:10.0/power/runtime_status2000" not in json.dumps(out)
+    assert mgr.retrievable("/sys/devices/pci0000:00/0000:00:10.0/power/runtime_status2000")
+    # the marker names the stored original, which ctx_expand gives back whole
+    marker = content_text(out[3]["content"]).splitlines()[0]
+    ref = marker.split("ref=")[1].split(":")[0].split(";")[0].strip()
+    recall = mgr._session(None).recall
+    assert recall is not None
+    answer = json.loads(recall.handle("ctx_expand", {"id": ref, "max_tokens": 200_000}))
+    assert answer["messages"][0]["message"]["content"] == _session()[3]["content"]
+
+
+def test_the_latest_user_message_is_never_cut_older_ones_become_stubs() -> None:
+    old = "please remember: " + "alpha beta gamma " * 900
+    new = "now do this: " + "delta epsilon " * 200
+    msgs: list[Message] = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": old},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": new},
+    ]
+    mgr = _mgr(3000, store=SqliteStore(":memory:"))
+    out = mgr.prepare(msgs)
+    assert out[-1] == msgs[-1]
+    assert content_text(out[1]["content"]).startswith("[ctxengine:cut")
+    assert O200K.count_messages(out) <= mgr.window.limit
+    assert mgr.retrievable("please remember: alpha beta gamma")
+
+
+def test_anchors_that_cannot_fit_are_a_clear_error() -> None:
+    msgs: list[Message] = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "word " * 5000},
+    ]
+    with pytest.raises(ContextWindowError, match="latest user message"):
+        _mgr(2000).prepare(msgs)
+
+
+def test_many_small_exchanges_are_dropped_whole_oldest_first() -> None:
+    msgs: list[Message] = [{"role": "system", "content": "s"}, {"role": "user", "content": "go"}]
+    for k in range(200):
+        msgs += [
+            _call(f"c{k}", f"step {k}"),
+            {"role": "tool", "tool_call_id": f"c{k}", "content": f"done {k}"},
+        ]
+    cap = WindowCap(WindowLimit.for_window(2000))
+    res = cap.fit(msgs)
+    assert res.dropped > 0 and res.tokens <= cap.limit
+    assert not [v for v in validate(res.messages) if v.severity == "error"]
+    assert res.messages[:2] == msgs[:2] and res.messages[-2:] == msgs[-2:]
+
+
+def test_request_is_capped_too() -> None:
+    mgr = _mgr(8000)
+    req = mgr.request(_session())
+    assert O200K.count_messages(req) <= mgr.window.limit
