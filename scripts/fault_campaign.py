@@ -62,7 +62,7 @@ from ctxengine.errors import CtxEngineError  # noqa: E402
 from ctxengine.messages import content_text, is_summary  # noqa: E402
 from ctxengine.summarize.base import render_sections  # noqa: E402
 from ctxengine.testing.stub_server import StubReply, StubServer  # noqa: E402
-from ctxengine.tokens import estimate_messages_tokens_rough  # noqa: E402
+from ctxengine.tokens import ExactCounter  # noqa: E402
 
 Msg = dict[str, Any]
 
@@ -158,8 +158,16 @@ def manager(config: dict[str, Any] | None = None, *, window: int, store_path: Pa
     return ContextManager.from_config(cfg, model=model, context_length=window, session_id=sid)
 
 
+_EXACT = ExactCounter()
+
+
+def count_tokens(messages: list[Msg]) -> int:
+    """Request size as the provider counts it (o200k), for every over-window check."""
+    return _EXACT.count_messages(messages)
+
+
 def over_window(out: list[Msg], window: int) -> bool:
-    return estimate_messages_tokens_rough(out) > window
+    return count_tokens(out) > window
 
 
 TEMPLATE = render_sections({"Goal": ["- keep going"], "Progress/Done": ["- earlier work summarized"]})
@@ -187,7 +195,7 @@ def cases_lost_users(quick: bool) -> Iterator[Case]:
                 if gone:
                     return Result("lost", f"{len(gone)} of {len(user_texts(msgs))} user messages neither in the context nor recallable (first: {gone[0][:40]!r})")
                 if over_window(out, window):
-                    return Result("over-window", f"{estimate_messages_tokens_rough(out):,} tokens for a {window:,} window")
+                    return Result("over-window", f"{count_tokens(out):,} tokens for a {window:,} window")
                 return Result("clean")
 
             yield Case("lost-users", f"{engine}@{window}", run)
@@ -207,7 +215,7 @@ def cases_lost_users(quick: bool) -> Iterator[Case]:
             if gone:
                 return Result("lost", f"{len(gone)} of {len(user_texts(msgs))} user messages neither in the context nor recallable")
             if over_window(out, window):
-                return Result("over-window", f"{estimate_messages_tokens_rough(out):,} tokens")
+                return Result("over-window", f"{count_tokens(out):,} tokens")
             return Result("clean")
 
         yield Case("lost-users", f"{engine}@128000-long", long, limit=180.0)
@@ -223,7 +231,7 @@ def cases_lost_users(quick: bool) -> Iterator[Case]:
             for t in range(40):
                 sent = ctx.prepare([*sent, *full[1 + 4 * t : 5 + 4 * t]])
                 if over_window(sent, window):
-                    return Result("over-window", f"turn {t}: {estimate_messages_tokens_rough(sent):,} tokens")
+                    return Result("over-window", f"turn {t}: {count_tokens(sent):,} tokens")
             from ctxengine.store import SqliteStore
 
             with SqliteStore(path) as store:
@@ -257,7 +265,7 @@ def cases_giant_outputs(quick: bool) -> Iterator[Case]:
                     except CtxEngineError as exc:
                         return Result("crash", f"{type(exc).__name__}: {str(exc)[:160]}")
                     if over_window(out, window):
-                        return Result("over-window", f"{estimate_messages_tokens_rough(out):,} tokens for {window:,}")
+                        return Result("over-window", f"{count_tokens(out):,} tokens for {window:,}")
                     return Result("clean")
 
                 yield Case("giant-outputs", f"{engine}-{size // 1_000_000}MB-{where}", run, limit=120.0)
@@ -342,7 +350,7 @@ def cases_summarizer(quick: bool) -> Iterator[Case]:
                 if gone:
                     return Result("lost", f"{len(gone)} user messages gone")
                 if over_window(out, 4_000):
-                    return Result("over-window", f"{estimate_messages_tokens_rough(out):,} tokens")
+                    return Result("over-window", f"{count_tokens(out):,} tokens")
                 try:
                     out_text.encode("utf-8")
                     json.dumps(out, ensure_ascii=False).encode("utf-8")
@@ -384,7 +392,7 @@ def cases_summarizer(quick: bool) -> Iterator[Case]:
                 return Result("clean", "compressor takes no summarizer argument: skipped")
             msgs = agent_session(60, seed=5)
             for n in range(12):
-                if not engine.should_compress(estimate_messages_tokens_rough(msgs)):
+                if not engine.should_compress(count_tokens(msgs)):
                     return Result("clean", f"settled after {n} compactions")
                 msgs = engine.compress(msgs)
             return Result("hang", "while should_compress(): compress() did not settle in 12 rounds")

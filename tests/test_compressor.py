@@ -18,7 +18,7 @@ from ctxengine.messages import Message, content_text, is_summary, validate
 from ctxengine.registry import create_engine
 from ctxengine.summarize.extractive import ExtractiveSummarizer
 from ctxengine.summarize.llm import LlmSummarizer
-from ctxengine.tokens import estimate_messages_tokens_rough
+from ctxengine.tokens import estimate_messages_tokens
 
 NOTE = "[Note: Some earlier conversation turns have been compacted"
 
@@ -135,7 +135,7 @@ def test_seed_before_after_example() -> None:
     # giant_ratio: the seed's example predates cutting giant outputs, and its 3K-token pytest
     # output is over 8 % of this 20K window (test_a_giant_output_is_cut_even_in_the_tail)
     e = make(20_000, protect_first_n=2, protect_last_n=5, giant_ratio=0.5)
-    tokens = estimate_messages_tokens_rough(before)
+    tokens = estimate_messages_tokens(before)
     assert tokens >= e.threshold_tokens
     after = e.compress(before, current_tokens=tokens)
 
@@ -330,7 +330,7 @@ def test_a_huge_latest_output_is_cut_to_fit_the_window() -> None:
     msgs += tool_turn("big", "bash", "\n".join(f"/repo/src/file{i}.java" for i in range(20_000)), command="find /repo")
     e = make(32_000)
     out = e.compress(msgs)
-    assert estimate_messages_tokens_rough(out) <= e.hard_limit_tokens
+    assert estimate_messages_tokens(out) <= e.hard_limit_tokens
     assert not [v for v in validate(out) if v.severity == "error"]
     assert e.last_report is not None and any("cut" in n for n in e.last_report.notes)
 
@@ -395,10 +395,10 @@ def test_backoff_when_compression_cannot_get_below_the_threshold() -> None:
     msgs: list[Message] = [{"role": "system", "content": "s" * 48_000}, {"role": "user", "content": "task"}]
     msgs += agent_session(10)[3:]
     e = make(20_000, backoff_turns=2)
-    tokens = estimate_messages_tokens_rough(msgs)
+    tokens = estimate_messages_tokens(msgs)
     assert e.should_compress(tokens)
     out = e.compress(msgs, current_tokens=tokens)
-    after = estimate_messages_tokens_rough(out)
+    after = estimate_messages_tokens(out)
     assert after >= e.threshold_tokens
     # no loop: the next two turns are skipped, then it may fire again (not disabled forever)
     assert [e.should_compress(after) for _ in range(3)] == [False, False, True]
@@ -411,7 +411,7 @@ def test_compress_loop_terminates() -> None:
     msgs: list[Message] = [{"role": "system", "content": "s" * 48_000}, {"role": "user", "content": "task"}]
     msgs += agent_session(10)[3:]
     e = make(20_000)
-    e.update_from_response({"prompt_tokens": estimate_messages_tokens_rough(msgs)})
+    e.update_from_response({"prompt_tokens": estimate_messages_tokens(msgs)})
     calls = 0
     while e.should_compress() and calls < 10:
         msgs = e.compress(msgs)

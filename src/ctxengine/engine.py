@@ -337,12 +337,13 @@ class ContextEngine(ABC):
 
     def get_status(self) -> dict[str, Any]:
         """The standard token/threshold dict shown in status lines."""
-        usage = self.last_prompt_tokens / self.context_length if self.context_length else 0.0
+        last_prompt = max(self.last_prompt_tokens, 0)  # hosts set -1 while awaiting real usage
+        usage = last_prompt / self.context_length if self.context_length else 0.0
         status: dict[str, Any] = {
             "engine": self.name,
-            "last_prompt_tokens": self.last_prompt_tokens,
-            "last_completion_tokens": self.last_completion_tokens,
-            "last_total_tokens": self.last_total_tokens,
+            "last_prompt_tokens": last_prompt,
+            "last_completion_tokens": max(self.last_completion_tokens, 0),
+            "last_total_tokens": max(self.last_total_tokens, 0),
             "threshold_tokens": self.threshold_tokens,
             "context_length": self.context_length,
             "compression_count": self.compression_count,

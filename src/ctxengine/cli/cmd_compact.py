@@ -33,7 +33,7 @@ from ctxengine.models import resolve_model
 from ctxengine.registry import EngineRegistry, create_engine
 from ctxengine.storage import SessionRecorder
 from ctxengine.textsafe import clean, dumps
-from ctxengine.tokens import ExactCounter, estimate_messages_tokens_rough, get_counter
+from ctxengine.tokens import ExactCounter, estimate_messages_tokens, get_counter
 from ctxengine.window import WindowCap, WindowLimit
 
 PROGRESS_MIN_SESSIONS = 5
@@ -187,7 +187,7 @@ def count(file: str, exact: bool) -> None:
     counter: ExactCounter | None = ExactCounter() if exact else None
     rows = [["session", "messages", "estimated", "exact"]]
     for session in inp.sessions:
-        est = estimate_messages_tokens_rough(session.messages)
+        est = estimate_messages_tokens(session.messages)
         exact_cell = "n/a"
         if counter is not None:
             try:
