@@ -198,7 +198,6 @@ _SIGNATURE = textwrap.dedent(
 )
 
 
-@pytest.mark.xfail(strict=True, reason="ContextCompressor with Hermes' constructor keywords is the compressor engineer's change (not merged here yet)")
 def test_context_compressor_accepts_hermes_constructor_keywords(hermes_python: Path, tmp_path: Path) -> None:
     proc = run_in_hermes(hermes_python, _SIGNATURE, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
