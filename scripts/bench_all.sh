@@ -14,7 +14,7 @@ echo "== 1. all 42 trajectories, every built-in engine (target: < 60 s)"
   --json "$OUT/all.json" --chart "$OUT/all.html"
 
 echo "== 2. long sessions: --compose 5 on the SWE-agent file at 128K, system_and_3 placement"
-python -m ctxengine bench "$SWE" --compose 5 --context-length 128000 \
+python -m ctxengine bench "$SWE" --compose 5 --context-length 128000 --placement system_and_3 \
   --json "$OUT/compose5_system_and_3.json" --chart "$OUT/compose5_system_and_3.png"
 
 echo "== 3. the same with the cache planner (target for the best engine: <= 0.55x none,"

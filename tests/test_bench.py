@@ -182,3 +182,27 @@ def test_cli_rejects_bad_options_with_one_line() -> None:
     assert res.exit_code == 2 and "--compose" in res.output
     res = CliRunner().invoke(cli, ["bench", str(TAU), "--model", "no-such-model", "--limit", "1"])
     assert res.exit_code == 2 and "no input price" in res.output
+
+
+def test_the_default_configuration_runs_beside_the_baselines_with_a_summary_line(tmp_path: Path) -> None:
+    sessions = _sessions(TAU, 2)
+    result = run_bench(sessions, ["default", "mask10", "compressor"], context_length=16_000, placement="system_and_3")
+    assert list(result.engines) == ["none", "default", "mask10", "compressor"]
+    assert result.label("default") == "default (compressor, planner)"
+    default, compressor = result.engines["default"], result.engines["compressor"]
+    assert default.calls == compressor.calls > 0
+    assert all(r.engine == "default" for r in default.runs)
+    table = format_table(result)
+    summary = table.splitlines()[-1]
+    assert summary.startswith("summary: ")
+    for name in ("default (compressor, planner)", "mask10", "compressor"):
+        assert name in summary
+    t = result.engines["mask10"]
+    ratio = t.anthropic_cost / result.engines["none"].anthropic_cost
+    assert f"mask10 {ratio:.2f}× none, {t.over_window} over-window, {100 * t.retention():.1f}% facts" in summary
+    page = tmp_path / "c.html"
+    write_chart(result, page)
+    assert "default (compressor, planner)" in page.read_text()
+    # the same configuration under two names runs once
+    same = run_bench(sessions[:1], ["default", "compressor"], context_length=16_000, placement="planner")
+    assert same.engines["default"].anthropic_cost == same.engines["compressor"].anthropic_cost

@@ -294,7 +294,9 @@ def test_update_from_response_reads_both_usage_shapes_and_anchors_counts() -> No
 
 def test_request_adds_markers_only_for_claude() -> None:
     msgs = _history(3)
-    claude = _mgr(model="anthropic/claude-sonnet-4.5")
+    assert _mgr(model="anthropic/claude-sonnet-4.5").placement == "planner"  # the default, by measurement
+    seed_cfg = Config.from_dict({"prompt_caching": {"strategy": "system_and_3"}})
+    claude = _mgr(model="anthropic/claude-sonnet-4.5", config=seed_cfg)
     req = claude.request(msgs)
     assert req[0]["content"][0]["cache_control"] == {"type": "ephemeral"}
     assert "cache_control" not in msgs[0] and msgs[0]["content"] == "sys"
@@ -418,3 +420,20 @@ def test_an_engine_user_role_summary_is_not_the_latest_user_message() -> None:
     out = mgr.prepare(history)
     assert out[1] == {"role": "user", "content": "do it"}
     assert out[-1]["content"].startswith("[ctxengine:test node=2]")
+
+
+@pytest.mark.parametrize("kind", ["not_a_directory", "not_a_database"])
+def test_a_store_that_cannot_be_opened_fails_at_construction_naming_the_path(tmp_path: Any, kind: str) -> None:
+    from ctxengine.errors import StoreError
+
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("not a directory, not a database " * 100)
+    path = blocker / "sub" / "s.db" if kind == "not_a_directory" else blocker
+    cfg = Config.from_dict({"store": {"path": str(path)}})
+    with pytest.raises(StoreError, match=str(path).replace(".", r"\.")):
+        ContextManager.from_config(cfg, model="gpt-4o")
+    with pytest.raises(StoreError):
+        default_store(cfg)
+    # turned off, the same config runs without a store
+    off = Config.from_dict({"store": {"path": str(path), "enabled": False}})
+    assert ContextManager.from_config(off, model="gpt-4o").store is None

@@ -27,6 +27,7 @@ drops unknown keys there.
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -44,6 +45,7 @@ __all__ = [
     "apply_breakpoints",
     "cache_marker",
     "caching_status",
+    "default_placement",
     "infer_provider",
     "message_blocks",
     "plan_breakpoints",
@@ -59,6 +61,20 @@ explicit breakpoint, and no further."""
 
 Placement = Literal["system_and_3", "planner"]
 CacheTTL = Literal["5m", "1h"]
+
+
+def default_placement(provider: str | None = None) -> Placement:
+    """The placement a manager uses when the config does not choose one (``strategy: auto``).
+
+    Chosen by measurement (``ctxengine bench`` on the long sessions, Anthropic pricing): the
+    ``planner`` costs less than ``system_and_3`` with every built-in engine, because after a
+    compaction it keeps a breakpoint where the new request still shares the old one's prefix
+    and on the compacted prefix, which ``system_and_3``'s rolling window never reaches. Both
+    providers that take ``cache_control`` markers (Anthropic and OpenRouter) measure the same
+    way; other providers cache automatically and ignore the placement.
+    ``apply_anthropic_cache_control`` keeps the seed's ``system_and_3`` exactly.
+    """
+    return "planner"
 
 
 def cache_marker(cache_ttl: str = "5m") -> dict[str, str]:
@@ -102,13 +118,21 @@ def apply_breakpoints(
     *,
     cache_ttl: str = "5m",
     native_anthropic: bool = False,
+    share_unmarked: bool = False,
 ) -> list[Message]:
-    """A deep copy of ``messages`` with the cache marker on each message of ``indices``."""
+    """A deep copy of ``messages`` with the cache marker on each message of ``indices``.
+
+    ``share_unmarked``: only the marked messages are copied; the others are the caller's own
+    dicts, untouched (the per-turn path: copying a long history every call costs more than
+    everything else a turn does). Treat such a result as read-only.
+    """
     if len(set(indices)) > MAX_BREAKPOINTS:
         raise ValueError(f"at most {MAX_BREAKPOINTS} cache breakpoints, got {len(set(indices))}")
     marker = cache_marker(cache_ttl)
-    out = copy.deepcopy(list(messages))
+    out = list(messages) if share_unmarked else copy.deepcopy(list(messages))
     for i in sorted(set(indices)):
+        if share_unmarked:
+            out[i] = copy.deepcopy(out[i])
         _mark(out[i], marker, native_anthropic)
     return out
 
@@ -136,6 +160,8 @@ def plan_breakpoints(
     lookback: int = LOOKBACK_BLOCKS,
     native_anthropic: bool = True,
     previous: Sequence[Mapping[str, Any]] | None = None,
+    prefix_tokens: Sequence[int] | None = None,
+    stable: int | None = None,
 ) -> list[int]:
     """The ``planner`` placement (see the module docstring): sorted message indices, at most four.
 
@@ -145,16 +171,20 @@ def plan_breakpoints(
     ``previous`` is the request sent before this one in the same conversation; without it the
     end of the previous request is taken to be the message before the last assistant turn (true
     in an agent loop that only appends).
+
+    ``prefix_tokens`` (running sums of the per-message counts) and ``stable`` (the index of the
+    last summary, -1 for none) may be given by a caller that keeps them up to date turn by turn
+    (the manager does): planning then costs no pass over the whole history.
     """
     n = len(messages)
     if n == 0:
         return []
-    toks = list(tokens) if tokens is not None else [estimate_message_tokens(m) for m in messages]
-    prefix: list[int] = []
-    acc = 0
-    for t in toks:
-        acc += t
-        prefix.append(acc)
+    prefix: Sequence[int]
+    if prefix_tokens is not None and len(prefix_tokens) == n:
+        prefix = prefix_tokens
+    else:
+        toks = list(tokens) if tokens is not None else [estimate_message_tokens(m) for m in messages]
+        prefix = list(itertools.accumulate(toks))
 
     def cacheable(i: int) -> bool:
         return 0 <= i < n and prefix[i] >= min_cache_tokens
@@ -164,10 +194,13 @@ def plan_breakpoints(
     if previous is not None:
         # the end of what this request shares with the previous one: its cache entries (or
         # those within the lookback of it) are what this request can still read
-        k = 0
         limit = min(len(previous), n)
-        while k < limit and (previous[k] is messages[k] or previous[k] == messages[k]):
-            k += 1
+        if limit and list(previous[:limit]) == list(messages[:limit]):
+            k = limit  # the agent loop's usual case, compared in one pass
+        else:
+            k = 0
+            while k < limit and (previous[k] is messages[k] or previous[k] == messages[k]):
+                k += 1
         bridge = k - 1
     else:
         last_assistant = next((i for i in range(n - 1, -1, -1) if messages[i].get("role") == "assistant"), -1)
@@ -177,7 +210,8 @@ def plan_breakpoints(
         # with it, marking the shared end measured cheaper than freeing the slot for the system
         # prompt (it is where the next compaction's rewrite starts reading)
         wanted.append(bridge)
-    stable = next((i for i in range(n - 1, -1, -1) if is_summary(messages[i])), -1)
+    if stable is None or not -1 <= stable < n:
+        stable = next((i for i in range(n - 1, -1, -1) if is_summary(messages[i])), -1)
     if stable >= 0:
         wanted.append(stable)
     if messages[0].get("role") == "system":

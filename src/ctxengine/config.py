@@ -17,6 +17,7 @@ Keys and defaults follow the seed system so its users can bring their file::
         base_url: null              # any OpenAI-compatible endpoint
     prompt_caching:
       cache_ttl: 5m                 # 5m | 1h
+      strategy: auto                # auto (planner: measured cheapest) | planner | system_and_3
     compaction:                     # the rules engine (seed 004 defaults)
       trigger_threshold: 0.60
       protect_last_n_turns: 5
@@ -54,6 +55,7 @@ __all__ = [
     "LcmConfig",
     "ModelConfig",
     "PromptCachingConfig",
+    "ProxyConfig",
     "RedactionConfig",
     "StoreConfig",
     "SummarizerConfig",
@@ -112,7 +114,7 @@ class CompressionConfig(_Section):
     protect_last_n: int = Field(20, ge=1)
     protect_first_n: int = Field(3, ge=1)
     summary_model: str | None = None
-    user_quote_budget_tokens: int = Field(20_000, ge=0, description="Older user messages quoted verbatim in the summary, most recent first.")
+    user_quote_budget_tokens: int = Field(20_000, ge=0, description="Older user messages quoted verbatim in the summary, most recent first: at least this many tokens, more while they fit the window (those that cannot fit stay retrievable).")
     backoff_turns: int = Field(3, ge=0, description="Turns to wait after a compression that could not get below the threshold.")
 
 
@@ -140,7 +142,10 @@ class AuxiliaryConfig(_Section):
 class PromptCachingConfig(_Section):
     enabled: bool | Literal["auto"] = "auto"
     cache_ttl: Literal["5m", "1h"] | None = None
-    strategy: Literal["system_and_3", "planner"] = "system_and_3"
+    strategy: Literal["auto", "system_and_3", "planner"] = Field(
+        "auto",
+        description="Where cache breakpoints go: auto (the placement measured cheapest for the provider: planner), planner, or the seed's system_and_3.",
+    )
     pressure_warnings: bool = False
 
 
@@ -240,6 +245,20 @@ class ModelOverride(_Section):
     openai_cached_discount: float | None = Field(None, ge=0, le=1)
 
 
+class ProxyConfig(_Section):
+    """``ctxengine proxy`` (the same keys as its command-line flags)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8787, ge=0, le=65535)
+    openai_base_url: str = Field("https://api.openai.com/v1", description="Upstream of /v1/chat/completions and other OpenAI paths (any OpenAI-compatible base URL, ending in /v1).")
+    anthropic_base_url: str = Field("https://api.anthropic.com", description="Upstream of /v1/messages (the SDK-style base URL, without /v1).")
+    auth_token_env: str = Field("CTXENGINE_PROXY_TOKEN", description="Environment variable holding the token clients must send (required when binding beyond loopback).")
+    max_body_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Larger request bodies get a 413.")
+    recall_tools: bool = Field(True, description="Offer the engine's recall tools and answer them in the proxy (only when the client sends tools of its own).")
+    max_tool_rounds: int = Field(3, ge=1, description="Extra upstream round trips per request for the engine's own tools.")
+    timeout: float = Field(600.0, gt=0, description="Upstream timeout in seconds.")
+
+
 class PluginsConfig(_Section):
     dirs: list[str] = Field(default_factory=list)
     entry_points: bool = True
@@ -258,6 +277,7 @@ class Config(_Section):
     lcm: LcmConfig = Field(default_factory=LcmConfig)
     cacheaware: CacheAwareConfig = Field(default_factory=CacheAwareConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    proxy: ProxyConfig = Field(default_factory=ProxyConfig)
     plugins: PluginsConfig = Field(default_factory=PluginsConfig)
     redaction: RedactionConfig = Field(default_factory=RedactionConfig)
     source: str | None = Field(None, exclude=True, description="File the config was read from.")

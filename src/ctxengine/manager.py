@@ -10,7 +10,12 @@
 
 ``prepare`` does, in order:
 
-1. validates the input (:class:`~ctxengine.errors.InvalidMessages` lists every problem);
+1. maps the input onto the session's working context (:mod:`ctxengine.history`): the list
+   ``prepare`` returned last time plus new messages, or the caller's whole raw history resent
+   (a gateway, a proxy), which gets the working context back plus only the new messages; an
+   edited or truncated history starts a branch. Only the new messages are validated
+   (:class:`~ctxengine.errors.InvalidMessages` lists every problem, with indices in the
+   caller's list), counted and recorded in the store (appended after the last recorded one);
 2. answers the recall tools the model called in the last assistant message (``ctx_grep``,
    ``ctx_expand``: :mod:`ctxengine.recall`, over the session store; outside the session lock,
    so a long search never blocks the session), then the engine's own tools (``lcm_grep`` …)
@@ -24,8 +29,8 @@
    deep copy, ``context.engine_timeout``, anything the engine raises — ``SystemExit``
    included — an :class:`~ctxengine.errors.EngineError` naming it, or ``context.fallback_engine``
    takes the session over). After compactions on 3 consecutive turns, compaction rests a turn;
-5. checks what the engine returned (rules 1, 2 and 5) and records the history and any
-   compaction in the session store;
+5. checks what the engine returned (rules 1, 2 and 5) and records any compaction in the
+   session store;
 6. **the window cap** (:mod:`ctxengine.window`), after any engine: the request is counted with
    o200k and, when it exceeds the window minus the completion reserve and margin, its largest
    outputs are cut (originals in the store, retrievable through recall).
@@ -53,15 +58,17 @@ from typing import Any, Literal
 
 from ctxengine.caching import (
     CachingStatus,
-    apply_anthropic_cache_control,
+    Placement,
     apply_breakpoints,
     caching_status,
+    default_placement,
     plan_breakpoints,
     system_and_3_breakpoints,
 )
 from ctxengine.config import Config, load_config
 from ctxengine.engine import CompactionReport, ContextEngine, Services, normalize_usage
-from ctxengine.errors import ConfigError, EngineError
+from ctxengine.errors import ConfigError, EngineError, StoreError
+from ctxengine.history import SessionHistory, TurnInput
 from ctxengine.loop import check_output, engine_label, run_compress, should_compact
 from ctxengine.messages import (
     Message,
@@ -75,12 +82,11 @@ from ctxengine.models import ModelProfile, UnknownModelWarning, resolve_model
 from ctxengine.recall import LCM_ALIASES, Recall
 from ctxengine.redact import redact_obj
 from ctxengine.registry import EngineRegistry
-from ctxengine.storage import RecallStore, SessionRecorder
+from ctxengine.storage import RecallStore, SessionAppender, SessionRecorder
 from ctxengine.tokens import (
     AnchoredCounter,
     EstimateCounter,
     TokenCounter,
-    estimate_message_tokens,
     get_counter,
 )
 from ctxengine.window import CapResult, WindowCap, WindowCounter, WindowLimit
@@ -108,28 +114,54 @@ StoreArg = SessionRecorder | Literal["default"] | None
 
 
 def default_store(config: Config) -> SessionRecorder | None:
-    """The store the config asks for (SQLite by default), or ``None`` when storage is off or
-    the store package is unavailable.
+    """The store the config asks for (SQLite by default), or ``None`` when storage is off.
 
     ``ctxengine.store`` is imported lazily, so this module never depends on it; its
-    ``open_store(config.store)`` returns a :class:`~ctxengine.storage.SessionRecorder`. A store
-    that fails to open is logged and treated as absent: the agent keeps working.
+    ``open_store(config.store)`` returns a :class:`~ctxengine.storage.SessionRecorder`.
+
+    A store that cannot be opened (a directory that cannot be created, a file that is not a
+    database, a PostgreSQL server that refuses the connection) is an error here, at
+    construction: :class:`~ctxengine.errors.StoreError` naming the backend and the path,
+    never a warning followed by a session that is silently not recorded. Set
+    ``store.enabled: false`` to run without one.
     """
     if not config.store.enabled:
         return None
     try:
         module = importlib.import_module("ctxengine.store")
-    except ImportError:
-        return None
+    except ImportError as exc:
+        raise StoreError(f"the session store is enabled but cannot be loaded ({exc}); set store.enabled: false to run without it") from exc
     factory = getattr(module, "open_store", None)
     if not callable(factory):
-        return None
+        raise StoreError("the session store is enabled but ctxengine.store has no open_store()")
+    where = _store_location(config)
     try:
         store = factory(config.store)
-    except Exception as exc:  # a broken store must not stop the agent
-        log.warning("session store unavailable: %s: %s", type(exc).__name__, exc)
-        return None
-    return store if isinstance(store, SessionRecorder) else None
+    except ConfigError:
+        raise
+    except StoreError as exc:
+        message = str(exc)
+        raise StoreError(message if where in message else f"cannot open the session store at {where}: {message}") from exc
+    except Exception as exc:
+        raise StoreError(f"cannot open the session store at {where}: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(store, SessionRecorder):
+        raise StoreError(f"the session store at {where} ({type(store).__name__}) cannot record sessions")
+    return store
+
+
+def _store_location(config: Config) -> str:
+    """Where the configured store lives, for error messages (never a DSN: it may hold a password)."""
+    st = config.store
+    if st.backend == "postgres":
+        return f"PostgreSQL (DSN from ${st.dsn_env})"
+    if st.path:
+        return str(st.path)
+    try:
+        import platformdirs
+
+        return str(Path(platformdirs.user_data_dir("ctxengine")) / "sessions.db")
+    except ImportError:  # pragma: no cover - platformdirs is a dependency
+        return "the default SQLite path"
 
 
 @dataclass
@@ -159,6 +191,7 @@ class _Session:
     max_streak: int = 0
     window_cuts: int = 0
     fallback_reason: str | None = None
+    history: SessionHistory = field(default_factory=SessionHistory)
 
 
 def _tool_name(schema: Mapping[str, Any]) -> str:
@@ -217,6 +250,8 @@ class ContextManager:
         self.context_length = self.profile.context_length
         self.default_session = session_id
         self.store: SessionRecorder | None = default_store(config) if store == "default" else store
+        # checked once: a runtime protocol check costs more than recording a turn
+        self._appender: SessionAppender | None = self.store if isinstance(self.store, SessionAppender) else None
         self._registry = registry
         self._engine_factory = engine_factory
         self._counter = counter or get_counter(config.context.token_counter)
@@ -236,7 +271,7 @@ class ContextManager:
         self._lock = threading.Lock()
         pc = config.prompt_caching
         self.caching: CachingStatus = caching_status(model, self.provider, cache_ttl=config.cache_ttl, enabled=pc.enabled)
-        self.placement = pc.strategy
+        self.placement: Placement = default_placement(self.provider) if pc.strategy == "auto" else pc.strategy
 
     @classmethod
     def from_config(
@@ -380,6 +415,7 @@ class ContextManager:
             s.pressure_warning = None
             s.lost = False
             s.streak = 0
+            s.history.reset()
 
     def end_session(self, session_id: str | None = None, messages: Sequence[Message] | None = None) -> None:
         """The session ends (exit, expiry): ``on_session_end`` runs and the state is dropped."""
@@ -521,22 +557,35 @@ class ContextManager:
     ) -> list[Message]:
         """What to send this turn (see the module docstring). Never mutates ``messages``.
 
+        ``messages`` is either the list this method returned last time for ``session_id`` plus
+        what happened since, or the caller's **whole raw history** every turn (the gateway and
+        proxy pattern: ``prepare(raw_history, session_id=conversation)``). In the second case
+        the manager recognises the part it has seen (message by message, by identity or by
+        value, so a history decoded from JSON again each turn is recognised too) and returns
+        the session's working context, compacted as before, plus the new messages: resending
+        the history never causes a compaction the prepared list would not. A history edited or
+        truncated by the client (a retry, an edited message) branches: from the change on,
+        the caller's messages replace the old ones; when the change lies in the part already
+        compacted, the history is taken as given and the engine's per-session state is reset,
+        so nothing from the dropped turns comes back. The mapping lives in memory per session
+        (a new manager starts from the history it is given). A message already passed is taken
+        as unchanged while it is the same dict: edit by sending a new dict, not in place.
+
         ``tools`` (the agent's tool list) is only checked for clashes with engine tools here;
         send :meth:`tools` to the provider. The result is never larger than the window minus
         the completion reserve and margin (:mod:`ctxengine.window`); when even the system prompt
         and the latest user message cannot fit, :class:`~ctxengine.errors.ContextWindowError`.
         """
         s = self._session(session_id)
-        if self.strict:
-            msgs = check(messages, context="messages passed to prepare", allow_pending_calls=True)
-        else:
-            msgs = list(messages)
-        msgs = self._dispatch_recall(s, msgs)
+        with s.lock:
+            turn = self._input(s, messages)
+        msgs = self._dispatch_recall(s, turn.messages)
         with s.lock:
             if tools is not None:
                 self.tools(tools, session_id=s.id)
             msgs = self._dispatch_engine_tools(s, msgs)
             history = msgs
+            ids = self._record(s, turn, history)
             enabled = self.config.compression.enabled
             tokens = s.counter.count(msgs)
             compacted = False
@@ -560,7 +609,6 @@ class ContextManager:
                 tokens = s.counter.count(msgs)
             s.streak = s.streak + 1 if compacted else 0
             s.max_streak = max(s.max_streak, s.streak)
-            ids = self._record(s, history)
             capped = self._cap(s, msgs, tokens, history, ids)
             if capped.changed:
                 msgs = capped.messages
@@ -570,6 +618,7 @@ class ContextManager:
             s.last_tokens = tokens
             s.turns += 1
             self._update_pressure(s, tokens)
+            s.history.finish(turn, history, msgs)
             return msgs
 
     def _should_compact(self, s: _Session, tokens: int, msgs: list[Message]) -> bool:
@@ -657,13 +706,31 @@ class ContextManager:
                 log.warning("session store: recording a compaction of %s failed: %s", s.id, exc)
         return list(out)
 
-    def _record(self, s: _Session, history: list[Message]) -> list[str] | None:
-        """Record the history (every original, before any cut); returns the message ids."""
+    def _input(self, s: _Session, messages: Sequence[Message]) -> TurnInput:
+        """The input stage: which messages are new (:mod:`ctxengine.history`), validated."""
+        if not isinstance(messages, list | tuple):
+            check(messages, context="messages passed to prepare")  # raises: not a list
+        turn = s.history.begin(messages)
+        if self.strict:
+            turn.check(context="messages passed to prepare")
+        if turn.reset_engine:
+            # the caller's history changed where it was already compacted: the engine's
+            # per-session state (a previous summary) belongs to the dropped branch
+            s.engine.on_session_reset()
+            s.counter.reset()
+            s.hygiene_armed = True
+        return turn
+
+    def _record(self, s: _Session, turn: TurnInput, history: list[Message]) -> list[str] | None:
+        """Record the turn's input (every original, before any cut): only what is new when the
+        store's tip is the last working context (:meth:`SessionHistory.record`). Returns the
+        store ids of all of ``history``, or ``None`` without a store or when recording failed."""
         if self.store is None:
             return None
         try:
-            return list(self.store.record_messages(s.id, history))
+            return s.history.record(self.store, s.id, turn, history, appender=self._appender)
         except Exception as exc:
+            s.history.forget_tip()
             s.store_errors += 1
             log.warning("session store: recording the history of %s failed: %s", s.id, exc)
             return None
@@ -693,13 +760,18 @@ class ContextManager:
             previous = s.last_request
             s.last_request = list(messages)
             s.last_sent = s.last_request
+            planner = self.caching.enabled and self.placement == "planner"
+            known = s.history.planner_inputs(messages) if planner and tokens is None else None
+            toks = list(tokens) if tokens is not None else s.history.message_tokens(messages) if planner and known is None else []
         if not self.caching.enabled:
             return []
-        if self.placement == "planner":
+        if planner:
             return plan_breakpoints(
                 messages,
                 min_cache_tokens=self.profile.min_cache_tokens,
-                tokens=list(tokens) if tokens is not None else [estimate_message_tokens(m) for m in messages],
+                tokens=toks if known is None else None,
+                prefix_tokens=known[0] if known is not None else None,
+                stable=known[1] if known is not None else None,
                 native_anthropic=self.caching.native_anthropic,
                 previous=previous,
             )
@@ -707,7 +779,9 @@ class ContextManager:
 
     def request(self, messages: Sequence[Message], *, session_id: str | None = None) -> list[Message]:
         """The messages to send, with ``cache_control`` markers when caching applies to this
-        model and provider (a deep copy; ``messages`` is untouched)."""
+        model and provider. A new list; ``messages`` is untouched: the marked messages are
+        copies, the others are the same dicts (copying the whole history every turn would cost
+        more than the rest of the turn), so treat the request as read-only."""
         if self.cap_window:
             messages = self.window.fit(messages).messages
         indices = self.breakpoints(messages, session_id=session_id)
@@ -715,9 +789,7 @@ class ContextManager:
             return list(messages)
         ttl = self.caching.cache_ttl
         native = self.caching.native_anthropic
-        if self.placement == "system_and_3":
-            return apply_anthropic_cache_control(messages, cache_ttl=ttl, native_anthropic=native)
-        return apply_breakpoints(messages, indices, cache_ttl=ttl, native_anthropic=native)
+        return apply_breakpoints(messages, indices, cache_ttl=ttl, native_anthropic=native, share_unmarked=True)
 
     def update_from_response(self, usage: Any, *, session_id: str | None = None) -> None:
         """Record a response's usage (OpenAI or Anthropic shape, dict or SDK object): the engine

@@ -14,16 +14,17 @@ from typing import Any, Protocol, runtime_checkable
 
 from ctxengine.messages import Message
 
-__all__ = ["RecallStore", "SessionRecorder"]
+__all__ = ["RecallStore", "SessionAppender", "SessionRecorder"]
 
 
 @runtime_checkable
 class SessionRecorder(Protocol):
     """The two writes the per-turn loop makes.
 
-    ``record_messages`` receives the whole current history of a session each turn; the store
-    keeps each message once (content-addressed, parent-linked), so re-sending the history only
-    adds what is new. ``record_compaction`` stores a compaction as an event: the engine's
+    ``record_messages`` receives the whole current history of a session (on its first turn, on
+    a branch, after a compaction, or every turn when the store cannot append); the store keeps
+    each message once (content-addressed, parent-linked), so re-sending the history only adds
+    what is new. ``record_compaction`` stores a compaction as an event: the engine's
     report, the history before and the list the engine returned; it never edits originals.
     """
 
@@ -74,4 +75,19 @@ class RecallStore(Protocol):
 
     def node_messages(self, node_id: str) -> list[tuple[str, Message]]:
         """The original messages under a node, in order, verbatim: ``(message id, message)``."""
+        ...
+
+
+@runtime_checkable
+class SessionAppender(Protocol):
+    """A recorder that can also append after a known message (the per-turn fast path).
+
+    With it, the manager records only each turn's new messages: ``append_messages(session,
+    new, after=<id of the last message recorded>)`` hashes and writes the new messages alone
+    and returns their ids. Stores from :mod:`ctxengine.store` implement it.
+    """
+
+    def append_messages(self, session_id: str, messages: Sequence[Message], *, after: str | None = None) -> list[str]:
+        """Store ``messages`` chained after message ``after`` (the session's tip when ``None``),
+        make the last one the session's tip; return their ids."""
         ...

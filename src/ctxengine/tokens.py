@@ -163,6 +163,7 @@ class EstimateCounter:
     """:func:`estimate` behind the :class:`TokenCounter` seam."""
 
     name = "estimate"
+    per_message = True  # count_messages is the sum of each message's count
 
     def count(self, text: str) -> int:
         return estimate(text)
@@ -215,6 +216,8 @@ class ExactCounter:
     The vocabulary is loaded lazily on first use (about a second) and shared process-wide.
     Special-token text inside messages is counted as ordinary text, never rejected.
     """
+
+    per_message = True  # count_messages is the sum of each message's count
 
     def __init__(self, encoding: str = "o200k_base") -> None:
         if encoding not in _KNOWN_ENCODINGS:
@@ -271,6 +274,12 @@ class AnchoredCounter:
         self._tokens: int | None = None
         self._n = 0
         self._last: Mapping[str, Any] | None = None
+        # running sums over the last list counted: a list that extends it (the per-turn case)
+        # costs only its new messages. Only for counters known to count message by message.
+        self._memo: list[Mapping[str, Any]] = []
+        self._sums: list[int] = [0]
+        # counters that sum per-message counts say so (``per_message = True``)
+        self._additive = bool(getattr(self.counter, "per_message", False))
 
     @property
     def anchored_tokens(self) -> int | None:
@@ -294,5 +303,24 @@ class AnchoredCounter:
             and len(messages) >= self._n
             and (self._n == 0 or messages[self._n - 1] == self._last)
         ):
-            return self._tokens + self.counter.count_messages(messages[self._n :])
-        return self.counter.count_messages(messages)
+            return self._tokens + self._count_from(messages, self._n)
+        return self._count_from(messages, 0)
+
+    def _count_from(self, messages: Sequence[Mapping[str, Any]], start: int) -> int:
+        """Tokens of ``messages[start:]``, counting only what the last list counted did not hold."""
+        if not self._additive:
+            return self.counter.count_messages(messages[start:])
+        memo = self._memo
+        n = len(memo)
+        if not (len(messages) >= n and (n == 0 or messages[n - 1] is memo[-1]) and list(messages[:n]) == memo):
+            memo = self._memo = []
+            self._sums = [0]
+            n = 0
+        if len(messages) - start < len(messages) - n:
+            # fewer messages after ``start`` than new ones: count them directly
+            return self.counter.count_messages(messages[start:])
+        sums = self._sums
+        for m in messages[n:]:
+            memo.append(m)
+            sums.append(sums[-1] + self.counter.count_messages([m]))
+        return sums[-1] - sums[start]

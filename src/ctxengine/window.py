@@ -139,6 +139,11 @@ class WindowCounter:
         self._memo: OrderedDict[str, int] = OrderedDict()
         self._lock = threading.Lock()
         self.name = "window"
+        # per message object: a turn measures only the messages it has not seen (the same dict
+        # is the same message: messages passed to the manager are never edited in place)
+        self._by_message: dict[int, tuple[Mapping[str, Any], int]] = {}
+
+    per_message = True  # count_messages is the sum of each message's count
 
     @property
     def has_exact(self) -> bool:
@@ -178,7 +183,15 @@ class WindowCounter:
         return self._exact_count(text) if text else 0
 
     def exact_message(self, message: Mapping[str, Any]) -> int:
-        return message_tokens(message, self.exact_text)
+        hit = self._by_message.get(id(message))
+        if hit is not None and hit[0] is message:
+            return hit[1]
+        n = message_tokens(message, self.exact_text)
+        with self._lock:
+            if len(self._by_message) >= _MEMO_SIZE:
+                self._by_message.clear()
+            self._by_message[id(message)] = (message, n)
+        return n
 
     def exact_messages(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
         return [self.exact_message(m) for m in messages]

@@ -13,11 +13,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ctxengine.bench.runner import BenchResult, EngineTotals
+from ctxengine.bench.runner import DEFAULT, BenchResult, EngineTotals
 from ctxengine.errors import InputError
 from ctxengine.facts import FACT_KINDS
 
-__all__ = ["format_table", "write_chart", "write_json"]
+__all__ = ["format_table", "summary_line", "write_chart", "write_json"]
 
 _KIND_LABEL = {"users": "user", "paths": "path", "urls": "url", "tools": "tool", "errors": "err"}
 
@@ -62,7 +62,7 @@ def format_table(result: BenchResult) -> str:
         d = t.to_dict(base)
         rows.append(
             [
-                name,
+                result.label(name),
                 str(t.calls),
                 _money(t.anthropic_cost),
                 _ratio(t, base, "anthropic_cost"),
@@ -92,7 +92,20 @@ def format_table(result: BenchResult) -> str:
         f"input cost priced as {result.anthropic_model} (Anthropic cache) and {result.openai_model} (OpenAI cache); "
         f"facts kept = verbatim in the last request or retrievable from the engine; {result.elapsed_s:.1f} s"
     )
-    return title + "\n" + "\n".join(lines)
+    return title + "\n" + "\n".join(lines) + "\n" + summary_line(result)
+
+
+def summary_line(result: BenchResult) -> str:
+    """One line: each engine's Anthropic-priced cost vs no compaction, over-window requests and
+    fact retention (``default`` is the manager's defaults)."""
+    base = result.engines.get("none")
+    parts = []
+    for name, t in result.engines.items():
+        if name == "none":
+            continue
+        ratio = _ratio(t, base, "anthropic_cost").replace("-", "?")
+        parts.append(f"{result.label(name)} {ratio} none, {t.over_window} over-window, {_pct(t.retention())} facts")
+    return "summary: " + ("; ".join(parts) if parts else "only the no-compaction baseline ran")
 
 
 def write_json(result: BenchResult, path: str | Path, *, per_call: bool = True) -> None:
@@ -111,7 +124,7 @@ def _longest(result: BenchResult) -> tuple[str, dict[str, tuple[list[int], list[
     for name, t in result.engines.items():
         for r in t.runs:
             if r.session_id == longest:
-                series[name] = (r.request_tokens, r.compaction_calls)
+                series[result.label(name)] = (r.request_tokens, r.compaction_calls)
     return longest, series
 
 
@@ -153,7 +166,7 @@ def _png(result: BenchResult, path: Path) -> None:
     ax2.bar([x - 0.2 for x in xs], [result.engines[n].anthropic_cost for n in names], width=0.4, label="Anthropic (cached)")
     ax2.bar([x + 0.2 for x in xs], [result.engines[n].openai_cost for n in names], width=0.4, label="OpenAI (cached)")
     ax2.set_xticks(list(xs))
-    ax2.set_xticklabels(names, rotation=30, ha="right")
+    ax2.set_xticklabels([result.label(n) for n in names], rotation=30, ha="right")
     ax2.set_ylabel("input cost, USD")
     ax2.set_title("input cost per engine (all sessions)")
     ax2.legend(fontsize=8)
@@ -223,7 +236,8 @@ def _svg_bars(result: BenchResult, width: int = 820, height: int = 300) -> str:
             bx = pad_l + n * slot + slot * (0.15 + 0.35 * k)
             parts.append(f'<rect x="{bx:.1f}" y="{pad_t + h - bh:.1f}" width="{slot * 0.33:.1f}" height="{bh:.1f}" fill="{color}"/>')
             parts.append(f'<text x="{bx + slot * 0.16:.1f}" y="{pad_t + h - bh - 3:.1f}" text-anchor="middle">{_money(val)}</text>')
-        parts.append(f'<text x="{pad_l + n * slot + slot / 2:.1f}" y="{pad_t + h + 16}" text-anchor="middle">{html.escape(name)}</text>')
+        weight = ' font-weight="bold"' if name == DEFAULT else ""
+        parts.append(f'<text x="{pad_l + n * slot + slot / 2:.1f}" y="{pad_t + h + 16}" text-anchor="middle"{weight}>{html.escape(result.label(name))}</text>')
     parts.append(f'<line x1="{pad_l}" y1="{pad_t + h}" x2="{pad_l + w}" y2="{pad_t + h}" stroke="#333"/>')
     parts.append("</svg>")
     return "".join(parts)
@@ -236,6 +250,7 @@ def _html(result: BenchResult) -> str:
         "<!doctype html><html><head><meta charset='utf-8'><title>ctxengine bench</title>"
         "<style>body{font-family:sans-serif;margin:24px}pre{font-size:12px;background:#f6f6f6;padding:12px;overflow-x:auto}</style>"
         "</head><body><h1>ctxengine bench</h1>"
+        f"<p>{html.escape(summary_line(result))}</p>"
         f"{_svg_lines(result)}<br>{_svg_bars(result)}<pre>{table}</pre>"
         f"<details><summary>totals (JSON)</summary><pre>{html.escape(json.dumps(data, indent=2))}</pre></details>"
         "</body></html>"

@@ -24,12 +24,13 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from ctxengine.bench.baselines import MaskingBaseline, NoCompaction
 from ctxengine.bench.replay import percentile, seen_messages
+from ctxengine.caching import default_placement
 from ctxengine.config import Config
 from ctxengine.cost import AnthropicCache, CostReport, OpenAICache, PrefixHasher
 from ctxengine.engine import ContextEngine
@@ -52,6 +53,7 @@ from ctxengine.registry import EngineRegistry
 
 __all__ = [
     "BASELINES",
+    "DEFAULT",
     "BenchResult",
     "EngineTotals",
     "SessionRun",
@@ -61,6 +63,11 @@ __all__ = [
     "run_session",
     "session_facts",
 ]
+
+DEFAULT = "default"
+"""The pseudo engine name of what a new user gets: the configured engine (``compressor`` unless
+the config says otherwise) with the manager's default cache placement, whatever ``placement``
+the other engines of the run use."""
 
 BASELINES: dict[str, Callable[[int], ContextEngine]] = {
     "none": lambda n: NoCompaction(context_length=n),
@@ -443,12 +450,18 @@ class BenchResult:
     sessions: list[str]
     engines: dict[str, EngineTotals]
     elapsed_s: float = 0.0
+    labels: dict[str, str] = field(default_factory=dict)
+    """Display names (``default`` → ``default (compressor, planner)``)."""
+
+    def label(self, name: str) -> str:
+        return self.labels.get(name, name)
 
     def to_dict(self, *, per_call: bool = False) -> dict[str, Any]:
         base = self.engines.get("none")
         return {
             "context_length": self.context_length,
             "placement": self.placement,
+            "labels": dict(self.labels),
             "anthropic_model": self.anthropic_model,
             "openai_model": self.openai_model,
             "sessions": self.sessions,
@@ -509,27 +522,39 @@ def _run(
     services: dict[str, Any],
     progress: Callable[[str], None] | None,
 ) -> BenchResult:
-    factories = {n: make_engine_factory(n, cfg, context_length, registry, **services) for n in names}
+    # each name runs as (engine, placement); ``default`` is the manager's defaults
+    plan: dict[str, tuple[str, Placement]] = {}
+    for n in names:
+        plan[n] = (cfg.context.engine, default_placement()) if n == DEFAULT else (n, placement)
+    factories = {e: make_engine_factory(e, cfg, context_length, registry, **services) for e in dict.fromkeys(e for e, _ in plan.values())}
     t0 = time.perf_counter()
     facts = [session_facts(s) for s in sessions]
     result = BenchResult(context_length, placement, amodel.name, omodel.name, [s.id for s in sessions], {})
+    done: dict[tuple[str, Placement], EngineTotals] = {}
     for n in names:
+        engine, where = plan[n]
+        if n == DEFAULT:
+            result.labels[n] = f"{DEFAULT} ({engine}, {where})"
+        if (engine, where) in done:  # the same configuration already ran under another name
+            result.engines[n] = EngineTotals(n, [replace(r, engine=n) for r in done[engine, where].runs])
+            continue
         totals = EngineTotals(n)
         for s, f in zip(sessions, facts, strict=True):
             run = run_session(
                 s,
                 n,
-                factories[n],
+                factories[engine],
                 config=cfg,
                 context_length=context_length,
                 anthropic_model=amodel,
                 openai_model=omodel,
-                placement=placement,
+                placement=where,
                 session_id=f"bench:{n}:{s.id}",
                 facts=f,
             )
             totals.runs.append(run)
         result.engines[n] = totals
+        done[engine, where] = totals
         if progress is not None:
             progress(f"{n}: {len(sessions)} sessions, {totals.calls} calls")
     result.elapsed_s = time.perf_counter() - t0

@@ -6,20 +6,28 @@ from pathlib import Path
 
 import click
 
+from ctxengine.caching import default_placement
 from ctxengine.config import load_config
 from ctxengine.io import Session, read_sessions
 
-DEFAULT_ENGINES = ("mask10", "rules", "compressor", "lcm", "cacheaware")
+DEFAULT_ENGINES = ("default", "mask10", "rules", "compressor", "lcm", "cacheaware")
+"""``default`` is what a new user gets: the configured engine with the manager's default placement."""
 
 
 @click.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--engine", "-e", "engines", multiple=True, help="Engine to run (repeatable). Default: every built-in engine and the mask10 baseline; 'none' always runs.")
+@click.option("--engine", "-e", "engines", multiple=True, help="Engine to run (repeatable). Default: 'default' (the manager's defaults), every built-in engine and the mask10 baseline; 'none' always runs.")
 @click.option("--context-length", "-n", type=click.IntRange(min=1), default=128_000, show_default=True, help="Window the engines work against.")
 @click.option("--compose", "compose_n", type=click.IntRange(min=1), default=1, show_default=True, help="Chain N trajectories of each file into one long session.")
 @click.option("--model", default="claude-sonnet-4.5", show_default=True, help="Model whose Anthropic cache rules and price the cost uses.")
 @click.option("--openai-model", default="gpt-4o", show_default=True, help="Model whose OpenAI automatic caching and price the cost uses.")
-@click.option("--placement", type=click.Choice(["system_and_3", "planner"]), default="system_and_3", show_default=True, help="Where cache breakpoints go.")
+@click.option(
+    "--placement",
+    type=click.Choice(["auto", "system_and_3", "planner"]),
+    default="auto",
+    show_default=True,
+    help="Where cache breakpoints go for the engines named (auto: the manager's default, planner). The 'default' row always uses the default.",
+)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="config.yaml for the engines' settings.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write every measurement as JSON.")
 @click.option("--chart", "chart_out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write a chart: OUT.png or OUT.html.")
@@ -63,7 +71,7 @@ def bench(
         context_length=context_length,
         anthropic_model=model,
         openai_model=openai_model,
-        placement="planner" if placement == "planner" else "system_and_3",
+        placement=default_placement() if placement == "auto" else "planner" if placement == "planner" else "system_and_3",
         progress=lambda line: click.echo(line, err=True),
     )
     click.echo(format_table(result))
@@ -77,7 +85,7 @@ def bench(
 
 def _available(names: list[str], config: object) -> list[str]:
     """The default engines this installation knows (one missing is skipped with a note)."""
-    from ctxengine.bench.runner import BASELINES
+    from ctxengine.bench.runner import BASELINES, DEFAULT
     from ctxengine.config import Config
     from ctxengine.registry import EngineRegistry
 
@@ -85,7 +93,7 @@ def _available(names: list[str], config: object) -> list[str]:
     known = set(EngineRegistry(plugin_dirs=cfg.plugins.dirs, entry_points=cfg.plugins.entry_points).names())
     out = []
     for n in names:
-        if n in BASELINES or n in known:
+        if n in BASELINES or n in known or n == DEFAULT:
             out.append(n)
         else:
             click.echo(f"skipping engine {n!r}: not available here", err=True)

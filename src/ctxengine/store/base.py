@@ -211,8 +211,13 @@ class SessionStore(ABC):
         """Record the histories of many sessions at once (one transaction); ids by session."""
 
     @abstractmethod
-    def append_messages(self, session_id: str, messages: Sequence[Message]) -> list[str]:
-        """Append ``messages`` after the session's current tip, atomically; return their ids."""
+    def append_messages(self, session_id: str, messages: Sequence[Message], *, after: str | None = None) -> list[str]:
+        """Append ``messages`` after the session's current tip, atomically; return their ids.
+
+        ``after`` (a message id, e.g. the last id a previous call returned) chains them after
+        that message instead, without reading the tip: the per-turn path of a caller that knows
+        what it recorded last, which then hashes and writes only the new messages.
+        """
 
     @abstractmethod
     def record_compaction(self, session_id: str, report: Mapping[str, Any], before: Sequence[Message], after: Sequence[Message]) -> str:
@@ -388,6 +393,7 @@ class SqlStore(SessionStore):
     def __init__(self) -> None:
         self._closed = False
         self._local = threading.local()
+        self._session_pks: dict[str, int] = {}  # committed sessions' keys (the append path skips the lookup)
 
     # -- backend hooks --------------------------------------------------------------------------
     @abstractmethod
@@ -470,10 +476,13 @@ class SqlStore(SessionStore):
         return pk
 
     # -- writing chains -----------------------------------------------------------------------------
-    def _store_links(self, cur: Any, links: Sequence[tuple[str | None, _Prepared]], *, chain_is_new: bool = False) -> dict[str, int]:
+    def _store_links(
+        self, cur: Any, links: Sequence[tuple[str | None, _Prepared]], *, chain_is_new: bool = False, stored_parent: tuple[str, int, int] | None = None
+    ) -> dict[str, int]:
         """Store messages given with their parent ids (parents first); return id → pk for all.
 
-        ``chain_is_new``: the caller knows none of these messages is stored yet.
+        ``chain_is_new``: the caller knows none of these messages is stored yet. ``stored_parent``:
+        ``(id, pk, position)`` of a stored parent the caller already read.
         """
         ids = [p.id for _, p in links]
         known = {} if chain_is_new else self._ids_to_pks(cur, "messages", ids)
@@ -503,7 +512,10 @@ class SqlStore(SessionStore):
             have_blobs.update(added)
         # positions: a parent's position + 1 (parents outside the batch are looked up)
         positions: dict[str | None, int] = {None: -1}
-        outside = [par for par, _ in new.values() if par is not None and par not in new]
+        if stored_parent is not None:
+            positions[stored_parent[0]] = stored_parent[2]
+            known[stored_parent[0]] = stored_parent[1]
+        outside = [par for par, _ in new.values() if par is not None and par not in new and par not in positions]
         for chunk in _chunks(list(dict.fromkeys(outside))):
             marks = ",".join("?" * len(chunk))
             for mid, pos, ppk in self._all(cur, f"SELECT id, position, pk FROM messages WHERE id IN ({marks})", chunk):
@@ -533,7 +545,7 @@ class SqlStore(SessionStore):
         known.update(self._ids_to_pks(cur, "messages", list(new)))
         return known
 
-    def _store_chain(self, cur: Any, messages: Sequence[Message], parent_id: str | None = None) -> list[tuple[int, str]]:
+    def _store_chain(self, cur: Any, messages: Sequence[Message], parent_id: str | None = None, *, stored_parent: tuple[str, int, int] | None = None) -> list[tuple[int, str]]:
         # opt-in (redaction.content): key shapes and registered secrets never reach the store
         prepared = _prepare(redact_messages(messages) if self.redact_content else messages, parent_id)
         links: list[tuple[str | None, _Prepared]] = []
@@ -544,7 +556,7 @@ class SqlStore(SessionStore):
         # ids form a hash chain and a message is only ever stored after its parent: when the
         # first one is not stored, none is (a new conversation skips the lookup of the others)
         first_new = bool(prepared) and self._one(cur, "SELECT pk FROM messages WHERE id = ?", (prepared[0].id,)) is None
-        pks = self._store_links(cur, links, chain_is_new=first_new)
+        pks = self._store_links(cur, links, chain_is_new=first_new, stored_parent=stored_parent)
         return [(pks[p.id], p.id) for p in prepared]
 
     def _add_members(self, cur: Any, session_pk: int, message_pks: Sequence[int]) -> None:
@@ -596,15 +608,25 @@ class SqlStore(SessionStore):
                 out[session_id] = [mid for _, mid in chain]
         return out
 
-    def append_messages(self, session_id: str, messages: Sequence[Message]) -> list[str]:
+    def append_messages(self, session_id: str, messages: Sequence[Message], *, after: str | None = None) -> list[str]:
+        msgs = list(messages)
+        known_pk = self._session_pks.get(session_id)
         with self._write() as cur:
-            spk = self._ensure_session(cur, session_id)
+            spk = known_pk if known_pk is not None else self._ensure_session(cur, session_id)
             self._lock_session(cur, spk)
-            row = self._one(cur, "SELECT m.id, m.pk FROM sessions s JOIN messages m ON m.pk = s.tip_pk WHERE s.pk = ?", (spk,))
+            if after is not None:
+                row = self._one(cur, "SELECT id, pk, position FROM messages WHERE id = ?", (after,))
+                if row is None:
+                    raise NotFoundError(f"cannot append to session {session_id!r} after message {after!r}: no such message in the store")
+            else:
+                row = self._one(cur, "SELECT m.id, m.pk, m.position FROM sessions s JOIN messages m ON m.pk = s.tip_pk WHERE s.pk = ?", (spk,))
             parent = str(row[0]) if row else None
-            chain = self._store_chain(cur, list(messages), parent)
+            link = (str(row[0]), int(row[1]), int(row[2])) if row else None
+            chain = self._store_chain(cur, msgs, parent, stored_parent=link)
             full = ([(int(row[1]), parent)] if row and parent else []) + chain
             self._move_tip(cur, spk, full, "append")
+        # sessions are never deleted: the key stays valid once the row is committed
+        self._session_pks[session_id] = spk
         return [mid for _, mid in chain]
 
     def record_compaction(self, session_id: str, report: Mapping[str, Any], before: Sequence[Message], after: Sequence[Message]) -> str:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from ctxengine.errors import StoreError
-from ctxengine.store.base import SqlStore
+from ctxengine.store.base import SearchHit, SearchMode, SqlStore
 from ctxengine.store.migrations import Backend, current_version
 
 __all__ = ["SqliteStore", "default_path"]
@@ -219,23 +219,39 @@ class SqliteStore(SqlStore):
             cur.execute("INSERT INTO blobs_fts (rowid, text) SELECT pk, text FROM blobs WHERE pk > ?", (last,))
 
     def _index_blobs(self, cur: Any, rows: Sequence[tuple[int, str]]) -> None:
-        if getattr(self._local, "defer_fts", False):
-            return
-        if rows:
-            # copied inside SQLite from the rows just written: the texts cross into SQLite once
-            pks = [pk for pk, _ in rows]
-            if pks == list(range(pks[0], pks[0] + len(pks))):
-                cur.execute("INSERT INTO blobs_fts (rowid, text) SELECT pk, text FROM blobs WHERE pk BETWEEN ? AND ?", (pks[0], pks[-1]))
-            else:
-                cur.executemany("INSERT INTO blobs_fts (rowid, text) VALUES (?, ?)", rows)
+        """Messages are indexed lazily: a write only stores them (indexing a turn's text cost
+        more than the rest of recording it), and the rows written since the last search are
+        indexed, in one pass, by the next search that needs the index (:meth:`search`), by
+        :meth:`integrity_check` and when the store is opened. Unindexed rows are always the
+        newest (primary keys grow and every catch-up indexes up to the newest row)."""
+
+    def _index_lag(self, cur: Any) -> bool:
+        """Whether messages were written since the full-text index last caught up."""
+        last = cur.execute("SELECT COALESCE(MAX(id), 0) FROM blobs_fts_docsize").fetchone()[0]
+        top = cur.execute("SELECT COALESCE(MAX(pk), 0) FROM blobs").fetchone()[0]
+        return bool(top > last)
+
+    def catch_up_index(self) -> None:
+        """Index the messages written since the last catch-up (a no-op when there are none)."""
+        with self._read() as cur:
+            if current_version(cur, "sqlite", ensure_table=False) < 2 or not self._index_lag(cur):
+                return
+        with self._write() as cur:
+            self._index_missing(cur)
+
+    def search(self, query: str, *, session_id: str | None = None, mode: SearchMode = "text", limit: int = 20, nodes: bool = True) -> list[SearchHit]:
+        if session_id is None and mode == "text":
+            with suppress(StoreError):  # read-only or busy: the search scans where the index is behind
+                self.catch_up_index()
+        return super().search(query, session_id=session_id, mode=mode, limit=limit, nodes=nodes)
 
     def _index_node(self, cur: Any, pk: int, text: str) -> None:
         cur.execute("INSERT INTO nodes_fts (rowid, text) VALUES (?, ?)", (pk, text))
 
     def _fts_candidates(self, cur: Any, table: Literal["blobs", "nodes"], needle: str, limit: int) -> list[tuple[Any, ...]] | None:
         query = fts5_query(needle)
-        if query is None:
-            return None
+        if query is None or (table == "blobs" and self._index_lag(cur)):
+            return None  # no word to look up, or rows the index does not hold yet: scan
         role = "b.role" if table == "blobs" else "'summary'"
         sql = (
             f"SELECT b.pk, {role}, b.text FROM {table}_fts f JOIN {table} b ON b.pk = f.rowid"
@@ -254,6 +270,7 @@ class SqliteStore(SqlStore):
             rows = [str(r[0]) for r in cur.execute("PRAGMA integrity_check").fetchall()]
         try:
             with self._write() as cur:
+                self._index_missing(cur)
                 cur.execute("INSERT INTO blobs_fts (blobs_fts) VALUES ('integrity-check')")
         except StoreError as exc:
             rows.append(f"full-text index: {exc}")

@@ -13,6 +13,13 @@ what was sent::
 Replies are consumed one per call, in order; when the script runs out, ``default`` answers
 (or ``responder(request)`` decides, for dynamic behaviour). Error bodies follow each API's
 shape, so the official SDKs raise their usual exception classes. Nothing leaves the machine.
+
+A request with ``"stream": true`` is answered with server-sent events in each API's shape
+(OpenAI chunks ending in ``[DONE]``; Anthropic ``message_start`` … ``message_stop``), the text
+split into ``StubReply.chunks`` pieces sent ``chunk_delay`` seconds apart, so streaming
+clients and relays can be tested. ``StubReply.tool_calls`` makes the reply call tools.
+Besides the two chat routes the server answers ``POST /v1/responses`` (a minimal Responses
+API reply), ``POST /v1/messages/count_tokens`` and ``GET /v1/models``.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import contextlib
 import json
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -57,6 +65,14 @@ class StubReply:
     delay: float = 0.0
     finish_reason: str = "stop"
     headers: dict[str, str] = field(default_factory=dict)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    """Tools the reply calls: ``{"name": ..., "arguments": {...}}`` each (ids are generated)."""
+    usage: dict[str, int] = field(default_factory=dict)
+    """Usage fields added to (or replacing) the computed ones, e.g. ``cache_read_input_tokens``."""
+    chunks: int = 4
+    """Pieces the text is split into when streaming."""
+    chunk_delay: float = 0.0
+    """Seconds between two streamed events."""
     trickle: float = 0.0
     reset: bool = False
     raw_body: bytes | None = None
@@ -65,6 +81,11 @@ class StubReply:
     @classmethod
     def ok(cls, text: str, *, delay: float = 0.0) -> StubReply:
         return cls(text=text, delay=delay)
+
+    @classmethod
+    def calling(cls, *calls: tuple[str, dict[str, Any]], text: str | None = None) -> StubReply:
+        """A reply that calls tools: ``StubReply.calling(("read_file", {"path": "a.py"}))``."""
+        return cls(text=text, finish_reason="tool_calls", tool_calls=[{"name": n, "arguments": a} for n, a in calls])
 
     @classmethod
     def empty(cls) -> StubReply:
@@ -106,6 +127,8 @@ class RecordedRequest:
     headers: dict[str, str]
     body: dict[str, Any]
     received_at: float
+    raw: bytes = b""
+    """The request body exactly as received."""
 
     @property
     def prompt_text(self) -> str:
@@ -215,9 +238,19 @@ class StubServer:
 class _Handler(BaseHTTPRequestHandler):
     stub: StubServer
     protocol_version = "HTTP/1.1"
+    # headers and body go out in two writes: without TCP_NODELAY the second waits for the
+    # peer's delayed ACK (~40 ms), which would swamp any latency measured through the stub
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
         return
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path.endswith("/models"):
+            self._send(200, {"object": "list", "data": [{"id": "stub-model", "object": "model", "created": 0, "owned_by": "stub"}]}, {})
+        else:
+            self._send(404, {"error": {"message": f"no route for GET {path}", "type": "not_found"}}, {})
 
     def do_POST(self) -> None:
         length = int(self.headers.get("content-length") or 0)
@@ -227,6 +260,17 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             body = {"_raw": raw.decode("utf-8", "replace")}
         path = self.path.split("?", 1)[0]
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        if path.endswith("/messages/count_tokens"):
+            req = RecordedRequest("anthropic", path, headers, body if isinstance(body, dict) else {}, time.time(), raw)
+            self._send(200, {"input_tokens": _tokens(req)}, {})
+            return
+        if path.endswith("/responses"):
+            req = RecordedRequest("openai", path, headers, body if isinstance(body, dict) else {}, time.time(), raw)
+            with self.stub._lock:
+                self.stub.requests.append(req)
+            self._send(200, _responses_body(req), {})
+            return
         if path.endswith("/chat/completions"):
             api = "openai"
         elif path.endswith("/messages"):
@@ -234,7 +278,7 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(404, {"error": {"message": f"no route for {path}", "type": "not_found"}}, {})
             return
-        request = RecordedRequest(api, path, {k.lower(): v for k, v in self.headers.items()}, body if isinstance(body, dict) else {}, time.time())
+        request = RecordedRequest(api, path, headers, body if isinstance(body, dict) else {}, time.time(), raw)
         reply = self.stub._next(request)
         if reply.delay > 0:
             time.sleep(reply.delay)
@@ -252,10 +296,32 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_bytes(reply.status, reply.raw_body, reply.headers, reply.trickle)
         elif reply.status >= 400:
             self._send(reply.status, _error_body(api, reply), reply.headers, reply.trickle)
+        elif request.body.get("stream") is True:
+            events = _openai_events(reply, model, n, request) if api == "openai" else _anthropic_events(reply, model, n, request)
+            self._stream(events, reply)
         elif api == "openai":
             self._send(200, _openai_body(reply, model, n, request), reply.headers, reply.trickle)
         else:
             self._send(200, _anthropic_body(reply, model, n, request), reply.headers, reply.trickle)
+
+    def _stream(self, events: list[bytes], reply: StubReply) -> None:
+        try:
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("cache-control", "no-cache")
+            self.send_header("transfer-encoding", "chunked")
+            for k, v in reply.headers.items():
+                self.send_header(k, v)
+            self.end_headers()
+            for i, event in enumerate(events):
+                if i and reply.chunk_delay > 0:
+                    time.sleep(reply.chunk_delay)
+                self.wfile.write(f"{len(event):x}\r\n".encode() + event + b"\r\n")
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
 
     def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str], trickle: float = 0.0) -> None:
         self._send_bytes(status, json.dumps(payload).encode("utf-8"), headers, trickle)
@@ -295,27 +361,119 @@ def _error_body(api: str, reply: StubReply) -> dict[str, Any]:
     return {"error": {"message": reply.error, "type": etype, "param": None, "code": etype}}
 
 
+def _openai_usage(reply: StubReply, request: RecordedRequest) -> dict[str, Any]:
+    out_tokens = len(reply.text or "") // 4 + 10 * len(reply.tool_calls)
+    usage: dict[str, Any] = {"prompt_tokens": _tokens(request), "completion_tokens": out_tokens, "total_tokens": _tokens(request) + out_tokens}
+    usage.update(reply.usage)
+    return usage
+
+
+def _openai_calls(reply: StubReply, n: int) -> list[dict[str, Any]]:
+    return [
+        {"id": f"call_stub_{n}_{i}", "type": "function", "function": {"name": c["name"], "arguments": json.dumps(c.get("arguments") or {})}}
+        for i, c in enumerate(reply.tool_calls)
+    ]
+
+
 def _openai_body(reply: StubReply, model: str, n: int, request: RecordedRequest) -> dict[str, Any]:
-    out_tokens = len(reply.text or "") // 4
+    message: dict[str, Any] = {"role": "assistant", "content": reply.text}
+    if reply.tool_calls:
+        message["tool_calls"] = _openai_calls(reply, n)
     return {
         "id": f"chatcmpl-stub-{n}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": reply.text},
-                "finish_reason": reply.finish_reason,
-            }
-        ],
-        "usage": {"prompt_tokens": _tokens(request), "completion_tokens": out_tokens, "total_tokens": _tokens(request) + out_tokens},
+        "choices": [{"index": 0, "message": message, "finish_reason": reply.finish_reason}],
+        "usage": _openai_usage(reply, request),
+    }
+
+
+def _pieces(text: str, count: int) -> list[str]:
+    if not text:
+        return []
+    size = max(1, -(-len(text) // max(1, count)))
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def _sse(data: dict[str, Any], event: str | None = None) -> bytes:
+    head = f"event: {event}\n" if event else ""
+    return (head + "data: " + json.dumps(data) + "\n\n").encode("utf-8")
+
+
+def _openai_events(reply: StubReply, model: str, n: int, request: RecordedRequest) -> list[bytes]:
+    base = {"id": f"chatcmpl-stub-{n}", "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        return _sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+    events = [chunk({"role": "assistant", "content": ""})]
+    events += [chunk({"content": piece}) for piece in _pieces(reply.text or "", reply.chunks)]
+    for i, call in enumerate(_openai_calls(reply, n)):
+        fn = call["function"]
+        events.append(chunk({"tool_calls": [{"index": i, "id": call["id"], "type": "function", "function": {"name": fn["name"], "arguments": ""}}]}))
+        events += [chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]}) for piece in _pieces(fn["arguments"], 2)]
+    events.append(chunk({}, reply.finish_reason))
+    options = request.body.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage"):
+        events.append(_sse({**base, "choices": [], "usage": _openai_usage(reply, request)}))
+    events.append(b"data: [DONE]\n\n")
+    return events
+
+
+def _anthropic_usage(reply: StubReply, request: RecordedRequest) -> dict[str, Any]:
+    usage: dict[str, Any] = {"input_tokens": _tokens(request), "output_tokens": len(reply.text or "") // 4 + 10 * len(reply.tool_calls)}
+    usage.update(reply.usage)
+    return usage
+
+
+def _anthropic_stop(reply: StubReply) -> str:
+    if reply.tool_calls:
+        return "tool_use"
+    return "max_tokens" if reply.finish_reason == "length" else "end_turn"
+
+
+def _anthropic_events(reply: StubReply, model: str, n: int, request: RecordedRequest) -> list[bytes]:
+    usage = _anthropic_usage(reply, request)
+    start_usage = {k: v for k, v in usage.items() if k != "output_tokens"} | {"output_tokens": 1}
+    message: dict[str, Any] = {"id": f"msg_stub_{n}", "type": "message", "role": "assistant", "model": model, "content": [], "stop_reason": None, "stop_sequence": None, "usage": start_usage}
+    events = [_sse({"type": "message_start", "message": message}, "message_start")]
+    index = 0
+    if reply.text:
+        events.append(_sse({"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}, "content_block_start"))
+        for piece in _pieces(reply.text, reply.chunks):
+            events.append(_sse({"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": piece}}, "content_block_delta"))
+        events.append(_sse({"type": "content_block_stop", "index": index}, "content_block_stop"))
+        index += 1
+    for i, call in enumerate(reply.tool_calls):
+        block = {"type": "tool_use", "id": f"toolu_stub_{n}_{i}", "name": call["name"], "input": {}}
+        events.append(_sse({"type": "content_block_start", "index": index, "content_block": block}, "content_block_start"))
+        for piece in _pieces(json.dumps(call.get("arguments") or {}), 2):
+            events.append(_sse({"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": piece}}, "content_block_delta"))
+        events.append(_sse({"type": "content_block_stop", "index": index}, "content_block_stop"))
+        index += 1
+    delta = {"type": "message_delta", "delta": {"stop_reason": _anthropic_stop(reply), "stop_sequence": None}, "usage": {"output_tokens": usage["output_tokens"]}}
+    events.append(_sse(delta, "message_delta"))
+    events.append(_sse({"type": "message_stop"}, "message_stop"))
+    return events
+
+
+def _responses_body(request: RecordedRequest) -> dict[str, Any]:
+    return {
+        "id": f"resp_{uuid.uuid4().hex[:12]}",
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "completed",
+        "model": str(request.body.get("model", "stub-model")),
+        "output": [{"type": "message", "id": "msg_1", "status": "completed", "role": "assistant", "content": [{"type": "output_text", "text": "ok", "annotations": []}]}],
+        "usage": {"input_tokens": _tokens(request), "output_tokens": 1, "total_tokens": _tokens(request) + 1},
     }
 
 
 def _anthropic_body(reply: StubReply, model: str, n: int, request: RecordedRequest) -> dict[str, Any]:
-    stop = "max_tokens" if reply.finish_reason == "length" else "end_turn"
-    content = [{"type": "text", "text": reply.text}] if reply.text else []
+    stop = _anthropic_stop(reply)
+    content: list[dict[str, Any]] = [{"type": "text", "text": reply.text}] if reply.text else []
+    content += [{"type": "tool_use", "id": f"toolu_stub_{n}_{i}", "name": c["name"], "input": c.get("arguments") or {}} for i, c in enumerate(reply.tool_calls)]
     return {
         "id": f"msg_stub_{n}",
         "type": "message",
@@ -324,5 +482,5 @@ def _anthropic_body(reply: StubReply, model: str, n: int, request: RecordedReque
         "content": content,
         "stop_reason": stop,
         "stop_sequence": None,
-        "usage": {"input_tokens": _tokens(request), "output_tokens": len(reply.text or "") // 4},
+        "usage": _anthropic_usage(reply, request),
     }

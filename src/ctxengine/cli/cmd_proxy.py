@@ -1,0 +1,71 @@
+"""``ctxengine proxy``: serve the OpenAI- and Anthropic-compatible context-managing proxy."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ctxengine.config import load_config
+
+
+@click.command()
+@click.option("--host", default=None, help="Address to bind (config proxy.host; default 127.0.0.1). Beyond loopback a token is required.")
+@click.option("--port", type=click.IntRange(0, 65535), default=None, help="Port (config proxy.port; default 8787).")
+@click.option("--openai-base-url", default=None, help="Upstream for OpenAI-style requests, ending in /v1 (default https://api.openai.com/v1).")
+@click.option("--anthropic-base-url", default=None, help="Upstream for Anthropic-style requests (default https://api.anthropic.com).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="config.yaml (its proxy: section holds the same keys as these flags).")
+@click.option("--auth-token", default=None, help="Token clients must send in x-ctxengine-token (default: $CTXENGINE_PROXY_TOKEN, see proxy.auth_token_env).")
+@click.option("--engine", default=None, help="Context engine for every session (config context.engine).")
+@click.option("--no-recall-tools", is_flag=True, default=False, help="Never add the engine's recall tools to requests.")
+@click.option("--log-format", type=click.Choice(["json", "text"]), default="json", show_default=True, help="Log lines as JSON objects or as text.")
+def proxy(
+    host: str | None,
+    port: int | None,
+    openai_base_url: str | None,
+    anthropic_base_url: str | None,
+    config_path: Path | None,
+    auth_token: str | None,
+    engine: str | None,
+    no_recall_tools: bool,
+    log_format: str,
+) -> None:
+    """Serve an OpenAI- and Anthropic-compatible proxy that manages each session's context.
+
+    Point an agent at it: OPENAI_BASE_URL=http://127.0.0.1:8787/v1 or
+    ANTHROPIC_BASE_URL=http://127.0.0.1:8787. Needs: pip install 'ctxengine[proxy]'.
+    """
+    try:
+        from ctxengine.proxy import serve
+        from ctxengine.proxy.logs import JsonFormatter, TextFormatter
+    except ImportError as exc:
+        raise click.ClickException(f"the proxy needs its extra: pip install 'ctxengine[proxy]' ({exc})") from exc
+    config = load_config(config_path)
+    overrides: dict[str, Any] = {
+        k: v
+        for k, v in {"host": host, "port": port, "openai_base_url": openai_base_url, "anthropic_base_url": anthropic_base_url}.items()
+        if v is not None
+    }
+    if no_recall_tools:
+        overrides["recall_tools"] = False
+    sections: dict[str, Any] = {"proxy": overrides}
+    if engine:
+        sections["context"] = {"engine": engine}
+    config = config.with_overrides(**sections)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    root = logging.getLogger("ctxengine")
+    root.handlers[:] = [handler]
+    root.setLevel(min(logging.getLogger().level or logging.INFO, logging.INFO))
+    root.propagate = False
+    settings = config.proxy
+    token = auth_token or os.environ.get(settings.auth_token_env) or None
+    click.echo(f"ctxengine proxy on http://{settings.host}:{settings.port} (engine {config.context.engine}, store {config.store.backend})", err=True)
+    serve(config, auth_token=token)
+
+
+COMMANDS = [proxy]

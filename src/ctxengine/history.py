@@ -1,0 +1,345 @@
+"""Which messages of a turn are new: a caller's history mapped onto the session's working context.
+
+A caller of :meth:`ctxengine.ContextManager.prepare` passes one of two things each turn:
+
+* **the list ``prepare`` returned last time**, plus what happened since (an agent that keeps
+  the prepared list): the working context continues as given;
+* **its whole raw history** (a gateway, a proxy, an agent that never drops a message): every
+  original from the first turn, plus what happened since. Sent through the engine as is, this
+  would be compacted again on every turn past the threshold (a summarizer call each time).
+
+:class:`SessionHistory` remembers, per session, the raw history seen so far and the working
+context it maps to. Each turn it recognises which of the two the caller sent by comparing the
+list with what it saw (message by message: the same objects compare in constant time, equal
+copies, e.g. JSON decoded again, by value), and hands the engine the *working context plus
+only the new messages*. A caller that resends its history therefore gets its working context
+back, compacted as before, and compacts no more often than one that keeps the prepared list.
+
+When a caller edits or truncates its history (a retry, a regenerated answer, an edited
+message), the list no longer extends what was seen: the turn starts a **branch**. If the change
+lies in the part of the raw history still held verbatim in the working context, the compacted
+head is kept and the working context is cut at the same point; if it lies in the part already
+compacted, the history is taken as given (a fresh start: the engine's per-session state is
+reset, so nothing of the dropped turns comes back through a previous summary). Nothing breaks
+and nothing dropped is resurrected. In the store (content-addressed, parent-linked) a branch
+costs only its new messages.
+
+Messages already passed to ``prepare`` are treated as immutable (the library never edits
+them either): the same dict object is taken as the same message, so change a message by
+sending a new dict, not by editing the old one in place.
+
+Only the new messages are validated, recorded and counted: :meth:`TurnInput.check` validates
+from the last turn boundary before them, and :meth:`SessionHistory.record` appends them after
+the session's tip in the store instead of recording the whole history again.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ctxengine.errors import InvalidMessages
+from ctxengine.messages import Message, Violation, is_summary, validate
+from ctxengine.storage import SessionAppender, SessionRecorder
+from ctxengine.tokens import estimate_message_tokens
+
+__all__ = ["SessionHistory", "TurnInput", "TurnKind"]
+
+TurnKind = Literal["first", "continue", "resend", "branch", "fresh"]
+"""How a turn's input relates to what the session saw:
+
+``first``     the session's first turn;
+``continue``  the working context returned last time, extended (or unchanged);
+``resend``    the raw history seen so far, extended: the working context plus the new messages;
+``branch``    an edited or truncated history whose change lies in the verbatim part: the working
+              context cut at the change, plus the caller's messages from there;
+``fresh``     an edited or truncated history whose change lies in the compacted part (or shares
+              nothing): taken as given, the engine's per-session state reset.
+"""
+
+
+@dataclass(slots=True)
+class TurnInput:
+    """One turn's input, mapped onto the working context.
+
+    ``messages`` is what goes through the engine; ``messages[:base]`` was seen (validated and
+    recorded) before, ``messages[base:]`` is new. ``caller_start`` is the index in the caller's
+    list of ``messages[base]`` (for error messages).
+    """
+
+    kind: TurnKind
+    messages: list[Message]
+    base: int
+    caller_start: int
+    reset_engine: bool = False
+    _seen_index: Callable[[int], int] | None = None  # working index -> caller index, seen part
+    # what :meth:`SessionHistory.finish` makes of the session when the turn completes
+    pending: list[int] | None = None  # working index of each raw message held verbatim
+    pending_raw: list[Message] | None = None  # the raw history after this turn
+    pending_r0: int = 0
+
+    @property
+    def new(self) -> list[Message]:
+        return self.messages[self.base :]
+
+    def check(self, *, context: str = "messages passed to prepare") -> None:
+        """Validate the new messages in the context of the turn they continue.
+
+        Validation starts at the last non-tool message before the new ones (the message that
+        opened the tool group they may answer), so a result is matched with its call and a
+        call left pending last turn must be answered now. Raises
+        :class:`~ctxengine.errors.InvalidMessages` with indices in the caller's list.
+        """
+        msgs = self.messages
+        if self.base >= len(msgs) and self.kind != "first":
+            return
+        start = self.base
+        while start > 0:
+            start -= 1
+            m = msgs[start]
+            if not isinstance(m, dict) or m.get("role") != "tool":
+                break
+        window = msgs[start:] if start else msgs
+        errors = [v for v in validate(window, allow_pending_calls=True) if v.severity == "error"]
+        if errors:
+            raise InvalidMessages([Violation(self._caller_index(v.index + start), v.code, v.detail, v.severity) for v in errors], context)
+
+    def _caller_index(self, i: int) -> int:
+        if i >= self.base:
+            return self.caller_start + (i - self.base)
+        return self._seen_index(i) if self._seen_index is not None else i
+
+
+def _common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """Length of the common prefix of two message lists (same objects first, then by value)."""
+    n = min(len(a), len(b))
+    if n and a[n - 1] is b[n - 1] and list(a[:n]) == list(b[:n]):
+        return n
+    lo, hi = 0, n
+    # binary search on "the first k match": equality of prefixes is monotonic
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if list(a[:mid]) == list(b[:mid]):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _extends(given: Sequence[Any], seen: list[Any]) -> bool:
+    """``given`` starts with every message of ``seen``."""
+    n = len(seen)
+    if len(given) < n:
+        return False
+    if n == 0:
+        return True
+    # the last one first: a mismatch (another list) is found without walking the prefix
+    last = given[n - 1]
+    if last is not seen[-1] and last != seen[-1]:
+        return False
+    return list(given[:n]) == seen
+
+
+class SessionHistory:
+    """Per-session memory of the raw history seen and the working context it maps to.
+
+    ``raw`` is the history as the caller knows it (the messages it sent, in order, as first
+    seen); ``working`` the list the last :meth:`finish` returned. The messages ``raw[r0:]`` sit
+    verbatim in the working context at the increasing indices ``wpos`` (engine tool results the
+    manager added sit between them); ``raw[:r0]`` was compacted into ``working[:wpos[0]]``.
+
+    Not thread-safe on its own: the manager calls it under the session's lock.
+    """
+
+    def __init__(self) -> None:
+        self.raw: list[Message] = []
+        self.working: list[Message] = []
+        self.r0 = 0
+        self.wpos: list[int] = []
+        self.compacted = False
+        self.turns = 0
+        self._ids: list[str] | None = None  # store ids of ``working`` when the store's tip is exactly ``working``
+        self._next_ids: list[str] | None = None  # what this turn's recording made, kept by :meth:`finish`
+        self._tokens: dict[int, tuple[Message, int]] = {}
+        self._sums: list[int] = []  # running token sums of ``working``
+        self._last_summary = -1  # index of the last summary in ``working``
+
+    # -- the turn ----------------------------------------------------------------------------
+    def begin(self, messages: Sequence[Message]) -> TurnInput:
+        """Map the caller's ``messages`` onto the working context (see the module docstring).
+
+        The caller's list and dicts are never modified; nothing is remembered until
+        :meth:`finish`.
+        """
+        given = messages if isinstance(messages, list) else list(messages)
+        if self.turns == 0:
+            return self._take(given, "first", base=0)
+        w, raw = self.working, self.raw
+        if _extends(given, w):
+            return self._take(given, "continue", base=len(w))
+        if _extends(given, raw):
+            new = given[len(raw) :]
+            return TurnInput(
+                "resend", [*w, *new], len(w), len(raw), _seen_index=self._seen_index(),
+                pending=[*self.wpos, *range(len(w), len(w) + len(new))], pending_raw=[*raw, *new], pending_r0=self.r0,
+            )
+        p = _common_prefix(given, raw)
+        q = _common_prefix(given, w)
+        k = p - self.r0
+        cut = self.wpos[k] if p > 0 and 0 <= k < len(self.wpos) else -1
+        if cut > q and len(given) > self.r0:
+            # an edited or truncated raw history, changed where the working context holds it
+            # verbatim: the working context up to the change, then the caller's messages (a
+            # history cut back into the compacted part is not continued: its latest message
+            # would only survive inside a summary)
+            new = given[p:]
+            return TurnInput(
+                "branch", [*w[:cut], *new], cut, p, _seen_index=self._seen_index(),
+                pending=[*self.wpos[:k], *range(cut, cut + len(new))], pending_raw=[*raw[:p], *new], pending_r0=self.r0,
+            )
+        head = self.wpos[0] if self.wpos else len(w)
+        if q > 0 and (not self.compacted or q > head):
+            # a caller of the prepared list that edited or dropped its latest turns
+            return self._take(given, "branch", base=q, keep_raw=True)
+        if not self.compacted:
+            return self._take(given, "branch", base=0)
+        # the change lies in the compacted part: start over from the caller's list
+        return self._take(given, "fresh", base=0)
+
+    def _take(self, given: list[Message], kind: TurnKind, *, base: int, keep_raw: bool = False) -> TurnInput:
+        """The caller's list is the working input; ``given[:base]`` was seen and equals
+        ``working[:base]``, whose own dicts are used (a list decoded again each turn then keeps
+        every per-message memo of the session: token counts, the planner's sums)."""
+        msgs = [*self.working[:base], *given[base:]] if base else list(given)
+        turn = TurnInput(kind, msgs, base, base, reset_engine=kind == "fresh")
+        if kind == "continue" or keep_raw:
+            k = len(self.wpos) if kind == "continue" else bisect.bisect_left(self.wpos, base)
+            turn.pending = [*self.wpos[:k], *range(base, len(msgs))]
+            turn.pending_raw = [*self.raw[: self.r0 + k], *msgs[base:]]
+            turn.pending_r0 = self.r0
+        else:
+            turn.pending = list(range(len(msgs)))
+            turn.pending_raw = msgs
+            turn.pending_r0 = 0
+        return turn
+
+    def _seen_index(self) -> Callable[[int], int]:
+        """Caller index of a working message that is a raw one (its own index for the others),
+        computed only when an error needs it."""
+        wpos, r0 = self.wpos, self.r0  # finish() replaces the list, never edits it
+
+        def index(i: int) -> int:
+            k = bisect.bisect_left(wpos, i)
+            return r0 + k if k < len(wpos) and wpos[k] == i else i
+
+        return index
+
+    def finish(self, turn: TurnInput, inp: Sequence[Message], out: Sequence[Message]) -> None:
+        """Remember the turn: its input ``inp`` (``turn.messages`` plus any engine tool results
+        appended) became ``out``, the list returned to the caller."""
+        self._ids, self._next_ids = self._next_ids, None
+        pending = turn.pending if turn.pending is not None else list(range(len(inp)))
+        raw = turn.pending_raw if turn.pending_raw is not None else list(inp)
+        r0 = turn.pending_r0
+        if turn.kind in ("first", "fresh"):
+            self.compacted = False
+        result = list(out)
+        if len(result) != len(inp) or result != (inp if isinstance(inp, list) else list(inp)):
+            # a compaction (or a cap) rewrote the input: the raw messages still held verbatim are
+            # those of the common tail of input and output
+            k = 0
+            limit = min(len(result), len(inp))
+            while k < limit and (result[-1 - k] is inp[-1 - k] or result[-1 - k] == inp[-1 - k]):
+                k += 1
+            first_kept = len(inp) - k
+            shift = len(result) - len(inp)
+            j = bisect.bisect_left(pending, first_kept)
+            self.wpos = [wp + shift for wp in pending[j:]]
+            self.r0 = r0 + j
+            self.compacted = True
+            self._ids = None  # the store's tip is the compaction's output, or unknown
+            self._prune_tokens(result)
+        else:
+            self.wpos = pending
+            self.r0 = r0
+        old = self.working
+        self.raw = raw
+        self.working = result
+        self.turns += 1
+        self._follow_working(old, result)
+
+    def reset(self) -> None:
+        """Forget everything (``reset_session``): the next turn is a first turn."""
+        self.__init__()  # type: ignore[misc]
+
+    # -- the store ---------------------------------------------------------------------------
+    def record(
+        self, store: SessionRecorder, session_id: str, turn: TurnInput, messages: Sequence[Message], *, appender: SessionAppender | None = None
+    ) -> list[str]:
+        """Record ``messages`` (the turn's input, engine tool results included) as the session's
+        history and return the store ids of all of them: only the new messages are written when
+        the store's tip is the previous working context and the store can append, the whole
+        list otherwise (a first turn, a branch, after a compaction; the store keeps each message
+        once, so a branch costs its new messages)."""
+        if appender is None and isinstance(store, SessionAppender):
+            appender = store
+        # what is recorded counts once the turn finishes (a turn that raises leaves the old tip,
+        # so the next turn branches from there instead of chaining on the failed input)
+        self._next_ids = None
+        known = self._ids
+        if known and len(known) == turn.base and turn.kind in ("continue", "resend") and appender is not None:
+            new = list(messages[turn.base :])
+            ids = [*known, *appender.append_messages(session_id, new, after=known[-1])] if new else known
+        else:
+            ids = list(store.record_messages(session_id, list(messages)))
+        self._next_ids = ids
+        return ids
+
+    def forget_tip(self) -> None:
+        """The store's tip moved elsewhere (a compaction, a failed write): record in full next time."""
+        self._ids = self._next_ids = None
+
+    # -- tokens and the planner's inputs -----------------------------------------------------
+    def _follow_working(self, old: list[Message], new: list[Message]) -> None:
+        """Keep the running token sums and the last summary's index of ``working`` up to date,
+        counting only the messages appended since the last turn."""
+        n = len(old)
+        if not (len(new) >= n and len(self._sums) == n and (n == 0 or new[n - 1] is old[-1]) and new[:n] == old):
+            self._sums, self._last_summary, n = [], -1, 0
+        acc = self._sums[-1] if self._sums else 0
+        added = new[n:]
+        for i, t in enumerate(self.message_tokens(added), start=n):
+            acc += t
+            self._sums.append(acc)
+            if is_summary(new[i]):
+                self._last_summary = i
+
+    def planner_inputs(self, messages: Sequence[Message]) -> tuple[list[int], int] | None:
+        """Running token sums and the last summary's index of ``messages`` when it is the
+        working context (what ``prepare`` returned), else ``None``."""
+        w = self.working
+        if len(messages) != len(w) or len(self._sums) != len(w) or not w or messages[-1] is not w[-1] or list(messages) != w:
+            return None
+        return self._sums, self._last_summary
+
+    def message_tokens(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """Estimated tokens of each message, each message estimated once per session."""
+        memo = self._tokens
+        out = []
+        for m in messages:
+            hit = memo.get(id(m))
+            if hit is not None and hit[0] is m:
+                out.append(hit[1])
+                continue
+            t = estimate_message_tokens(m)
+            memo[id(m)] = (m, t)  # type: ignore[assignment]
+            out.append(t)
+        if len(memo) > 4 * len(messages) + 256:
+            self._prune_tokens(messages)
+        return out
+
+    def _prune_tokens(self, keep: Sequence[Mapping[str, Any]]) -> None:
+        ids = {id(m) for m in keep}
+        self._tokens = {k: v for k, v in self._tokens.items() if k in ids}

@@ -1,0 +1,249 @@
+"""The two chat APIs the proxy speaks, behind one small interface.
+
+Each :class:`Api` knows how to read a request body's conversation as ctxengine messages (the
+OpenAI chat form, DESIGN §3.1; Anthropic goes through the lossless
+:mod:`ctxengine.anthropic_adapter`), write a working context back into a copy of the body
+(every other key untouched), add the engine's tool schemas in its own tool format, find the
+model's calls to those tools in a response, build the follow-up request that answers them, and
+shape an error the client's SDK understands.
+
+Bodies are never mutated: every ``with_*`` returns a shallow copy with the changed keys.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ctxengine.anthropic_adapter import anthropic_to_openai, openai_to_anthropic
+from ctxengine.messages import Message
+
+__all__ = ["ANTHROPIC", "OPENAI", "Api", "ToolCall", "has_cache_control"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call the model made: provider id, tool name, parsed arguments."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+def has_cache_control(value: Any) -> bool:
+    """Whether ``value`` (a body, a message list, a block …) carries a ``cache_control`` key
+    anywhere: the client placed its own breakpoints, so the proxy places none."""
+    if isinstance(value, Mapping):
+        if "cache_control" in value:
+            return True
+        return any(has_cache_control(v) for v in value.values() if isinstance(v, (Mapping, list)))
+    if isinstance(value, list):
+        return any(has_cache_control(v) for v in value if isinstance(v, (Mapping, list)))
+    return False
+
+
+def _loads_args(raw: Any) -> dict[str, Any]:
+    if isinstance(raw, Mapping):
+        return dict(raw)
+    if isinstance(raw, str) and raw.strip():
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            return {"input": raw}
+        return value if isinstance(value, dict) else {"input": value}
+    return {}
+
+
+class Api:
+    """What differs between the OpenAI and Anthropic chat APIs (see the module docstring)."""
+
+    name: str = ""
+
+    def problem(self, body: Any) -> str | None:
+        """What makes ``body`` unusable (not an object, no ``messages`` list, no ``model``), or None."""
+        if not isinstance(body, dict):
+            return f"the request body must be a JSON object, not {type(body).__name__}"
+        if not isinstance(body.get("model"), str) or not body["model"]:
+            return "'model' is required and must be a string"
+        if not isinstance(body.get("messages"), list):
+            return "'messages' is required and must be a list"
+        return None
+
+    def messages(self, body: Mapping[str, Any]) -> list[Message]:
+        raise NotImplementedError
+
+    def with_messages(self, body: Mapping[str, Any], messages: Sequence[Message]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def tool_names(self, body: Mapping[str, Any]) -> set[str]:
+        raise NotImplementedError
+
+    def tool_schema(self, openai_tool: Mapping[str, Any]) -> dict[str, Any]:
+        """An engine tool (OpenAI ``tools`` format) in this API's format."""
+        raise NotImplementedError
+
+    def with_tools(self, body: Mapping[str, Any], openai_tools: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        out = dict(body)
+        out["tools"] = [*list(body.get("tools") or []), *(self.tool_schema(t) for t in openai_tools)]
+        return out
+
+    def calls(self, response: Mapping[str, Any]) -> list[ToolCall]:
+        raise NotImplementedError
+
+    def assistant_message(self, response: Mapping[str, Any]) -> dict[str, Any]:
+        """The response as a message of this API, ready to go back into ``messages``."""
+        raise NotImplementedError
+
+    def followup(self, body: Mapping[str, Any], assistant: Mapping[str, Any], results: Sequence[tuple[ToolCall, str]]) -> dict[str, Any]:
+        """``body`` plus the assistant turn and the results of its calls to the engine's tools."""
+        raise NotImplementedError
+
+    def without_calls(self, response: Mapping[str, Any], names: set[str]) -> dict[str, Any]:
+        """``response`` with its calls to ``names`` removed (what the client may see)."""
+        raise NotImplementedError
+
+    def usage(self, response: Mapping[str, Any]) -> dict[str, Any] | None:
+        u = response.get("usage")
+        return dict(u) if isinstance(u, Mapping) else None
+
+    def error(self, status: int, message: str, kind: str | None = None) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class _OpenAI(Api):
+    name = "openai"
+    _TYPES: ClassVar[dict[int, str]] = {400: "invalid_request_error", 401: "invalid_api_key", 404: "not_found", 413: "invalid_request_error", 500: "server_error", 502: "server_error"}
+
+    def messages(self, body: Mapping[str, Any]) -> list[Message]:
+        return list(body["messages"])
+
+    def with_messages(self, body: Mapping[str, Any], messages: Sequence[Message]) -> dict[str, Any]:
+        out = dict(body)
+        out["messages"] = list(messages)
+        return out
+
+    def tool_names(self, body: Mapping[str, Any]) -> set[str]:
+        names: set[str] = set()
+        for t in body.get("tools") or []:
+            fn = t.get("function") if isinstance(t, Mapping) else None
+            if isinstance(fn, Mapping) and isinstance(fn.get("name"), str):
+                names.add(fn["name"])
+        return names
+
+    def tool_schema(self, openai_tool: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(openai_tool)
+
+    def _message(self, response: Mapping[str, Any]) -> Mapping[str, Any]:
+        choices = response.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], Mapping):
+            msg = choices[0].get("message")
+            if isinstance(msg, Mapping):
+                return msg
+        return {}
+
+    def calls(self, response: Mapping[str, Any]) -> list[ToolCall]:
+        out = []
+        for call in self._message(response).get("tool_calls") or []:
+            fn = call.get("function") or {}
+            out.append(ToolCall(str(call.get("id", "")), str(fn.get("name", "")), _loads_args(fn.get("arguments"))))
+        return out
+
+    def assistant_message(self, response: Mapping[str, Any]) -> dict[str, Any]:
+        msg = self._message(response)
+        out: dict[str, Any] = {"role": "assistant", "content": msg.get("content")}
+        if msg.get("tool_calls"):
+            out["tool_calls"] = [dict(c) for c in msg["tool_calls"]]
+        for key in ("reasoning_content", "reasoning"):
+            if msg.get(key):
+                out[key] = msg[key]
+        return out
+
+    def followup(self, body: Mapping[str, Any], assistant: Mapping[str, Any], results: Sequence[tuple[ToolCall, str]]) -> dict[str, Any]:
+        messages = [*body["messages"], dict(assistant)]
+        messages += [{"role": "tool", "tool_call_id": call.id, "content": result} for call, result in results]
+        return self.with_messages(body, messages)
+
+    def without_calls(self, response: Mapping[str, Any], names: set[str]) -> dict[str, Any]:
+        out = dict(response)
+        choices = []
+        for choice in response.get("choices") or []:
+            choice = dict(choice)
+            msg = dict(choice.get("message") or {})
+            kept = [c for c in msg.get("tool_calls") or [] if (c.get("function") or {}).get("name") not in names]
+            if msg.get("tool_calls") is not None:
+                if kept:
+                    msg["tool_calls"] = kept
+                else:
+                    msg.pop("tool_calls")
+                    if choice.get("finish_reason") == "tool_calls":
+                        choice["finish_reason"] = "stop"
+            choice["message"] = msg
+            choices.append(choice)
+        out["choices"] = choices
+        return out
+
+    def error(self, status: int, message: str, kind: str | None = None) -> dict[str, Any]:
+        etype = kind or self._TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+        return {"error": {"message": message, "type": etype, "param": None, "code": etype}}
+
+
+class _Anthropic(Api):
+    name = "anthropic"
+    _TYPES: ClassVar[dict[int, str]] = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 413: "request_too_large", 500: "api_error", 502: "api_error"}
+
+    def messages(self, body: Mapping[str, Any]) -> list[Message]:
+        return anthropic_to_openai(body.get("system"), body["messages"])
+
+    def with_messages(self, body: Mapping[str, Any], messages: Sequence[Message]) -> dict[str, Any]:
+        system, msgs = openai_to_anthropic(messages)
+        out = dict(body)
+        out["messages"] = msgs
+        if system is None:
+            out.pop("system", None)
+        else:
+            out["system"] = system
+        return out
+
+    def tool_names(self, body: Mapping[str, Any]) -> set[str]:
+        return {t["name"] for t in body.get("tools") or [] if isinstance(t, Mapping) and isinstance(t.get("name"), str)}
+
+    def tool_schema(self, openai_tool: Mapping[str, Any]) -> dict[str, Any]:
+        fn = openai_tool.get("function") or openai_tool
+        out = {"name": fn["name"], "input_schema": fn.get("parameters") or {"type": "object", "properties": {}}}
+        if fn.get("description"):
+            out["description"] = fn["description"]
+        return out
+
+    def calls(self, response: Mapping[str, Any]) -> list[ToolCall]:
+        return [
+            ToolCall(str(b.get("id", "")), str(b.get("name", "")), _loads_args(b.get("input")))
+            for b in response.get("content") or []
+            if isinstance(b, Mapping) and b.get("type") == "tool_use"
+        ]
+
+    def assistant_message(self, response: Mapping[str, Any]) -> dict[str, Any]:
+        return {"role": "assistant", "content": [dict(b) for b in response.get("content") or []]}
+
+    def followup(self, body: Mapping[str, Any], assistant: Mapping[str, Any], results: Sequence[tuple[ToolCall, str]]) -> dict[str, Any]:
+        blocks = [{"type": "tool_result", "tool_use_id": call.id, "content": result} for call, result in results]
+        out = dict(body)
+        out["messages"] = [*body["messages"], dict(assistant), {"role": "user", "content": blocks}]
+        return out
+
+    def without_calls(self, response: Mapping[str, Any], names: set[str]) -> dict[str, Any]:
+        out = dict(response)
+        content = [b for b in response.get("content") or [] if not (isinstance(b, Mapping) and b.get("type") == "tool_use" and b.get("name") in names)]
+        out["content"] = content
+        if out.get("stop_reason") == "tool_use" and not any(isinstance(b, Mapping) and b.get("type") == "tool_use" for b in content):
+            out["stop_reason"] = "end_turn"
+        return out
+
+    def error(self, status: int, message: str, kind: str | None = None) -> dict[str, Any]:
+        etype = kind or self._TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+        return {"type": "error", "error": {"type": etype, "message": message}}
+
+
+OPENAI: Api = _OpenAI()
+ANTHROPIC: Api = _Anthropic()

@@ -1,0 +1,650 @@
+"""The proxy application: an ASGI app (Starlette) in front of an OpenAI- and an Anthropic-style
+upstream (httpx), running a :class:`~ctxengine.ContextManager` per model and session.
+
+Per chat request (``POST /v1/chat/completions``, ``POST /v1/messages``):
+
+1. the body is read (at most ``proxy.max_body_bytes``: 413 beyond) and parsed; a body that is
+   not a chat request gets the error the client's SDK expects (400, the API's error shape);
+2. the session is named by ``x-ctxengine-session`` or derived (:mod:`ctxengine.proxy.session`);
+3. in a worker thread, the manager maps the client's whole resent history onto the session's
+   working context (``prepare``: what is new is appended, an edited history is a new branch)
+   and compacts when due; for Claude models (native Anthropic, or OpenRouter) cache
+   breakpoints are placed unless the client placed its own ``cache_control`` markers (then
+   they, and their TTLs, are left exactly as sent); when the client sends tools and the
+   engine offers recall tools, those are added (and stay added for the rest of the session,
+   so the tool list, and the cache prefix after it, stays stable);
+4. if nothing changed, the client's bytes go upstream as they came; otherwise the body with
+   its messages (and tools) replaced, every other key untouched;
+5. the response comes back verbatim (errors and status codes too); a streamed response is
+   relayed chunk by chunk as it arrives, and its usage is read from the final events;
+6. calls the model makes to the engine's tools are answered by the proxy (another upstream
+   round trip, up to ``proxy.max_tool_rounds``); the client sees only its own tools' calls.
+
+**Fail open**: any internal error in steps 2–4 or 6 sends the client's original request
+unchanged and logs why (``ctxengine_proxy_fail_open_total`` counts them). Every other path
+under ``/v1/`` is forwarded unchanged (``/v1/responses``, ``/v1/models``,
+``/v1/messages/count_tokens`` …): to the Anthropic upstream when the request carries
+``x-api-key`` or ``anthropic-version``, else to the OpenAI upstream.
+
+**Keys** (``Authorization``, ``x-api-key``) are forwarded upstream and never stored or logged;
+the session store records messages only, never headers. When a proxy token is set, every
+``/v1/`` and ``/metrics`` request must carry it in ``x-ctxengine-token``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import importlib
+import logging
+import threading
+import time
+import warnings
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+import httpx2 as httpx
+import orjson
+from starlette.applications import Starlette
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ctxengine.caching import apply_breakpoints
+from ctxengine.config import Config
+from ctxengine.manager import ContextManager, default_store
+from ctxengine.messages import Message
+from ctxengine.models import UnknownModelWarning
+from ctxengine.proxy.apis import ANTHROPIC, OPENAI, Api, ToolCall, has_cache_control
+from ctxengine.proxy.incoming import IncomingHistory
+from ctxengine.proxy.metrics import CONTENT_TYPE, ProxyMetrics
+from ctxengine.proxy.session import (
+    SESSION_HEADER,
+    SessionIdError,
+    derive_session_id,
+    session_from_header,
+)
+from ctxengine.proxy.streams import AnthropicStream, EventSplitter, OpenAIStream, StreamTracker
+from ctxengine.storage import SessionRecorder
+from ctxengine.tokens import estimate_message_tokens
+
+__all__ = ["TOKENS_SAVED_HEADER", "TOKEN_HEADER", "Proxy", "create_app"]
+
+log = logging.getLogger("ctxengine.proxy")
+
+TOKEN_HEADER = "x-ctxengine-token"
+TOKENS_SAVED_HEADER = "x-ctxengine-tokens-saved"
+
+# never forwarded in either direction (RFC 9110 §7.6.1 hop-by-hop, plus what httpx recomputes)
+_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length"})
+_OURS = (SESSION_HEADER, TOKEN_HEADER)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+@dataclass
+class _Plan:
+    """What goes upstream for one request, and what the proxy needs to finish it."""
+
+    api: Api
+    session: str
+    body: dict[str, Any]
+    content: bytes
+    manager: ContextManager | None = None
+    engine_tools: frozenset[str] = frozenset()
+    tokens_in: int = 0
+    tokens_out: int = 0
+    compactions: int = 0
+    context: list[Message] = field(default_factory=list)
+
+    @property
+    def saved(self) -> int:
+        return max(0, self.tokens_in - self.tokens_out)
+
+
+def _same(a: Sequence[Message], b: Sequence[Message]) -> bool:
+    return len(a) == len(b) and all(x is y or x == y for x, y in zip(a, b, strict=True))
+
+
+def _tokens(messages: Sequence[Message]) -> int:
+    return sum(estimate_message_tokens(m) for m in messages)
+
+
+class Proxy:
+    """The proxy's state: config, store, managers (one per API and model), HTTP client, metrics.
+
+    ``store="default"`` opens the configured store (SQLite unless configured otherwise);
+    ``transport`` (tests) replaces the network under the upstream client.
+    """
+
+    def __init__(
+        self,
+        config: Config | None = None,
+        *,
+        auth_token: str | None = None,
+        store: SessionRecorder | Literal["default"] | None = "default",
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.config = config or Config()
+        self.settings = self.config.proxy
+        self.auth_token = auth_token or None
+        self.store: SessionRecorder | None = default_store(self.config) if store == "default" else store
+        self.metrics = ProxyMetrics()
+        self._transport = transport
+        self._client: httpx.AsyncClient | None = None
+        self._managers: dict[tuple[str, str], ContextManager] = {}
+        self._injected: dict[str, list[dict[str, Any]]] = {}
+        self._incoming: dict[tuple[str, str], tuple[threading.Lock, IncomingHistory]] = {}
+        self._betas: dict[str, list[str]] = {}
+        self._lock = threading.Lock()
+        self.app = Starlette(
+            routes=[
+                Route("/healthz", self.healthz, methods=["GET"]),
+                Route("/metrics", self.metrics_endpoint, methods=["GET"]),
+                Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+                Route("/v1/messages", self.messages, methods=["POST"]),
+                Route("/v1/{path:path}", self.forward, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
+            ],
+            lifespan=self._lifespan,
+        )
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        self._client = self._new_client()
+        try:
+            yield
+        finally:
+            client, self._client = self._client, None
+            await client.aclose()
+            self.close()
+
+    def _new_client(self) -> httpx.AsyncClient:
+        limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+        timeout = httpx.Timeout(self.settings.timeout, connect=min(30.0, self.settings.timeout))
+        return httpx.AsyncClient(transport=self._transport, timeout=timeout, limits=limits, follow_redirects=False)
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:  # used without the lifespan (e.g. a bare ASGI call)
+            self._client = self._new_client()
+        return self._client
+
+    def close(self) -> None:
+        """End every manager's sessions (the store stays open: it may be shared)."""
+        with self._lock:
+            managers = list(self._managers.values())
+            self._managers.clear()
+        for m in managers:
+            with contextlib.suppress(Exception):
+                m.close()
+
+    # -- helpers ----------------------------------------------------------------------------
+    def manager(self, api: Api, model: str) -> ContextManager:
+        """The manager serving ``model`` on ``api`` (created on first use)."""
+        key = (api.name, model)
+        with self._lock:
+            mgr = self._managers.get(key)
+            if mgr is None:
+                provider = "anthropic" if api is ANTHROPIC else self.config.model.provider
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UnknownModelWarning)
+                    mgr = ContextManager(self.config, model=model, provider=provider, store=self.store)
+                self._managers[key] = mgr
+            return mgr
+
+    def _authorized(self, request: Request) -> bool:
+        if not self.auth_token:
+            return True
+        sent = request.headers.get(TOKEN_HEADER, "")
+        return hmac.compare_digest(sent.encode(), self.auth_token.encode())
+
+    def _upstream(self, api: Api, path: str, query: str) -> str:
+        if api is ANTHROPIC:
+            base = self.settings.anthropic_base_url.rstrip("/")
+            url = base + path if not base.endswith("/v1") else base + path[3:]
+        else:
+            base = self.settings.openai_base_url.rstrip("/")
+            url = base + path[3:] if base.endswith("/v1") else base + path
+        return f"{url}?{query}" if query else url
+
+    @staticmethod
+    def _request_headers(request: Request, *, passthrough: bool = False) -> dict[str, str]:
+        out = {}
+        for k, v in request.headers.items():
+            lk = k.lower()
+            if lk in _HOP or lk in _OURS or (lk == "accept-encoding" and not passthrough):
+                continue
+            out[k] = v
+        if not passthrough:
+            out["accept-encoding"] = "identity"  # the proxy reads the stream it relays
+        return out
+
+    @staticmethod
+    def _response_headers(resp: httpx.Response, *, keep_encoding: bool = False) -> dict[str, str]:
+        out = {}
+        for k, v in resp.headers.items():
+            lk = k.lower()
+            if lk in _HOP or (lk == "content-encoding" and not keep_encoding):
+                continue
+            out[k] = v
+        return out
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self.settings.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise _TooLarge
+        chunks = []
+        total = 0
+        async for chunk in request.stream():
+            total += len(chunk)
+            if total > limit:
+                raise _TooLarge
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _error(self, api: Api, status: int, message: str, outcome: str, kind: str | None = None) -> JSONResponse:
+        self.metrics.requests.labels(api.name, outcome).inc()
+        log.info("request rejected", extra={"fields": {"api": api.name, "status": status, "outcome": outcome, "reason": message}})
+        return JSONResponse(api.error(status, message, kind), status_code=status)
+
+    # -- endpoints ----------------------------------------------------------------------------
+    async def healthz(self, request: Request) -> Response:
+        with self._lock:
+            sessions = sum(len(m.sessions) for m in self._managers.values())
+        store = type(self.store).__name__ if self.store is not None else None
+        return JSONResponse({"status": "ok", "store": store, "sessions": sessions})
+
+    async def metrics_endpoint(self, request: Request) -> Response:
+        if not self._authorized(request):
+            return JSONResponse({"error": {"message": f"missing or wrong {TOKEN_HEADER}", "type": "authentication_error"}}, status_code=401)
+        return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._chat(request, OPENAI)
+
+    async def messages(self, request: Request) -> Response:
+        return await self._chat(request, ANTHROPIC)
+
+    async def forward(self, request: Request) -> Response:
+        """Any other ``/v1/`` path, unchanged both ways."""
+        anthropic = "x-api-key" in request.headers or "anthropic-version" in request.headers
+        api = ANTHROPIC if anthropic else OPENAI
+        if not self._authorized(request):
+            return self._error(api, 401, f"missing or wrong {TOKEN_HEADER} (this proxy requires a token)", "unauthorized", "authentication_error")
+        try:
+            raw = await self._read_body(request)
+        except _TooLarge:
+            return self._error(api, 413, f"request body larger than {self.settings.max_body_bytes} bytes", "too_large", "request_too_large")
+        url = self._upstream(api, request.url.path, request.url.query)
+        try:
+            req = self.client.build_request(request.method, url, content=raw or None, headers=self._request_headers(request, passthrough=True))
+            resp = await self.client.send(req, stream=True)
+        except httpx.HTTPError as exc:
+            return self._error(api, 502, f"upstream unreachable: {type(exc).__name__}: {exc}", "upstream_unreachable", "api_error" if anthropic else "server_error")
+        self.metrics.requests.labels("passthrough", "ok" if resp.status_code < 400 else "upstream_error").inc()
+        return StreamingResponse(
+            resp.aiter_raw(), status_code=resp.status_code, headers=self._response_headers(resp, keep_encoding=True), background=BackgroundTask(resp.aclose)
+        )
+
+    async def _chat(self, request: Request, api: Api) -> Response:
+        t0 = time.perf_counter()
+        if not self._authorized(request):
+            return self._error(api, 401, f"missing or wrong {TOKEN_HEADER} (this proxy requires a token)", "unauthorized", "authentication_error")
+        try:
+            raw = await self._read_body(request)
+        except _TooLarge:
+            return self._error(api, 413, f"request body larger than {self.settings.max_body_bytes} bytes (proxy.max_body_bytes)", "too_large")
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            return self._error(api, 400, f"the request body is not valid JSON: {exc}", "bad_request")
+        problem = api.problem(body)
+        if problem:
+            return self._error(api, 400, problem, "bad_request")
+        try:
+            named = session_from_header(request.headers.get(SESSION_HEADER))
+        except SessionIdError as exc:
+            return self._error(api, 400, str(exc), "bad_request")
+        headers = self._request_headers(request)
+        plan = _Plan(api, named or "", body, raw)
+        try:
+            if not named:
+                plan.session = derive_session_id(api.name, request.headers, body.get("system") if api is ANTHROPIC else None, body["messages"])
+            plan = await anyio.to_thread.run_sync(self._plan, api, plan.session, body, raw)
+        except Exception as exc:  # fail open: the client's request goes upstream unchanged
+            self._fail_open(api, plan, "prepare", exc)
+            plan = _Plan(api, plan.session, body, raw)
+        self.metrics.added_latency.labels(api.name).observe(time.perf_counter() - t0)
+        if api is ANTHROPIC:
+            self._sticky_betas(plan.session, headers)
+        url = self._upstream(api, request.url.path, request.url.query)
+        extra = {SESSION_HEADER: plan.session, TOKENS_SAVED_HEADER: str(plan.saved)}
+        try:
+            if body.get("stream") is True:
+                return await self._stream(plan, url, headers, extra)
+            return await self._complete(plan, url, headers, extra, raw)
+        except httpx.HTTPError as exc:
+            kind = "api_error" if api is ANTHROPIC else "server_error"
+            return self._error(api, 502, f"upstream unreachable: {type(exc).__name__}: {exc}", "upstream_unreachable", kind)
+
+    def _sticky_betas(self, session: str, headers: dict[str, str]) -> None:
+        """Keep a session's ``anthropic-beta`` flags once sent: a turn that drops one would
+        change how the request is processed and miss the cache built with it."""
+        key = next((k for k in headers if k.lower() == "anthropic-beta"), "anthropic-beta")
+        sent = [b.strip() for b in headers.get(key, "").split(",") if b.strip()]
+        with self._lock:
+            betas = self._betas.setdefault(session, [])
+            betas.extend(b for b in sent if b not in betas)
+            merged = list(betas)
+        if merged:
+            headers[key] = ",".join(merged)
+
+    def _fail_open(self, api: Api, plan: _Plan, stage: str, exc: BaseException) -> None:
+        self.metrics.fail_open.labels(api.name, stage).inc()
+        log.warning(
+            "context management failed; forwarding the request unchanged",
+            extra={"fields": {"api": api.name, "session": plan.session, "stage": stage, "error": f"{type(exc).__name__}: {exc}"}},
+            exc_info=log.isEnabledFor(logging.DEBUG),
+        )
+
+    # -- the manager's part (worker thread) ----------------------------------------------
+    def _plan(self, api: Api, session: str, body: dict[str, Any], raw: bytes) -> _Plan:
+        with self._lock:
+            lock, incoming = self._incoming.setdefault((api.name, session), (threading.Lock(), IncomingHistory()))
+        with lock:
+            return self._plan_locked(api, session, body, raw, incoming)
+
+    def _plan_locked(self, api: Api, session: str, body: dict[str, Any], raw: bytes, incoming: IncomingHistory) -> _Plan:
+        mgr = self.manager(api, str(body["model"]))
+        conv = None
+        if api is ANTHROPIC:
+            conv = incoming.from_anthropic(body.get("system"), body["messages"])
+            msgs = conv.messages
+        else:  # the manager recognises the resent history itself (ctxengine.history)
+            msgs = list(body["messages"])
+        before = mgr.status(session)["compactions"]
+        out = mgr.prepare(msgs, session_id=session)
+        after_status = mgr.status(session)
+        plan = _Plan(api, session, body, raw, manager=mgr, context=out)
+        plan.compactions = int(after_status["compactions"]) - int(before)
+        changed = not _same(out, msgs)
+        if changed:
+            plan.tokens_in, plan.tokens_out = _tokens(msgs), _tokens(out)
+        else:
+            plan.tokens_in = plan.tokens_out = int(after_status.get("last_tokens") or 0)
+        sent = out
+        indices: list[int] = []
+        # the byte check is quick; only a body that names the key is walked
+        if mgr.caching.enabled and not (b'"cache_control"' in raw and has_cache_control(body)):
+            indices = mgr.breakpoints(out, session_id=session)
+            if indices:  # deep-copy only the marked messages
+                marked = apply_breakpoints([out[i] for i in indices], range(len(indices)), cache_ttl=mgr.caching.cache_ttl, native_anthropic=mgr.caching.native_anthropic)
+                sent = list(out)
+                for i, m in zip(indices, marked, strict=True):
+                    sent[i] = m
+        new_body = body
+        if changed or (indices and conv is None):
+            new_body = api.with_messages(body, sent)
+        elif indices and conv is not None:
+            try:  # only the messages that carry a marker are converted back
+                new_body = IncomingHistory.to_anthropic(body, conv, sent, indices)
+            except (ValueError, KeyError, IndexError) as exc:
+                log.debug("marker write-back fell back to a full conversion: %s", exc)
+                new_body = api.with_messages(body, sent)
+        tools = self._engine_tools(api, mgr, session, body)
+        if tools:
+            new_body = api.with_tools(new_body, tools)
+            plan.engine_tools = frozenset(str((t.get("function") or t)["name"]) for t in tools)
+        if new_body is not body:
+            plan.body = new_body
+            plan.content = orjson.dumps(new_body)
+        return plan
+
+    def _engine_tools(self, api: Api, mgr: ContextManager, session: str, body: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The engine's tools to add: only when enabled and the client sends tools of its own;
+        once added for a session they stay (a stable tool list keeps the cache warm)."""
+        client_tools = body.get("tools")
+        if not self.settings.recall_tools or not isinstance(client_tools, list) or not client_tools:
+            return []
+        offered = mgr.tools([], session_id=session)
+        with self._lock:
+            sticky = self._injected.setdefault(session, [])
+            known = {str((t.get("function") or t).get("name")) for t in sticky}
+            for t in offered:
+                name = str((t.get("function") or t).get("name"))
+                if name not in known:
+                    sticky.append(dict(t))
+                    known.add(name)
+            chosen = list(sticky)
+        taken = api.tool_names(body)
+        return [t for t in chosen if str((t.get("function") or t).get("name")) not in taken]
+
+    def _run_tool(self, plan: _Plan, call: ToolCall) -> str:
+        """Answer one call to a tool the proxy added: the engine's own tools through the
+        engine, the manager's store-backed recall tools (``ctx_grep`` …) through
+        :mod:`ctxengine.recall` over the same store."""
+        assert plan.manager is not None
+        engine = plan.manager.engine(plan.session)
+        try:
+            own = {str((t.get("function") or t).get("name")) for t in engine.get_tool_schemas()}
+            recall_module = _recall_module() if call.name not in own and self.store is not None else None
+            if recall_module is not None:
+                recall = recall_module.Recall(self.store, plan.session)
+                if call.name in recall.names():
+                    return str(recall.handle(call.name, call.arguments))
+            return engine.handle_tool_call(call.name, call.arguments, session_id=plan.session, messages=plan.context)
+        except Exception as exc:  # the model sees the failure, the client never does
+            log.warning("engine tool failed", extra={"fields": {"session": plan.session, "tool": call.name, "error": f"{type(exc).__name__}: {exc}"}})
+            return orjson.dumps({"error": f"{call.name} failed: {type(exc).__name__}: {exc}"}).decode()
+
+    async def _usage(self, plan: _Plan, usage: Mapping[str, Any] | None) -> None:
+        api = plan.api.name
+        if plan.manager is None or not usage:
+            return
+        from ctxengine.engine import normalize_usage
+
+        u = normalize_usage(usage)
+        self.metrics.prompt_tokens.labels(api).inc(u.prompt_tokens)
+        self.metrics.completion_tokens.labels(api).inc(u.completion_tokens)
+        self.metrics.cache_read.labels(api).inc(u.cache_read_tokens)
+        self.metrics.cache_write.labels(api).inc(u.cache_write_tokens)
+        mgr = plan.manager
+        try:
+            await anyio.to_thread.run_sync(lambda: mgr.update_from_response(dict(usage), session_id=plan.session))
+        except Exception as exc:
+            self._fail_open(plan.api, plan, "usage", exc)
+
+    def _account(self, plan: _Plan, outcome: str, status: int, started: float) -> None:
+        api = plan.api.name
+        self.metrics.requests.labels(api, outcome).inc()
+        self.metrics.tokens_in.labels(api).inc(plan.tokens_in)
+        self.metrics.tokens_out.labels(api).inc(plan.tokens_out)
+        if plan.compactions:
+            self.metrics.compactions.labels(api).inc(plan.compactions)
+        log.info(
+            "request",
+            extra={
+                "fields": {
+                    "api": api,
+                    "session": plan.session,
+                    "model": plan.body.get("model"),
+                    "status": status,
+                    "outcome": outcome,
+                    "stream": plan.body.get("stream") is True,
+                    "tokens_in": plan.tokens_in,
+                    "tokens_out": plan.tokens_out,
+                    "compactions": plan.compactions,
+                    "ms": round((time.perf_counter() - started) * 1000, 2),
+                }
+            },
+        )
+
+    # -- non-streaming ------------------------------------------------------------------------
+    async def _complete(self, plan: _Plan, url: str, headers: dict[str, str], extra: dict[str, str], original: bytes) -> Response:
+        started = time.perf_counter()
+        api = plan.api
+        resp = await self.client.post(url, content=plan.content, headers=headers)
+        if resp.status_code >= 400:
+            self._account(plan, "upstream_error", resp.status_code, started)
+            return Response(resp.content, status_code=resp.status_code, headers=self._response_headers(resp) | extra)
+        try:
+            data = orjson.loads(resp.content)
+        except orjson.JSONDecodeError:
+            self._account(plan, "ok", resp.status_code, started)
+            return Response(resp.content, status_code=resp.status_code, headers=self._response_headers(resp) | extra)
+        await self._usage(plan, api.usage(data) if isinstance(data, dict) else None)
+        if not plan.engine_tools or not isinstance(data, dict):
+            self._account(plan, "ok", resp.status_code, started)
+            return Response(resp.content, status_code=resp.status_code, headers=self._response_headers(resp) | extra)
+        try:
+            status, data, resp = await self._answer_tools(plan, url, headers, data, resp)
+        except Exception as exc:  # fail open: the client's own request, unchanged
+            self._fail_open(api, plan, "tools", exc)
+            resp = await self.client.post(url, content=original, headers=headers)
+            self._account(plan, "fail_open", resp.status_code, started)
+            return Response(resp.content, status_code=resp.status_code, headers=self._response_headers(resp) | extra)
+        self._account(plan, "ok" if status < 400 else "upstream_error", status, started)
+        if status >= 400:
+            return Response(resp.content, status_code=status, headers=self._response_headers(resp) | extra)
+        out_headers = self._response_headers(resp) | extra
+        out_headers.pop("content-type", None)
+        return JSONResponse(data, status_code=status, headers=out_headers)
+
+    async def _answer_tools(
+        self, plan: _Plan, url: str, headers: dict[str, str], data: dict[str, Any], resp: httpx.Response
+    ) -> tuple[int, dict[str, Any], httpx.Response]:
+        api = plan.api
+        body = plan.body
+        for _ in range(self.settings.max_tool_rounds):
+            calls = api.calls(data)
+            if not calls or not all(c.name in plan.engine_tools for c in calls):
+                break
+            results = [(c, await anyio.to_thread.run_sync(self._run_tool, plan, c)) for c in calls]
+            body = api.followup(body, api.assistant_message(data), results)
+            self.metrics.tool_rounds.labels(api.name).inc()
+            resp = await self.client.post(url, content=orjson.dumps(body), headers=headers)
+            if resp.status_code >= 400:
+                return resp.status_code, {}, resp
+            data = orjson.loads(resp.content)
+            await self._usage(plan, api.usage(data))
+        return resp.status_code, api.without_calls(data, set(plan.engine_tools)), resp
+
+    # -- streaming ------------------------------------------------------------------------------
+    def _tracker(self, plan: _Plan, first: bool = True, offset: int = 0) -> StreamTracker:
+        if plan.api is ANTHROPIC:
+            return AnthropicStream(engine_tools=plan.engine_tools, first_round=first, index_offset=offset)
+        return OpenAIStream(engine_tools=plan.engine_tools, first_round=first)
+
+    async def _stream(self, plan: _Plan, url: str, headers: dict[str, str], extra: dict[str, str]) -> Response:
+        started = time.perf_counter()
+        req = self.client.build_request("POST", url, content=plan.content, headers=headers)
+        resp = await self.client.send(req, stream=True)
+        if resp.status_code >= 400:
+            content = await resp.aread()
+            await resp.aclose()
+            self._account(plan, "upstream_error", resp.status_code, started)
+            return Response(content, status_code=resp.status_code, headers=self._response_headers(resp) | extra)
+        out_headers = self._response_headers(resp) | extra
+        return StreamingResponse(self._relay(plan, url, headers, resp, started), status_code=resp.status_code, headers=out_headers)
+
+    async def _relay(self, plan: _Plan, url: str, headers: dict[str, str], resp: httpx.Response, started: float) -> AsyncIterator[bytes]:
+        api = plan.api
+        tracker = self._tracker(plan)
+        body = plan.body
+        rounds = 0
+        outcome = "ok"
+        try:
+            while True:
+                splitter = EventSplitter(only=None if plan.engine_tools else b'"usage"')
+                if not plan.engine_tools:
+                    async for chunk in resp.aiter_bytes():
+                        yield chunk  # relayed as it arrives
+                        for event in splitter.feed(chunk):
+                            tracker.feed(event)
+                else:
+                    async for chunk in resp.aiter_bytes():
+                        for event in splitter.feed(chunk):
+                            tracker.feed(event)
+                            shown = tracker.visible(event)
+                            if shown:
+                                yield shown
+                for event in splitter.flush():
+                    tracker.feed(event)
+                    if plan.engine_tools:
+                        shown = tracker.visible(event)
+                        if shown:
+                            yield shown
+                await resp.aclose()
+                await self._usage(plan, tracker.usage)
+                if not (plan.engine_tools and tracker.engine_calls_only()):
+                    break
+                if rounds >= self.settings.max_tool_rounds:
+                    yield _closing(api)
+                    break
+                calls = [ToolCall(i, n, a) for i, n, a in tracker.calls()]
+                results = [(c, await anyio.to_thread.run_sync(self._run_tool, plan, c)) for c in calls]
+                body = api.followup(body, tracker.assistant_message(), results)
+                self.metrics.tool_rounds.labels(api.name).inc()
+                rounds += 1
+                req = self.client.build_request("POST", url, content=orjson.dumps(body), headers=headers)
+                resp = await self.client.send(req, stream=True)
+                if resp.status_code >= 400:
+                    content = await resp.aread()
+                    await resp.aclose()
+                    outcome = "upstream_error"
+                    yield _stream_error(api, resp.status_code, content)
+                    break
+                offset = tracker.client_blocks if isinstance(tracker, AnthropicStream) else 0
+                tracker = self._tracker(plan, first=False, offset=offset)
+        finally:
+            await resp.aclose()
+            self._account(plan, outcome, 200, started)
+
+
+def _recall_module() -> Any:
+    """:mod:`ctxengine.recall` (the manager's store-backed recall), or ``None`` in a build without it."""
+    try:
+        return importlib.import_module("ctxengine.recall")
+    except ImportError:
+        return None
+
+
+def _closing(api: Api) -> bytes:
+    """The end of a stream whose last round still called only the engine's tools."""
+    if api is ANTHROPIC:
+        delta = {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None}, "usage": {"output_tokens": 0}}
+        return b"event: message_delta\ndata: " + orjson.dumps(delta) + b"\n\nevent: message_stop\ndata: " + orjson.dumps({"type": "message_stop"}) + b"\n\n"
+    chunk = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    return b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n"
+
+
+def _stream_error(api: Api, status: int, content: bytes) -> bytes:
+    """An upstream error met in a follow-up round, as an event of the stream already under way."""
+    try:
+        payload = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        payload = api.error(status, content.decode("utf-8", "replace")[:500])
+    if api is ANTHROPIC:
+        return b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def create_app(
+    config: Config | None = None,
+    *,
+    auth_token: str | None = None,
+    store: SessionRecorder | Literal["default"] | None = "default",
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> Starlette:
+    """The ASGI app of a :class:`Proxy` (its ``state.proxy`` is the proxy object)."""
+    proxy = Proxy(config, auth_token=auth_token, store=store, transport=transport)
+    proxy.app.state.proxy = proxy
+    return proxy.app
+

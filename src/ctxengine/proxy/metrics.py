@@ -1,0 +1,45 @@
+"""Prometheus metrics of one proxy process (``GET /metrics``).
+
+Each :class:`ProxyMetrics` has its own registry, so several proxies (tests, one process per
+port) never share counters. Names follow Prometheus conventions (``_total`` counters,
+``_seconds`` histograms).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+__all__ = ["CONTENT_TYPE", "ProxyMetrics"]
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class ProxyMetrics:
+    """The counters and histograms the proxy updates (see each ``documentation`` string)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("ctxengine_proxy_requests", "Requests served, by API and outcome.", ["api", "outcome"], registry=r)
+        self.tokens_in = Counter("ctxengine_proxy_tokens_in", "Estimated tokens of the conversations clients sent (before compaction).", ["api"], registry=r)
+        self.tokens_out = Counter("ctxengine_proxy_tokens_out", "Estimated tokens of the conversations sent upstream (after compaction).", ["api"], registry=r)
+        self.compactions = Counter("ctxengine_proxy_compactions", "Compactions run by the sessions' engines.", ["api"], registry=r)
+        self.cache_read = Counter("ctxengine_proxy_upstream_cache_read_tokens", "Prompt tokens the upstream reported read from its cache.", ["api"], registry=r)
+        self.cache_write = Counter("ctxengine_proxy_upstream_cache_write_tokens", "Prompt tokens the upstream reported written to its cache.", ["api"], registry=r)
+        self.prompt_tokens = Counter("ctxengine_proxy_upstream_prompt_tokens", "Prompt tokens the upstream reported.", ["api"], registry=r)
+        self.completion_tokens = Counter("ctxengine_proxy_upstream_completion_tokens", "Completion tokens the upstream reported.", ["api"], registry=r)
+        self.tool_rounds = Counter("ctxengine_proxy_tool_rounds", "Extra upstream round trips made to answer the engine's own tools.", ["api"], registry=r)
+        self.fail_open = Counter("ctxengine_proxy_fail_open", "Requests forwarded unchanged because context management failed.", ["api", "reason"], registry=r)
+        self.added_latency = Histogram(
+            "ctxengine_proxy_added_latency_seconds",
+            "Time from receiving a request to sending it upstream (the proxy's own work).",
+            ["api"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

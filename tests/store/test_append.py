@@ -1,0 +1,43 @@
+"""Appending after a known message: the per-turn write path that records only what is new."""
+
+from __future__ import annotations
+
+import pytest
+
+from ctxengine.errors import NotFoundError
+from ctxengine.store import SessionStore
+from ctxengine.store.base import blob_hash, canonical_json, message_id
+
+
+def test_append_after_a_known_message_records_only_the_new_ones(store: SessionStore) -> None:
+    ids = store.record_messages("s", [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}])
+    new = store.append_messages("s", [{"role": "user", "content": "c"}], after=ids[-1])
+    assert store.history_ids("s") == [*ids, *new]
+    assert [m["content"] for m in store.history("s")] == ["a", "b", "c"]
+    # the id is the same content address a full recording gives
+    assert new == [message_id(ids[-1], blob_hash(canonical_json({"role": "user", "content": "c"})))]
+    assert store.record_messages("t", [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}])[-1] == new[0]
+    assert store.events("s")[-1].kind == "append"
+
+
+def test_append_after_an_earlier_message_branches(store: SessionStore) -> None:
+    ids = store.record_messages("s", [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}])
+    other = store.append_messages("s", [{"role": "assistant", "content": "b2"}], after=ids[0])
+    assert [m["content"] for m in store.history("s")] == ["a", "b2"]
+    assert store.history_ids("s") == [ids[0], *other]
+    assert [m["content"] for m in store.history("s", f"message:{ids[1]}")] == ["a", "b"]  # the old branch stays
+
+
+def test_append_after_an_unknown_message_is_an_error(store: SessionStore) -> None:
+    store.record_messages("s", [{"role": "user", "content": "a"}])
+    with pytest.raises(NotFoundError, match="no such message"):
+        store.append_messages("s", [{"role": "user", "content": "b"}], after="f" * 32)
+    assert [m["content"] for m in store.history("s")] == ["a"]
+
+
+def test_messages_written_since_the_last_search_are_found(store: SessionStore) -> None:
+    ids = store.record_messages("s", [{"role": "user", "content": "first needle-one"}])
+    assert [h.snippet for h in store.search("needle-one")] == ["first needle-one"]
+    store.append_messages("s", [{"role": "assistant", "content": "second needle-two"}], after=ids[-1])
+    store.record_messages("t", [{"role": "user", "content": "third needle-two"}])
+    assert sorted(h.snippet for h in store.search("needle-two")) == ["second needle-two", "third needle-two"]

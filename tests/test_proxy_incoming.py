@@ -1,0 +1,66 @@
+"""The proxy's incremental reading of resent histories gives what a full conversion gives."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from ctxengine.anthropic_adapter import anthropic_to_openai, openai_to_anthropic
+from ctxengine.caching import apply_breakpoints
+from ctxengine.proxy.incoming import IncomingHistory
+
+SYSTEM = [{"type": "text", "text": "You are an agent."}]
+TURNS: list[dict[str, Any]] = [
+    {"role": "user", "content": "fix the bug"},
+    {"role": "assistant", "content": [{"type": "thinking", "thinking": "look first", "signature": "sig1"}, {"type": "text", "text": "reading"}, {"type": "tool_use", "id": "t1", "name": "read", "input": {"p": "a.py"}}, {"type": "tool_use", "id": "t2", "name": "read", "input": {"p": "b.py"}}]},
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "A"}, {"type": "tool_result", "tool_use_id": "t2", "content": [{"type": "text", "text": "B"}], "is_error": True}, {"type": "text", "text": "also check c.py"}]},
+    {"role": "assistant", "content": [{"type": "tool_use", "id": "t3", "name": "read", "input": {"p": "c.py"}}]},
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t3", "content": "C"}]},
+    {"role": "assistant", "content": "done"},
+    {"role": "user", "content": [{"type": "text", "text": "thanks"}, {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]},
+]
+
+
+def resent(n: int) -> list[dict[str, Any]]:
+    return json.loads(json.dumps(TURNS[:n]))  # a fresh copy, as a client serialises it again
+
+
+def test_each_turn_converts_like_the_whole_history() -> None:
+    inc = IncomingHistory()
+    previous: list[Any] = []
+    for n in (1, 3, 5, 6, 7):
+        msgs = resent(n)
+        conv = inc.from_anthropic(SYSTEM, msgs)
+        assert conv.messages == anthropic_to_openai(SYSTEM, msgs)
+        # the part seen before is handed over as the same objects (the manager's memos hit)
+        assert all(a is b for a, b in zip(conv.messages, previous, strict=False))
+        previous = conv.messages
+
+
+def test_an_edited_history_is_converted_again_from_the_edit() -> None:
+    inc = IncomingHistory()
+    inc.from_anthropic(SYSTEM, resent(5))
+    edited = resent(5)
+    edited[2]["content"][0]["content"] = "A, edited"
+    conv = inc.from_anthropic("another system", edited)
+    assert conv.messages == anthropic_to_openai("another system", edited)
+
+
+def test_markers_written_back_equal_a_full_conversion_and_leave_other_messages_alone() -> None:
+    inc = IncomingHistory()
+    msgs = resent(7)
+    body = {"model": "claude", "system": SYSTEM, "messages": msgs}
+    original = copy.deepcopy(body)
+    conv = inc.from_anthropic(SYSTEM, msgs)
+    for indices in ([0, 3, 6], [0, len(conv.messages) - 1], [2, 5]):
+        marked = apply_breakpoints([conv.messages[i] for i in indices], range(len(indices)), native_anthropic=True)
+        sent = list(conv.messages)
+        for i, m in zip(indices, marked, strict=True):
+            sent[i] = m
+        out = IncomingHistory.to_anthropic(body, conv, sent, indices)
+        system, full = openai_to_anthropic(sent)
+        assert out["messages"] == full and out["system"] == system
+        touched = {conv.owner[i] for i in indices}
+        assert all(out["messages"][a] is msgs[a] for a in range(len(msgs)) if a not in touched)
+    assert body == original
