@@ -204,7 +204,7 @@ def cases_lost_users(quick: bool) -> Iterator[Case]:
 
         def long(engine: str = engine) -> Result:
             window = 128_000
-            msgs = agent_session(600 if quick else 2_000, user_words=200, output_lines=5, seed=42)
+            msgs = agent_session(600 if quick else 1_200, user_words=200, output_lines=5, seed=42)
             path = WORK / f"long-{engine}.db"
             ctx = manager({"context": {"engine": engine}}, window=window, store_path=path)
             out = ctx.prepare(msgs)
