@@ -277,3 +277,60 @@ def test_the_manager_keeps_running_sums_per_session_and_holds_the_window() -> No
     assert mgr.status("a")["window_cuts"] > 0
     tally = mgr._session("a").tally
     assert tally.msgs == out and tally.total >= O200K.count_messages(out)
+
+
+def _users_session(turns: int, words: int) -> list[Message]:
+    msgs: list[Message] = [{"role": "system", "content": "You are a careful coding agent."}]
+    for t in range(turns):
+        msgs += [
+            {"role": "user", "content": f"request {t}: handle item-{t} " + "and keep it tidy " * (words // 4)},
+            _call(f"c{t}", f"make item-{t}"),
+            {"role": "tool", "tool_call_id": f"c{t}", "content": f"built item-{t}"},
+            {"role": "assistant", "content": f"Done with item {t}."},
+        ]
+    return msgs
+
+
+def _grep(mgr: ContextManager, query: str) -> str:
+    recall = mgr._session(None).recall
+    assert recall is not None
+    return recall.handle("ctx_grep", {"query": query})
+
+
+@pytest.mark.parametrize("engine", ["rules", "cacheaware"])
+def test_stubs_and_records_that_overflow_a_small_window_fold_into_one_line(engine: str) -> None:
+    msgs = _users_session(10, 60)
+    mgr = ContextManager(
+        Config.from_dict({"context": {"engine": engine}}), model="gpt-4o", context_length=500, store=SqliteStore(":memory:")
+    )
+    out = mgr.prepare(msgs)  # no ContextWindowError: the system prompt and the latest user fit
+    assert O200K.count_messages(out) <= mgr.window.limit
+    assert out[0] == msgs[0]
+    assert msgs[-4] in out  # the latest user message, verbatim
+    assert any(content_text(m.get("content")).startswith("[ctxengine:folded") for m in out)
+    assert not [v for v in validate(out) if v.severity == "error"]
+    for t in range(9):  # each older request is back through recall, verbatim
+        assert f"request {t}: handle item-{t} " in _grep(mgr, f"request {t}: handle item-{t} ")
+
+
+def test_more_user_text_than_the_window_becomes_stubs_then_one_folded_line() -> None:
+    msgs = _users_session(700, 200)
+    assert O200K.count_messages([m for m in msgs if m["role"] == "user"]) > 128_000
+    mgr = ContextManager(
+        Config.from_dict({"context": {"engine": "rules"}}), model="gpt-4o", context_length=128_000, store=SqliteStore(":memory:")
+    )
+    out = mgr.prepare(msgs)
+    assert O200K.count_messages(out) <= mgr.window.limit
+    assert msgs[-4] in out
+    assert not [v for v in validate(out) if v.severity == "error"]
+    stubs = [m for m in out if m["role"] == "user" and content_text(m["content"]).startswith("[ctxengine:cut")]
+    assert stubs  # older requests are short recall stubs
+    assert mgr.retrievable("request 3: handle item-3 and keep it tidy")
+    assert "request 3: handle item-3 " in _grep(mgr, "request 3: handle item-3 ")
+
+
+def test_without_recall_nothing_is_folded() -> None:
+    msgs = _users_session(10, 60)
+    res = WindowCap(WindowLimit.for_window(500)).fit(msgs)  # no ref_for: no store behind
+    assert res.tokens <= res.limit
+    assert not any(content_text(m.get("content")).startswith("[ctxengine:folded") for m in res.messages)

@@ -22,7 +22,7 @@ costs nothing. For the engines' decisions the manager's session counter estimate
 and counts texts of :data:`EXACT_CHARS` characters or more exactly.
 
 When the request is over (:meth:`WindowCap.fit`), the cap cuts, in this order (no tool pair
-breaks, no user message disappears):
+breaks; no user message is lost: one stubbed or folded stays in the store, returned by recall):
 
 1. the largest tool outputs, then the largest assistant texts and marked summaries, each with
    :func:`ctxengine.engines.kit.cut.cut_output` (head + tail lines, a ``[ctxengine:cut ref=…]``
@@ -31,10 +31,13 @@ breaks, no user message disappears):
    limit of headroom, so the next turns do not cut again by a few tokens each;
 2. oversized tool-call arguments (the arguments become a JSON object holding the cut text);
 3. older user messages become recall stubs (a cut with their ``ref``), oldest first;
+   with recall (a store), then every older user message down to its marker alone;
 4. whole old exchanges (an assistant message and its tool results), oldest first, never the
    last one (only when the messages alone, each cut to its marker, overflow: thousands of
    turns in a small window);
-5. if the system prompt and the latest user message alone do not fit, it raises
+5. with recall, the oldest messages left before the latest user message (stubs, markers,
+   records) fold into one ``[ctxengine:folded: …]`` line pointing at recall, as few as needed;
+6. if the system prompt and the latest user message alone do not fit, it raises
    :class:`~ctxengine.errors.ContextWindowError` naming the sizes: nothing valid can be sent.
 
 The originals are in the session store (the manager records every message each turn), so
@@ -53,6 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctxengine.engines.kit.cut import cut_output
+from ctxengine.engines.kit.records import header
 from ctxengine.errors import ContextWindowError, TokenizerError
 from ctxengine.messages import Message, content_text, is_summary
 from ctxengine.tokens import EstimateCounter, ExactCounter, TokenCounter, estimate, message_tokens
@@ -476,9 +480,26 @@ class WindowCap:
                     result.notes.append(
                         f"user message {i} is a recall stub: the anchors alone overflow the window"
                     )
+        # 3b. still over: older user messages down to the marker alone (short recall stubs);
+        # only with recall, which returns them whole
+        if total > limit and ref_for is not None:
+            for i, m in enumerate(msgs):
+                if total <= limit:
+                    break
+                if m.get("role") != "user" or i == latest or is_summary(m):
+                    continue
+                total = self._cut_content(
+                    msgs, sizes, i, total, limit, 0, ref(i), MARKER_TOKENS, result.stubbed_users, stub=True
+                )
         # 4. whole old exchanges (an assistant message and its tool results), oldest first
         if total > limit:
             msgs, sizes, total = self._drop_exchanges(msgs, sizes, total, limit, latest, result)
+            result.messages = msgs
+            latest = _latest_user(msgs)
+        # 5. the oldest messages (stubs, markers, records, old exchanges) fold into one line
+        # pointing at recall: the originals are in the store, ctx_grep finds them
+        if total > limit and ref_for is not None:
+            msgs, sizes, total = self._fold(msgs, sizes, total, limit, result)
             result.messages = msgs
             latest = _latest_user(msgs)
         if total > limit:
@@ -493,6 +514,54 @@ class WindowCap:
             result.notes.append(
                 f"window cap: cut {len(result.cut)} message(s) to fit {limit:,} tokens"
             )
+
+    def _fold(
+        self, msgs: list[Message], sizes: list[int], total: int, limit: int, result: CapResult
+    ) -> tuple[list[Message], list[int], int]:
+        """Replace the oldest messages after the system prompt, up to the latest user message at
+        most, by one line pointing at recall; as few as the limit allows. Never splits a tool
+        pair (the folded run never ends between a call and its results)."""
+        start = 1 if msgs and _is_first_system(msgs, 0) else 0
+        latest = _latest_user(msgs)
+        if latest <= start:
+            return msgs, sizes, total
+        removed = 0
+        users = 0
+        best: tuple[int, Message, int] | None = None
+        for k in range(start + 1, latest + 1):
+            gone = msgs[k - 1]
+            removed += sizes[k - 1]
+            if gone.get("role") == "user":
+                users += 1
+            if msgs[k].get("role") in ("tool", "function"):
+                continue  # a tool result may not lose its call
+            line = self._fold_message(k - start, users)
+            size = self.counter.exact_message(line)
+            best = (k, line, size)
+            if total - removed + size <= limit:
+                break
+        if best is None:
+            return msgs, sizes, total
+        k, line, size = best
+        folded = k - start
+        total = total - sum(sizes[start:k]) + size
+        result.dropped += folded
+        result.notes.append(
+            f"window cap: folded the {folded} oldest message(s) into one line (originals in the store, ctx_grep finds them)"
+        )
+        return (
+            [*msgs[:start], line, *msgs[k:]],
+            [*sizes[:start], size, *sizes[k:]],
+            total,
+        )
+
+    @staticmethod
+    def _fold_message(n: int, users: int) -> Message:
+        detail = (
+            f"{n} earlier message(s), {users} of them from the user, are not shown here; "
+            "they are in the session store: ctx_grep finds them, ctx_expand returns them whole"
+        )
+        return {"role": "user", "content": header("folded", detail)}
 
     def _drop_exchanges(
         self,
