@@ -103,6 +103,9 @@ def overhead_run(msgs: list[Message], *, start: int, calls: int, caller: str, wi
         working = mgr.prepare(msgs[:cut], session_id="s")
         out: list[float] = []
         ends = turns(msgs, cut)
+        # the default engine cuts a due batch of old outputs now and then whatever the window:
+        # those calls measure a compaction, not the overhead, and are left out of the figures
+        compactions = mgr.status("s")["compactions"]
         for _ in range(calls):
             end = next(ends, None)
             if end is None:
@@ -114,11 +117,15 @@ def overhead_run(msgs: list[Message], *, start: int, calls: int, caller: str, wi
             t0 = time.perf_counter()
             working = mgr.prepare(given, session_id="s")
             mgr.request(working, session_id="s")
-            out.append((time.perf_counter() - t0) * 1000.0)
+            elapsed = (time.perf_counter() - t0) * 1000.0
+            now = mgr.status("s")["compactions"]
+            if now == compactions:
+                out.append(elapsed)
+            compactions = now
             mgr.update_from_response({"prompt_tokens": 1000 + 10 * end, "completion_tokens": 50}, session_id="s")
             cut = end
-        if mgr.status("s")["compactions"]:
-            sys.exit("a compaction happened during the overhead run: raise --window")
+        if len(out) < calls // 2:
+            sys.exit("most calls compacted during the overhead run: raise --window")
         mgr.close()
         if store is not None:
             store.close()

@@ -15,7 +15,13 @@ from ctxengine.manager import ContextManager
 from ctxengine.messages import Message, content_text, validate
 from ctxengine.store.sqlite import SqliteStore
 from ctxengine.tokens import ExactCounter
-from ctxengine.window import WindowCap, WindowCounter, WindowLimit, default_completion_reserve
+from ctxengine.window import (
+    WindowCap,
+    WindowCounter,
+    WindowLimit,
+    WindowTally,
+    default_completion_reserve,
+)
 
 O200K = ExactCounter()
 
@@ -201,3 +207,130 @@ def test_request_is_capped_too() -> None:
     mgr = _mgr(8000)
     req = mgr.request(_session())
     assert O200K.count_messages(req) <= mgr.window.limit
+
+
+class CountingExact:
+    """o200k behind the counter seam, recording each text it tokenizes."""
+
+    name = "o200k-counting"
+    per_message = True
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    def count(self, text: str) -> int:
+        self.texts.append(text)
+        return O200K.count(text)
+
+    def count_messages(self, messages: Any) -> int:
+        return sum(O200K.count_messages([m]) for m in messages)
+
+
+def test_a_list_that_extends_the_last_one_costs_only_its_new_messages() -> None:
+    exact = CountingExact()
+    cap = WindowCap(WindowLimit.for_window(8000), WindowCounter(exact))
+    tally = WindowTally()
+    msgs = _session(giant=50)
+    assert not cap.fit(msgs, tally=tally).changed
+    first = tally.sizes[:]
+    more = [*msgs, {"role": "user", "content": "next"}]
+    cap.fit(more, tally=tally)
+    assert tally.sizes[: len(first)] == first and len(tally.sizes) == len(more)
+    seen = len(exact.texts)
+    cap.fit(list(more), tally=tally)  # the same list again (request after prepare): no counting
+    assert len(exact.texts) == seen
+    assert tally.total >= O200K.count_messages(more)
+
+
+def test_texts_are_tokenized_only_when_the_safe_bound_is_not_under_the_limit() -> None:
+    blob = "\n".join(f"{i:08x}{'deadbeef' * 7}" for i in range(1400))
+    msgs: list[Message] = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "hash them"},
+        _call("c1", "sha"),
+        {"role": "tool", "tool_call_id": "c1", "content": blob},
+    ]
+    exact = CountingExact()
+    big = WindowCap(WindowLimit.for_window(1_000_000), WindowCounter(exact))
+    res = big.fit(msgs)
+    assert not res.changed and exact.texts == []  # the byte bound is clearly under the limit
+    assert res.tokens >= O200K.count_messages(msgs)  # a bound never undercounts
+    # near the limit the exact count decides: it fits exactly, nothing is cut
+    n = O200K.count_messages(msgs)
+    tight = WindowCap(WindowLimit.for_window(n + 10, completion_reserve=0, margin_ratio=0.0), WindowCounter(exact))
+    res = tight.fit(msgs)
+    assert not res.changed and res.tokens == n and blob in exact.texts
+    # one token less and the output is cut to fit, by o200k
+    small = WindowCap(WindowLimit.for_window(n - 1, completion_reserve=0, margin_ratio=0.0), WindowCounter(CountingExact()))
+    res = small.fit(msgs)
+    assert res.changed and O200K.count_messages(res.messages) <= n - 1
+
+
+def test_the_manager_keeps_running_sums_per_session_and_holds_the_window() -> None:
+    mgr = _mgr(8000)
+    msgs = _session(giant=50)
+    out = mgr.prepare(msgs, session_id="a")
+    for k in range(40):
+        out = mgr.prepare([*out, _call(f"x{k}", f"ls {k}"), {"role": "tool", "tool_call_id": f"x{k}", "content": _listing(60)}], session_id="a")
+        req = mgr.request(out, session_id="a")
+        assert O200K.count_messages(req) <= mgr.window.limit
+    assert mgr.status("a")["window_cuts"] > 0
+    tally = mgr._session("a").tally
+    assert tally.msgs == out and tally.total >= O200K.count_messages(out)
+
+
+def _users_session(turns: int, words: int) -> list[Message]:
+    msgs: list[Message] = [{"role": "system", "content": "You are a careful coding agent."}]
+    for t in range(turns):
+        msgs += [
+            {"role": "user", "content": f"request {t}: handle item-{t} " + "and keep it tidy " * (words // 4)},
+            _call(f"c{t}", f"make item-{t}"),
+            {"role": "tool", "tool_call_id": f"c{t}", "content": f"built item-{t}"},
+            {"role": "assistant", "content": f"Done with item {t}."},
+        ]
+    return msgs
+
+
+def _grep(mgr: ContextManager, query: str) -> str:
+    recall = mgr._session(None).recall
+    assert recall is not None
+    return recall.handle("ctx_grep", {"query": query})
+
+
+@pytest.mark.parametrize("engine", ["rules", "cacheaware"])
+def test_stubs_and_records_that_overflow_a_small_window_fold_into_one_line(engine: str) -> None:
+    msgs = _users_session(10, 60)
+    mgr = ContextManager(
+        Config.from_dict({"context": {"engine": engine}}), model="gpt-4o", context_length=500, store=SqliteStore(":memory:")
+    )
+    out = mgr.prepare(msgs)  # no ContextWindowError: the system prompt and the latest user fit
+    assert O200K.count_messages(out) <= mgr.window.limit
+    assert out[0] == msgs[0]
+    assert msgs[-4] in out  # the latest user message, verbatim
+    assert any(content_text(m.get("content")).startswith("[ctxengine:folded") for m in out)
+    assert not [v for v in validate(out) if v.severity == "error"]
+    for t in range(9):  # each older request is back through recall, verbatim
+        assert f"request {t}: handle item-{t} " in _grep(mgr, f"request {t}: handle item-{t} ")
+
+
+def test_more_user_text_than_the_window_becomes_stubs_then_one_folded_line() -> None:
+    msgs = _users_session(700, 200)
+    assert O200K.count_messages([m for m in msgs if m["role"] == "user"]) > 128_000
+    mgr = ContextManager(
+        Config.from_dict({"context": {"engine": "rules"}}), model="gpt-4o", context_length=128_000, store=SqliteStore(":memory:")
+    )
+    out = mgr.prepare(msgs)
+    assert O200K.count_messages(out) <= mgr.window.limit
+    assert msgs[-4] in out
+    assert not [v for v in validate(out) if v.severity == "error"]
+    stubs = [m for m in out if m["role"] == "user" and content_text(m["content"]).startswith("[ctxengine:cut")]
+    assert stubs  # older requests are short recall stubs
+    assert mgr.retrievable("request 3: handle item-3 and keep it tidy")
+    assert "request 3: handle item-3 " in _grep(mgr, "request 3: handle item-3 ")
+
+
+def test_without_recall_nothing_is_folded() -> None:
+    msgs = _users_session(10, 60)
+    res = WindowCap(WindowLimit.for_window(500)).fit(msgs)  # no ref_for: no store behind
+    assert res.tokens <= res.limit
+    assert not any(content_text(m.get("content")).startswith("[ctxengine:folded") for m in res.messages)

@@ -89,7 +89,7 @@ from ctxengine.tokens import (
     TokenCounter,
     get_counter,
 )
-from ctxengine.window import CapResult, WindowCap, WindowCounter, WindowLimit
+from ctxengine.window import CapResult, WindowCap, WindowCounter, WindowLimit, WindowTally
 
 __all__ = ["HYGIENE_MIN_MESSAGES", "HYGIENE_RATIO", "ContextManager", "default_store"]
 
@@ -192,6 +192,7 @@ class _Session:
     window_cuts: int = 0
     fallback_reason: str | None = None
     history: SessionHistory = field(default_factory=SessionHistory)
+    tally: WindowTally = field(default_factory=WindowTally)  # the window cap's running sums
 
 
 def _tool_name(schema: Mapping[str, Any]) -> str:
@@ -416,6 +417,7 @@ class ContextManager:
             s.lost = False
             s.streak = 0
             s.history.reset()
+            s.tally.reset()
 
     def end_session(self, session_id: str | None = None, messages: Sequence[Message] | None = None) -> None:
         """The session ends (exit, expiry): ``on_session_end`` runs and the state is dropped."""
@@ -645,17 +647,21 @@ class ContextManager:
         the store, retrievable through recall."""
         ref_for = None
         if ids is not None and len(ids) == len(history):
-            by_call = {m.get("tool_call_id"): mid for m, mid in zip(history, ids, strict=True) if m.get("role") == "tool"}
-            by_text = {json.dumps(m, sort_keys=True, default=str): mid for m, mid in zip(history, ids, strict=True) if m.get("role") == "user"}
+            # built on the first cut only: most turns cut nothing
+            maps: list[dict[Any, str]] = []
 
             def ref_for(i: int, m: Message) -> str | None:
+                if not maps:
+                    pairs = list(zip(history, ids, strict=True))
+                    maps.append({h.get("tool_call_id"): mid for h, mid in pairs if h.get("role") == "tool"})
+                    maps.append({json.dumps(h, sort_keys=True, default=str): mid for h, mid in pairs if h.get("role") == "user"})
                 if m.get("role") == "tool":
-                    return by_call.get(m.get("tool_call_id"))
-                return by_text.get(json.dumps(m, sort_keys=True, default=str))
+                    return maps[0].get(m.get("tool_call_id"))
+                return maps[1].get(json.dumps(m, sort_keys=True, default=str))
 
         if not self.cap_window:
             return CapResult(msgs, tokens, self.window.limit)
-        result = self.window.fit(msgs, estimated=tokens, ref_for=ref_for)
+        result = self.window.fit(msgs, ref_for=ref_for, tally=s.tally)
         if result.changed:
             s.window_cuts += len(result.cut) + len(result.stubbed_users)
             s.lost = True
@@ -783,7 +789,10 @@ class ContextManager:
         copies, the others are the same dicts (copying the whole history every turn would cost
         more than the rest of the turn), so treat the request as read-only."""
         if self.cap_window:
-            messages = self.window.fit(messages).messages
+            # the session's running sums: the list prepare just returned costs nothing here
+            s = self._session(session_id)
+            with s.lock:
+                messages = self.window.fit(messages, tally=s.tally).messages
         indices = self.breakpoints(messages, session_id=session_id)
         if not self.caching.enabled:
             return list(messages)

@@ -49,6 +49,7 @@ from pydantic import BaseModel, ValidationError
 from ctxengine.config import Config
 from ctxengine.engine import ContextEngine, Services
 from ctxengine.errors import ConfigError, EngineStartError, PluginError
+from ctxengine.tokens import get_counter
 
 __all__ = [
     "BUILTIN_ENGINES",
@@ -345,6 +346,8 @@ class EngineRegistry:
             services = dataclasses.replace(services, context_length=n)
         if services.config is None:
             services = dataclasses.replace(services, config=config)
+        if services.counter is None:  # context.token_counter reaches every engine
+            services = dataclasses.replace(services, counter=get_counter(config.context.token_counter))
         for key in ("store", "counter", "summarizer", "recall"):
             value = getattr(services, key)
             if value is not None and key not in legacy:

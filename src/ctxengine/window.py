@@ -13,11 +13,16 @@ The limit of one request is::
 Counting (:class:`WindowCounter`): the cap counts every message with the o200k tokenizer,
 memoised per text, so a long session costs one exact count per new text (the estimate is 16 %
 low on a ``/sys`` listing in the data, 20 % on mixed Unicode, 60 % on base64: no estimate is
-trusted at the limit). For the engines' decisions the manager's session counter estimates
-short texts and counts texts of :data:`EXACT_CHARS` characters or more exactly.
+trusted at the limit). A text not tokenized yet is first taken at a safe upper bound (its
+UTF-8 byte count: an o200k token is never shorter than a byte) and tokenized only when the
+request with these bounds is not under the limit. Each
+session keeps running sums (:class:`WindowTally`): a list that extends the last one measured
+costs only its new messages, and the same list measured again (``request`` after ``prepare``)
+costs nothing. For the engines' decisions the manager's session counter estimates short texts
+and counts texts of :data:`EXACT_CHARS` characters or more exactly.
 
 When the request is over (:meth:`WindowCap.fit`), the cap cuts, in this order (no tool pair
-breaks, no user message disappears):
+breaks; no user message is lost: one stubbed or folded stays in the store, returned by recall):
 
 1. the largest tool outputs, then the largest assistant texts and marked summaries, each with
    :func:`ctxengine.engines.kit.cut.cut_output` (head + tail lines, a ``[ctxengine:cut ref=…]``
@@ -26,10 +31,13 @@ breaks, no user message disappears):
    limit of headroom, so the next turns do not cut again by a few tokens each;
 2. oversized tool-call arguments (the arguments become a JSON object holding the cut text);
 3. older user messages become recall stubs (a cut with their ``ref``), oldest first;
+   with recall (a store), then every older user message down to its marker alone;
 4. whole old exchanges (an assistant message and its tool results), oldest first, never the
    last one (only when the messages alone, each cut to its marker, overflow: thousands of
    turns in a small window);
-5. if the system prompt and the latest user message alone do not fit, it raises
+5. with recall, the oldest messages left before the latest user message (stubs, markers,
+   records) fold into one ``[ctxengine:folded: …]`` line pointing at recall, as few as needed;
+6. if the system prompt and the latest user message alone do not fit, it raises
    :class:`~ctxengine.errors.ContextWindowError` naming the sizes: nothing valid can be sent.
 
 The originals are in the session store (the manager records every message each turn), so
@@ -48,6 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctxengine.engines.kit.cut import cut_output
+from ctxengine.engines.kit.records import header
 from ctxengine.errors import ContextWindowError, TokenizerError
 from ctxengine.messages import Message, content_text, is_summary
 from ctxengine.tokens import EstimateCounter, ExactCounter, TokenCounter, estimate, message_tokens
@@ -58,6 +67,7 @@ __all__ = [
     "WindowCap",
     "WindowCounter",
     "WindowLimit",
+    "WindowTally",
     "default_completion_reserve",
 ]
 
@@ -140,8 +150,9 @@ class WindowCounter:
         self._lock = threading.Lock()
         self.name = "window"
         # per message object: a turn measures only the messages it has not seen (the same dict
-        # is the same message: messages passed to the manager are never edited in place)
-        self._by_message: dict[int, tuple[Mapping[str, Any], int]] = {}
+        # is the same message: messages passed to the manager are never edited in place);
+        # the flag says whether the size is exact (else a safe upper bound, see bound_message)
+        self._by_message: dict[int, tuple[Mapping[str, Any], int, bool]] = {}
 
     per_message = True  # count_messages is the sum of each message's count
 
@@ -182,20 +193,45 @@ class WindowCounter:
         """The exact count of any text (memoised)."""
         return self._exact_count(text) if text else 0
 
-    def exact_message(self, message: Mapping[str, Any]) -> int:
-        hit = self._by_message.get(id(message))
-        if hit is not None and hit[0] is message:
-            return hit[1]
-        n = message_tokens(message, self.exact_text)
+    def _remember(self, message: Mapping[str, Any], n: int, exact: bool) -> None:
         with self._lock:
             if len(self._by_message) >= _MEMO_SIZE:
                 self._by_message.clear()
-            self._by_message[id(message)] = (message, n)
+            self._by_message[id(message)] = (message, n, exact)
+
+    def exact_message(self, message: Mapping[str, Any]) -> int:
+        hit = self._by_message.get(id(message))
+        if hit is not None and hit[0] is message and hit[2]:
+            return hit[1]
+        n = message_tokens(message, self.exact_text)
+        self._remember(message, n, True)
         return n
+
+    def bound_message(self, message: Mapping[str, Any]) -> tuple[int, bool]:
+        """``(size, exact)``: the exact size of ``message``, or a safe upper bound of it when it
+        holds a text not tokenized yet (``exact`` is False)."""
+        hit = self._by_message.get(id(message))
+        if hit is not None and hit[0] is message:
+            return hit[1], hit[2]
+        loose = False
+
+        def bound(text: str) -> int:
+            nonlocal loose
+            if not text:
+                return 0
+            known = self._memo.get(text)
+            if known is not None:
+                return known
+            loose = True
+            # o200k tokens are at least one byte each: the UTF-8 length is never an undercount
+            return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+        n = message_tokens(message, bound)
+        self._remember(message, n, not loose)
+        return n, not loose
 
     def exact_messages(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
         return [self.exact_message(m) for m in messages]
-
 
 class _ExactAdapter:
     """A :class:`TokenCounter` view of :meth:`WindowCounter.exact_text` (for ``cut_output``)."""
@@ -209,6 +245,27 @@ class _ExactAdapter:
 
     def count_messages(self, messages: Sequence[Mapping[str, Any]]) -> int:
         return sum(self._c.exact_messages(messages))
+
+
+class WindowTally:
+    """Running sizes of the last list a session measured (see the module docstring): the
+    messages, each one's size (exact, or a safe upper bound for those in :attr:`loose`) and
+    their sum. One per session; :meth:`WindowCap.fit` keeps it up to date."""
+
+    __slots__ = ("loose", "msgs", "sizes", "total")
+
+    def __init__(self) -> None:
+        self.msgs: list[Message] = []
+        self.sizes: list[int] = []
+        self.total = 0
+        self.loose: list[int] = []
+
+    def reset(self, msgs: list[Message] | None = None, sizes: list[int] | None = None) -> None:
+        """Forget everything, or hold ``msgs`` with their exact ``sizes``."""
+        self.msgs = list(msgs or [])
+        self.sizes = list(sizes or [])
+        self.total = sum(self.sizes)
+        self.loose = []
 
 
 @dataclass(slots=True)
@@ -265,26 +322,80 @@ class WindowCap:
         del estimated
         return sum(self.counter.exact_messages(messages))
 
+    def _extend(self, tally: WindowTally, messages: Sequence[Message]) -> None:
+        """Bring ``tally`` to ``messages``: only the messages after the part it already holds
+        are measured (all of them when ``messages`` does not extend the tally's list)."""
+        n = len(tally.msgs)
+        if n and not (
+            len(messages) >= n
+            and messages[n - 1] is tally.msgs[-1]
+            and ((n == len(messages) and messages is tally.msgs) or list(messages[:n]) == tally.msgs)
+        ):
+            tally.reset()
+            n = 0
+        if len(messages) == n:
+            return
+        bound = self.counter.bound_message
+        for m in messages[n:]:
+            size, exact = bound(m)
+            if not exact:
+                tally.loose.append(len(tally.sizes))
+            tally.msgs.append(m)
+            tally.sizes.append(size)
+            tally.total += size
+
+    def _tighten(self, tally: WindowTally) -> None:
+        """Replace the upper bounds in ``tally`` by exact counts."""
+        for i in tally.loose:
+            n = self.counter.exact_message(tally.msgs[i])
+            tally.total += n - tally.sizes[i]
+            tally.sizes[i] = n
+        tally.loose = []
+
     def fit(
         self,
         messages: Sequence[Message],
         *,
         estimated: int | None = None,
         ref_for: RefFor | None = None,
+        tally: WindowTally | None = None,
     ) -> CapResult:
         """``messages`` within the limit (a new list when anything was cut; the input is never
-        mutated). ``estimated`` is the caller's count (e.g. anchored on the provider's usage)
-        when it has one. Raises :class:`ContextWindowError` when even the anchors overflow."""
+        mutated). ``estimated`` is accepted for callers that have a count and ignored (see
+        :meth:`measure`). ``tally`` is the session's running sums (:class:`WindowTally`): with
+        it, only messages not measured before are counted; it then holds the returned list.
+        When nothing is cut, ``tokens`` of the result may be an upper bound of the exact size.
+        Raises :class:`ContextWindowError` when even the anchors overflow."""
+        del estimated
         limit = self.limit
-        size = self.measure(messages, estimated)
-        if size <= limit:
-            return CapResult(list(messages), size, limit)
+        t = tally if tally is not None else WindowTally()
+        self._extend(t, messages)
+        if t.total > limit and t.loose:
+            self._tighten(t)
+        if t.total <= limit:
+            return CapResult(list(messages), t.total, limit)
         msgs = list(messages)
-        sizes = self.counter.exact_messages(msgs)
-        total = sum(sizes)
+        sizes = list(t.sizes)
+        total = t.total
         result = CapResult(msgs, total, limit)
-        if total <= limit:
-            return result
+        try:
+            self._fit_over(messages, msgs, sizes, total, limit, result, ref_for)
+        except ContextWindowError:
+            t.reset()
+            raise
+        t.reset(result.messages, self.counter.exact_messages(result.messages))
+        return result
+
+    def _fit_over(
+        self,
+        messages: Sequence[Message],
+        msgs: list[Message],
+        sizes: list[int],
+        total: int,
+        limit: int,
+        result: CapResult,
+        ref_for: RefFor | None,
+    ) -> None:
         latest = _latest_user(msgs)
         headroom = int(HEADROOM_RATIO * limit)
 
@@ -369,9 +480,26 @@ class WindowCap:
                     result.notes.append(
                         f"user message {i} is a recall stub: the anchors alone overflow the window"
                     )
+        # 3b. still over: older user messages down to the marker alone (short recall stubs);
+        # only with recall, which returns them whole
+        if total > limit and ref_for is not None:
+            for i, m in enumerate(msgs):
+                if total <= limit:
+                    break
+                if m.get("role") != "user" or i == latest or is_summary(m):
+                    continue
+                total = self._cut_content(
+                    msgs, sizes, i, total, limit, 0, ref(i), MARKER_TOKENS, result.stubbed_users, stub=True
+                )
         # 4. whole old exchanges (an assistant message and its tool results), oldest first
         if total > limit:
             msgs, sizes, total = self._drop_exchanges(msgs, sizes, total, limit, latest, result)
+            result.messages = msgs
+            latest = _latest_user(msgs)
+        # 5. the oldest messages (stubs, markers, records, old exchanges) fold into one line
+        # pointing at recall: the originals are in the store, ctx_grep finds them
+        if total > limit and ref_for is not None:
+            msgs, sizes, total = self._fold(msgs, sizes, total, limit, result)
             result.messages = msgs
             latest = _latest_user(msgs)
         if total > limit:
@@ -386,7 +514,54 @@ class WindowCap:
             result.notes.append(
                 f"window cap: cut {len(result.cut)} message(s) to fit {limit:,} tokens"
             )
-        return result
+
+    def _fold(
+        self, msgs: list[Message], sizes: list[int], total: int, limit: int, result: CapResult
+    ) -> tuple[list[Message], list[int], int]:
+        """Replace the oldest messages after the system prompt, up to the latest user message at
+        most, by one line pointing at recall; as few as the limit allows. Never splits a tool
+        pair (the folded run never ends between a call and its results)."""
+        start = 1 if msgs and _is_first_system(msgs, 0) else 0
+        latest = _latest_user(msgs)
+        if latest <= start:
+            return msgs, sizes, total
+        removed = 0
+        users = 0
+        best: tuple[int, Message, int] | None = None
+        for k in range(start + 1, latest + 1):
+            gone = msgs[k - 1]
+            removed += sizes[k - 1]
+            if gone.get("role") == "user":
+                users += 1
+            if msgs[k].get("role") in ("tool", "function"):
+                continue  # a tool result may not lose its call
+            line = self._fold_message(k - start, users)
+            size = self.counter.exact_message(line)
+            best = (k, line, size)
+            if total - removed + size <= limit:
+                break
+        if best is None:
+            return msgs, sizes, total
+        k, line, size = best
+        folded = k - start
+        total = total - sum(sizes[start:k]) + size
+        result.dropped += folded
+        result.notes.append(
+            f"window cap: folded the {folded} oldest message(s) into one line (originals in the store, ctx_grep finds them)"
+        )
+        return (
+            [*msgs[:start], line, *msgs[k:]],
+            [*sizes[:start], size, *sizes[k:]],
+            total,
+        )
+
+    @staticmethod
+    def _fold_message(n: int, users: int) -> Message:
+        detail = (
+            f"{n} earlier message(s), {users} of them from the user, are not shown here; "
+            "they are in the session store: ctx_grep finds them, ctx_expand returns them whole"
+        )
+        return {"role": "user", "content": header("folded", detail)}
 
     def _drop_exchanges(
         self,

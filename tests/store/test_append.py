@@ -41,3 +41,15 @@ def test_messages_written_since_the_last_search_are_found(store: SessionStore) -
     store.append_messages("s", [{"role": "assistant", "content": "second needle-two"}], after=ids[-1])
     store.record_messages("t", [{"role": "user", "content": "third needle-two"}])
     assert sorted(h.snippet for h in store.search("needle-two")) == ["second needle-two", "third needle-two"]
+
+
+def test_a_history_recorded_again_keeps_its_ids_and_a_new_dict_is_hashed_anew(store: SessionStore) -> None:
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    first = store.record_messages("m", msgs)
+    # the same objects again (a full record after a compaction): same chain, same ids
+    assert store.record_messages("m", msgs) == first
+    # a new dict with other content is a new message, whatever object it replaces
+    edited = [*msgs[:2], {"role": "assistant", "content": "hello"}]
+    again = store.record_messages("m", edited)
+    assert again[:2] == first[:2] and again[2] != first[2]
+    assert again[2] == message_id(first[1], blob_hash(canonical_json(edited[2])))

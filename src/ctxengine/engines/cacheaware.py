@@ -47,7 +47,7 @@ from ctxengine.engines.kit.tail import tail_by_exchanges
 from ctxengine.facts import extract_facts
 from ctxengine.messages import Message, content_text, tool_call_name
 from ctxengine.models import DEFAULT_CONTEXT_LENGTH
-from ctxengine.tokens import estimate, estimate_message_tokens
+from ctxengine.tokens import EstimateCounter, TokenCounter, estimate
 
 __all__ = ["CacheAwareEngine", "CacheAwareSettings"]
 
@@ -69,9 +69,11 @@ class CacheAwareEngine(ContextEngine):
         threshold: float | None = None,
         settings: CacheAwareConfig | None = None,
         originals: Originals | None = None,
+        counter: TokenCounter | None = None,
         **overrides: Any,
     ) -> None:
         self.settings = s = with_overrides(CacheAwareConfig, settings, overrides)
+        self.counter: TokenCounter = counter or EstimateCounter()  # context.token_counter
         self.threshold_ratio = s.fold_ratio
         super().__init__(context_length=context_length, threshold=threshold)
         self.originals = originals
@@ -85,7 +87,12 @@ class CacheAwareEngine(ContextEngine):
         """``from_config(settings, services)`` (or the seed's ``(config, context_length,
         **services)``): settings from ``cacheaware:``, originals in ``services.store``."""
         settings, services = settings_and_services(CacheAwareConfig, "cacheaware", args, kwargs)
-        return cls(context_length=services.context_length, settings=settings, originals=Originals.from_services(services))
+        return cls(
+            context_length=services.context_length,
+            settings=settings,
+            originals=Originals.from_services(services),
+            counter=services.counter,
+        )
 
     @property
     def name(self) -> str:
@@ -95,7 +102,7 @@ class CacheAwareEngine(ContextEngine):
         hit = self._tok.get(id(m))
         if hit is not None and hit[0] is m:
             return hit[1]
-        t = estimate_message_tokens(m)
+        t = self.counter.count_messages([m])
         if len(self._tok) > 200_000:
             self._tok.clear()
         self._tok[id(m)] = (m, t)

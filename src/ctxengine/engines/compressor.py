@@ -68,7 +68,7 @@ from ctxengine.redact import redact
 from ctxengine.summarize.base import Summarizer, has_template
 from ctxengine.summarize.extractive import PRUNED_MARKER, ExtractiveSummarizer
 from ctxengine.summarize.ledger import LedgerResult, TextIndex, apply_ledger
-from ctxengine.tokens import AnchoredCounter, EstimateCounter, TokenCounter, estimate
+from ctxengine.tokens import AnchoredCounter, EstimateCounter, TokenCounter, estimate, get_counter
 
 if TYPE_CHECKING:
     from ctxengine.config import Config
@@ -375,7 +375,7 @@ class ContextCompressor(ContextEngine):
             backoff_turns=c.backoff_turns,
             enabled=c.enabled,
             summarizer=summarizer,
-            counter=counter if isinstance(counter, TokenCounter) else None,
+            counter=counter if isinstance(counter, TokenCounter) else get_counter(config.context.token_counter),
             recall=services.get("recall"),
             quiet_mode=True,
         )

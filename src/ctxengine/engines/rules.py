@@ -77,7 +77,7 @@ from ctxengine.messages import (
     tool_calls,
 )
 from ctxengine.models import DEFAULT_CONTEXT_LENGTH
-from ctxengine.tokens import estimate, estimate_message_tokens
+from ctxengine.tokens import EstimateCounter, TokenCounter, estimate
 
 __all__ = ["MARK", "RulesEngine", "RulesSettings"]
 
@@ -135,9 +135,11 @@ class RulesEngine(ContextEngine):
         context_length: int = DEFAULT_CONTEXT_LENGTH,
         settings: CompactionConfig | None = None,
         originals: Originals | None = None,
+        counter: TokenCounter | None = None,
         **overrides: Any,
     ) -> None:
         self.settings = s = with_overrides(CompactionConfig, settings, overrides)
+        self.counter: TokenCounter = counter or EstimateCounter()  # context.token_counter
         super().__init__(context_length=context_length, threshold=s.trigger_threshold)
         self.originals = originals
         self.pacing = Pacing(min_gain=s.min_gain, rewrite_every=0)
@@ -150,7 +152,16 @@ class RulesEngine(ContextEngine):
         """``from_config(settings, services)`` (or the seed's ``(config, context_length,
         **services)``): the ``compaction:`` block, originals in ``services.store``."""
         settings, services = settings_and_services(CompactionConfig, "compaction", args, kwargs)
-        return cls(context_length=services.context_length, settings=settings, originals=Originals.from_services(services))
+        return cls(
+            context_length=services.context_length,
+            settings=settings,
+            originals=Originals.from_services(services),
+            counter=services.counter,
+        )
+
+    def tokens_of(self, message: Mapping[str, Any]) -> int:
+        """Tokens of one message with the configured counter (``context.token_counter``)."""
+        return self.counter.count_messages([message])
 
     @property
     def name(self) -> str:
@@ -175,7 +186,7 @@ class RulesEngine(ContextEngine):
         return self.settings.enabled and self.pacing.armed(tokens, self.threshold_tokens, self.context_length)
 
     def should_compress_preflight(self, messages: list[Message]) -> bool:
-        return self.should_compress(sum(estimate_message_tokens(m) for m in messages))
+        return self.should_compress(self.counter.count_messages(messages))
 
     def on_session_reset(self) -> None:
         super().on_session_reset()
@@ -237,7 +248,7 @@ class _Pass:
         self.src = messages
         self.window = engine.context_length
         self.threshold = engine.threshold_tokens
-        self.tokens = [estimate_message_tokens(m) for m in messages]
+        self.tokens = [engine.tokens_of(m) for m in messages]
         self.tokens_before = self.total = sum(self.tokens)
         self.new: dict[int, Message | None] = {}
         self.notes: list[str] = []
@@ -252,7 +263,7 @@ class _Pass:
                 self.known.update(_facts_of({"role": "tool", "content": content_text(m.get("content"))}).all())
 
     def _set(self, i: int, message: Message | None) -> None:
-        after = 0 if message is None else estimate_message_tokens(message)
+        after = 0 if message is None else self.e.tokens_of(message)
         self.total += after - self.tokens[i]
         self.tokens[i] = after
         self.new[i] = message
@@ -467,20 +478,20 @@ class _Pass:
                 if phase == "cut" and (i in self.new or i < tail or (self.total <= self.window and self.tokens[i] < self.window // 16)):
                     continue
                 excess = self.total - goal
-                overhead = estimate_message_tokens({**self.src[i], "content": ""})
+                overhead = self.e.tokens_of({**self.src[i], "content": ""})
                 budget = None if phase == "cut" else max(60, self.tokens[i] - excess - overhead - 32)
                 before = self._current(i)
                 built = self._cut(i, None, budget)
-                if built is None or estimate_message_tokens(built) >= self.tokens[i]:
+                if built is None or self.e.tokens_of(built) >= self.tokens[i]:
                     continue
                 if budget is not None:
                     gone = unseen(_facts_of(self.src[i]), content_text(built.get("content")), known=self.known).all()
-                    after = self.total - self.tokens[i] + estimate_message_tokens(built)
+                    after = self.total - self.tokens[i] + self.e.tokens_of(built)
                     if gone and after + estimate("\n".join(gone)) <= self.window:
                         # what it leaves out would fit the window: keep as much as fits it
                         for margin in (0, 32):
                             wider = self._cut(i, None, max(60, self.tokens[i] - (self.total - self.window) - overhead - margin))
-                            if wider is not None and self.total - self.tokens[i] + estimate_message_tokens(wider) <= self.window:
+                            if wider is not None and self.total - self.tokens[i] + self.e.tokens_of(wider) <= self.window:
                                 built = wider
                                 break
                 self._set(i, built)

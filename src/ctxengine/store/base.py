@@ -330,9 +330,27 @@ class _Prepared:
     tokens: int
 
 
-def _prepare(messages: Sequence[Message], parent_id: str | None) -> list[_Prepared]:
+_MEMO_SIZE = 16_384
+_Memo = dict[int, "tuple[Message, _Prepared]"]
+"""Prepared messages by message object (see :func:`_prepare`)."""
+
+
+def _prepare(messages: Sequence[Message], parent_id: str | None, memo: _Memo | None = None) -> list[_Prepared]:
+    """Canonical JSON, hashes and search text of each message, chained from ``parent_id``.
+
+    ``memo`` (per store) keeps the serialisation and hashes of each message object it has seen
+    (messages passed to ctxengine are never edited in place, and the memo holds each object, so
+    its ``id`` is not reused): a session recorded again in full (after a compaction) hashes only
+    its chain ids, not every message's JSON again."""
     out = []
     for i, m in enumerate(messages):
+        hit = memo.get(id(m)) if memo is not None else None
+        if hit is not None and hit[0] is m:
+            base = hit[1]
+            mid = message_id(parent_id, base.blob)
+            out.append(_Prepared(base.canonical, base.blob, mid, base.role, base.text, base.tokens))
+            parent_id = mid
+            continue
         if not isinstance(m, dict):
             raise InputError(f"message {i} is a {type(m).__name__}, not a dict")
         canon = canonical_json(m)
@@ -341,7 +359,12 @@ def _prepare(messages: Sequence[Message], parent_id: str | None) -> list[_Prepar
         text = _search_text(m)
         # a size for listings (characters / 4 + the per-message overhead): the exact estimate
         # costs as much as hashing the message, and ingest speed matters more here
-        out.append(_Prepared(canon, b, mid, str(m.get("role", "")), text, (len(text) + 3) // 4 + MESSAGE_OVERHEAD_TOKENS))
+        p = _Prepared(canon, b, mid, str(m.get("role", "")), text, (len(text) + 3) // 4 + MESSAGE_OVERHEAD_TOKENS)
+        out.append(p)
+        if memo is not None:
+            if len(memo) >= _MEMO_SIZE:
+                memo.clear()
+            memo[id(m)] = (m, p)
         parent_id = mid
     return out
 
@@ -394,6 +417,7 @@ class SqlStore(SessionStore):
         self._closed = False
         self._local = threading.local()
         self._session_pks: dict[str, int] = {}  # committed sessions' keys (the append path skips the lookup)
+        self._prepared: _Memo = {}  # each message object serialised and hashed once (see _prepare)
 
     # -- backend hooks --------------------------------------------------------------------------
     @abstractmethod
@@ -547,7 +571,11 @@ class SqlStore(SessionStore):
 
     def _store_chain(self, cur: Any, messages: Sequence[Message], parent_id: str | None = None, *, stored_parent: tuple[str, int, int] | None = None) -> list[tuple[int, str]]:
         # opt-in (redaction.content): key shapes and registered secrets never reach the store
-        prepared = _prepare(redact_messages(messages) if self.redact_content else messages, parent_id)
+        # redacted copies are new objects each time: nothing to remember
+        if self.redact_content:
+            prepared = _prepare(redact_messages(messages), parent_id)
+        else:
+            prepared = _prepare(messages, parent_id, self._prepared)
         links: list[tuple[str | None, _Prepared]] = []
         parent = parent_id
         for p in prepared:

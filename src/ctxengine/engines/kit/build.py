@@ -9,6 +9,7 @@ and reads nothing else.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
@@ -16,6 +17,7 @@ from pydantic import BaseModel
 
 from ctxengine.engine import Services
 from ctxengine.errors import ConfigError
+from ctxengine.tokens import get_counter
 
 __all__ = ["settings_and_services", "with_overrides"]
 
@@ -58,6 +60,10 @@ def settings_and_services(
         services = Services(**{k: v for k, v in kw.items() if k in fields and v is not None})
         if config is not None and services.config is None:
             services.config = config
+    cfg = services.config
+    if services.counter is None and cfg is not None and hasattr(cfg, "context"):
+        # context.token_counter reaches the engine (``exact`` counts with o200k)
+        services = dataclasses.replace(services, counter=get_counter(cfg.context.token_counter))
     return settings, services
 
 

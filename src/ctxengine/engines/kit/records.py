@@ -41,12 +41,12 @@ MARK = "[ctxengine:"
 EXPAND_TOOL = "ctx_expand"
 """The recall tool that returns the originals behind a ``ref`` (offered by the kernel)."""
 
-KINDS = ("cut", "record", "tool", "truncated", "digest", "summary", "system", "assistant", "lcm", "masked")
+KINDS = ("cut", "record", "tool", "truncated", "digest", "summary", "system", "assistant", "lcm", "masked", "folded")
 """Kinds written today: ``cut`` (one output cut to head and tail), ``record``/``tool``/
 ``truncated`` (a tool pair collapsed by rules), ``digest`` (turns folded into actions and
 facts), ``summary`` (an LLM or extractive summary), ``system`` (a dropped system message),
 ``assistant`` (superseded assistant messages), ``lcm`` (a lossless summary node), ``masked``
-(a baseline's placeholder)."""
+(a baseline's placeholder), ``folded`` (the window cap's one line for the oldest messages)."""
 
 _HEADER_RE = re.compile(r"^\[ctxengine:(?P<kind>[a-z_]+)(?: ref=(?P<ref>[^\s:\]]+))?(?P<rest>[^\n]*)")
 
