@@ -42,17 +42,31 @@ from __future__ import annotations
 
 import logging
 import time
-import warnings
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from ctxengine.boundaries import align_cut, group_spans, sanitize_tool_pairs
-from ctxengine.cost import compaction_break_even
 from ctxengine.engine import CompactionReport, ContextEngine
-from ctxengine.engines.kit import MARK, cut_output
-from ctxengine.engines.kit.tail import tail_by_exchanges
+from ctxengine.engines.compressor_compat import (
+    check_keywords,
+    hermes_summarizer,
+    reply_reserve,
+    target_ratio_for,
+    window_for,
+)
+from ctxengine.engines.kit.cutpolicy import (
+    BATCH,
+    BATCH_TOKENS,
+    CUT_MIN_TOKENS,
+    CUT_TOKENS,
+    GIANT_RATIO,
+    KEEP_RECENT,
+    MIN_CUT_TOKENS,
+    CachedCuts,
+    CutScan,
+    is_settled_text,
+)
 from ctxengine.errors import ConfigError, SummarizerAuthError, SummarizerError
 from ctxengine.facts import FACT_KINDS, Facts, extract_facts
 from ctxengine.messages import (
@@ -63,10 +77,19 @@ from ctxengine.messages import (
     tool_call_args,
     tool_calls,
 )
-from ctxengine.models import DEFAULT_CONTEXT_LENGTH
 from ctxengine.redact import redact
-from ctxengine.summarize.base import Summarizer, has_template
-from ctxengine.summarize.extractive import PRUNED_MARKER, ExtractiveSummarizer
+from ctxengine.summarize.assembly import (
+    SUMMARY_END,
+    SUMMARY_PREFIX,
+    bounded,
+    own_summary,
+    place_summary,
+    pruned,
+    split_summary,
+    with_note,
+)
+from ctxengine.summarize.base import Summarizer, bound_summary, has_template
+from ctxengine.summarize.extractive import ExtractiveSummarizer
 from ctxengine.summarize.ledger import LedgerResult, TextIndex, apply_ledger
 from ctxengine.tokens import AnchoredCounter, EstimateCounter, TokenCounter, estimate
 
@@ -76,12 +99,6 @@ if TYPE_CHECKING:
 __all__ = ["SUMMARY_END", "SUMMARY_PREFIX", "ContextCompressor"]
 
 log = logging.getLogger("ctxengine.compressor")
-
-SUMMARY_PREFIX = "[CONTEXT COMPACTION]"
-SUMMARY_END = "[END OF CONTEXT COMPACTION]"
-
-PRUNE_MIN_CHARS = 200
-"""Tool results longer than this are pruned outside the tail (the seed's value)."""
 
 SUMMARY_RATIO = 0.20
 MIN_SUMMARY_TOKENS = 2_000
@@ -103,66 +120,11 @@ def _prompt(name: str) -> str:
     return resources.files("ctxengine.summarize").joinpath(f"prompts/{name}").read_text(encoding="utf-8").strip()
 
 
-KEEP_RECENT = 3
-"""Tool exchanges at the end kept whole (the agent is still using them): an output is whole for
-at least the two calls after the one that produced it."""
-BATCH = 3
-BATCH_TOKENS = 6_000
-"""Older whole outputs are cut together once this many wait, or once they hold this many tokens
-(measured on the long sessions: batches of 3 cost the same as 4-6 and keep each compaction
-short)."""
-CUT_TOKENS = 256
-"""What a cut output keeps: marker, first and last lines, facts of the removed middle."""
-CUT_MIN_TOKENS = 400
-"""Outputs shorter than this are never cut: the record would save little."""
-GIANT_RATIO = 0.08
-"""An output over this fraction of the window is cut wherever it sits, before it is sent."""
-GIANT_TOKENS = 8_000
-GIANT_KEEP_RATIO = 0.02
-"""What a giant output keeps (of the window, at least CUT_TOKENS, at most 4,000 tokens)."""
-MAX_CONSECUTIVE = 3
-MIN_CUT_TOKENS = 64
-"""The least a tool output is cut to when the window requires it (the marker and a line)."""
 CUTS_SUFFICED = "cutting the older outputs was enough: no summary needed"
 MIN_SHRUNK_SUMMARY = 150
 """A summary shrunk to make room for user quotes keeps at least this many tokens."""
+MAX_CONSECUTIVE = 3
 """Compaction never runs on more calls in a row than this unless the window requires it."""
-MIN_HORIZON = 8
-"""A batch cut must pay for its cache rewrite within max(MIN_HORIZON, calls so far) calls."""
-
-_SERVICES = frozenset({"store", "session_id", "model_name", "config", "services"})
-
-
-def _hermes_summarizer(model: str, base_url: str, api_key: str, provider: str) -> Summarizer:
-    """The LLM summarizer Hermes' keywords name (``summary_model_override`` and its endpoint)."""
-    from ctxengine.clients.factory import build_client
-    from ctxengine.config import SummarizerConfig
-    from ctxengine.summarize.llm import LlmSummarizer
-
-    env = {"CTXENGINE_SUMMARY_API_KEY": api_key} if api_key else {}
-    cfg = SummarizerConfig(
-        provider=provider or "auto",
-        model=model,
-        base_url=base_url or None,
-        api_key_env="CTXENGINE_SUMMARY_API_KEY" if api_key else None,
-    )
-    return LlmSummarizer(build_client(cfg, environ=env or None), model)
-
-
-@dataclass(slots=True)
-class _Scan:
-    """The per-call view of a message list (see :meth:`ContextCompressor._scan`)."""
-
-    n: int = 0
-    first: Message | None = None
-    last: Message | None = None
-    toks: list[int] = field(default_factory=list)
-    cum: list[int] = field(default_factory=lambda: [0])
-    total: int = 0
-    groups: list[int] = field(default_factory=list)
-    """Indices of assistant messages whose tool results follow (tool exchanges)."""
-    cands: list[int] = field(default_factory=list)
-    """Tool outputs large enough to cut and not cut yet."""
 
 
 @dataclass(slots=True)
@@ -173,7 +135,7 @@ class _Plan:
     middle: list[int]
 
 
-class ContextCompressor(ContextEngine):
+class ContextCompressor(CachedCuts, ContextEngine):
     """The default engine (see the module docstring).
 
     ``summarizer`` writes summaries; ``None`` uses the deterministic
@@ -242,9 +204,7 @@ class ContextCompressor(ContextEngine):
         Unknown keywords are refused (``TypeError``) except the host services (``store``,
         ``session_id`` …), which are accepted and unused.
         """
-        unknown = sorted(set(services) - _SERVICES)
-        if unknown:
-            raise TypeError(f"ContextCompressor got unexpected keyword argument(s): {', '.join(unknown)}")
+        check_keywords(services)
         self.model = model or ""
         self.base_url = base_url or ""
         self.api_key = api_key or ""
@@ -253,30 +213,15 @@ class ContextCompressor(ContextEngine):
         self.quiet_mode = bool(quiet_mode)
         self.abort_on_summary_failure = bool(abort_on_summary_failure)
         self.summary_model = summary_model_override or ""
-        reserve = max_tokens if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens > 0 else None
-        self.max_tokens = reserve
-        if context_length is None:
-            if config_context_length is not None:
-                context_length = int(config_context_length)
-            elif model:
-                from ctxengine.models import resolve_model
-
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    context_length = resolve_model(model).context_length
-            else:
-                context_length = DEFAULT_CONTEXT_LENGTH
-        if int(context_length) <= 0:
-            raise ConfigError(f"context_length must be a positive number of tokens, not {context_length}")
+        self.max_tokens = reply_reserve(max_tokens)
+        window = window_for(model, context_length, config_context_length)
         if threshold is None:
             threshold = threshold_percent if threshold_percent is not None else 0.50
         if not 0.0 < float(threshold) <= 1.0:
             raise ConfigError(f"threshold must be a fraction of the window in (0, 1], not {threshold}")
-        super().__init__(context_length=int(context_length), threshold=float(threshold))
+        super().__init__(context_length=window, threshold=float(threshold))
         self._apply_reserve()
-        if target_ratio is None:
-            target_ratio = max(0.10, min(float(summary_target_ratio), 0.80)) if summary_target_ratio is not None else 0.20
-        self.target_ratio = float(target_ratio)
+        self.target_ratio = target_ratio_for(target_ratio, summary_target_ratio)
         self.summary_target_ratio = self.target_ratio
         self.threshold_percent = self.threshold_ratio
         self.protect_last_n = int(protect_last_n)
@@ -294,7 +239,7 @@ class ContextCompressor(ContextEngine):
         self.max_consecutive = max(1, int(max_consecutive))
         self.cut_before_summary = bool(cut_before_summary)
         if summarizer is None and self.summary_model:
-            summarizer = _hermes_summarizer(self.summary_model, self.base_url, self.api_key, self.provider)
+            summarizer = hermes_summarizer(self.summary_model, self.base_url, self.api_key, self.provider)
         self.summarizer: Summarizer = summarizer or ExtractiveSummarizer()
         self._fallback = ExtractiveSummarizer()
         self.counter: TokenCounter = counter or EstimateCounter()
@@ -312,7 +257,7 @@ class ContextCompressor(ContextEngine):
         self._header = _prompt("summary_header.md")
         self._tok_memo: dict[int, tuple[Message, int]] = {}
         self._fact_memo: dict[int, tuple[Message, Facts]] = {}
-        self._scan_state: _Scan | None = None
+        self._scan_state: CutScan | None = None
         # what left the context (cut outputs, user messages that no longer fit): retrievable
         self._originals: list[str] = []
         self._recallable: set[str] = set()
@@ -452,44 +397,14 @@ class ContextCompressor(ContextEngine):
         if not self.enabled:
             return False
         scan = self._scan(messages)
-        limit = self.giant_tokens
-        if any(scan.toks[i] > limit for i in scan.cands):
+        if self._giant_waits(scan):
             return True
         tokens = self._anchor.count(messages)
         if self._thrashing(tokens):
             return False
         if tokens >= self.threshold_tokens:
             return self._backoff == 0 or tokens >= self.hard_limit_tokens
-        keep = self.keep_recent
-        tail = len(messages) if keep <= 0 or not scan.groups else scan.groups[-keep] if len(scan.groups) >= keep else scan.groups[0]
-        waiting = [i for i in scan.cands if i < tail]
-        return bool(self._batch_pays(waiting, scan.toks, scan.total, lambda k: scan.cum[k]))
-
-    def _scan(self, msgs: list[Message]) -> _Scan:
-        """What the per-call check needs, kept incrementally: a list that extends the one seen
-        last (same message objects) costs only its new messages, so the check before each call
-        stays flat however long the session grows; any other list is scanned anew."""
-        st = self._scan_state
-        n = st.n if st is not None else 0
-        if st is None or n == 0 or len(msgs) < n or msgs[n - 1] is not st.last or msgs[0] is not st.first:
-            st = _Scan()
-            n = 0
-        for i in range(n, len(msgs)):
-            m = msgs[i]
-            t = self._tokens(m)
-            st.toks.append(t)
-            st.total += t
-            st.cum.append(st.total)
-            if m.get("role") == "tool":
-                prev = msgs[i - 1] if i > 0 else None
-                if prev is not None and prev.get("role") == "assistant" and prev.get("tool_calls"):
-                    st.groups.append(i - 1)
-                if self._cuttable(m, t):
-                    st.cands.append(i)
-        if msgs:
-            st.n, st.first, st.last = len(msgs), msgs[0], msgs[-1]
-        self._scan_state = st
-        return st
+        return self._scan_batch_due(messages, scan)
 
     def update_model(self, model: str, context_length: int, **kwargs: Any) -> None:
         """Switch window: ``threshold_tokens`` and every budget follow the new length."""
@@ -549,102 +464,7 @@ class ContextCompressor(ContextEngine):
         )
         return status
 
-    # -- cutting ---------------------------------------------------------------------------------
-    def _tokens(self, m: Message) -> int:
-        hit = self._tok_memo.get(id(m))
-        if hit is not None and hit[0] is m:
-            return hit[1]
-        t = self.counter.count_messages([m])
-        if len(self._tok_memo) > 200_000:
-            self._tok_memo.clear()
-        self._tok_memo[id(m)] = (m, t)
-        return t
-
-    def _facts(self, m: Message) -> Facts:
-        """The facts of one message, memoised per message object (a message is extracted once
-        however many compactions see it)."""
-        hit = self._fact_memo.get(id(m))
-        if hit is not None and hit[0] is m:
-            return hit[1]
-        f = extract_facts([m])
-        if len(self._fact_memo) > 50_000:
-            self._fact_memo.clear()
-        self._fact_memo[id(m)] = (m, f)
-        return f
-
-    @property
-    def giant_tokens(self) -> int:
-        """Outputs larger than this are cut wherever they sit (``giant_ratio`` of the window,
-        and at least GIANT_TOKENS or a quarter of the window, whichever is less)."""
-        ratio = int(self.context_length * self.giant_ratio)
-        # an ordinary long output (a few thousand tokens) is not giant in a small window: it is
-        # kept whole for its turns like any other; giant means over GIANT_TOKENS as well, unless
-        # that is more than a quarter of the window
-        return max(self.cut_min_tokens, ratio, min(GIANT_TOKENS, self.context_length // 4))
-
-    @property
-    def giant_keep_tokens(self) -> int:
-        return max(self.cut_tokens, min(4_000, int(self.context_length * GIANT_KEEP_RATIO)))
-
-    def _cuttable(self, m: Message, tokens: int) -> bool:
-        if m.get("role") != "tool" or tokens < self.cut_min_tokens:
-            return False
-        content = m.get("content")
-        if not isinstance(content, str | list):
-            return False
-        text = content_text(content)
-        return not _settled(text)
-
-    def _giants(self, msgs: list[Message], toks: list[int]) -> list[int]:
-        limit = self.giant_tokens
-        return [i for i, m in enumerate(msgs) if toks[i] > limit and self._cuttable(m, toks[i])]
-
-    def _tail_start(self, msgs: list[Message]) -> int:
-        """Where the last ``keep_recent`` tool exchanges begin (kept whole)."""
-        return tail_by_exchanges(msgs, self.keep_recent)
-
-    def _waiting(self, msgs: list[Message], toks: list[int]) -> list[int]:
-        end = self._tail_start(msgs)
-        return [i for i in range(end) if self._cuttable(msgs[i], toks[i])]
-
-    def _due_batch(self, msgs: list[Message], toks: list[int]) -> list[int]:
-        """The older whole outputs to cut now, or ``[]``: enough of them wait *and* cutting
-        them pays for the cache it invalidates within as many calls as the session has made
-        (at least MIN_HORIZON)."""
-        waiting = self._waiting(msgs, toks)
-        if not waiting:
-            return []
-        total = sum(toks)
-        return self._batch_pays(waiting, toks, total, lambda k: sum(toks[:k]))
-
-    def _batch_pays(self, waiting: list[int], toks: list[int], total: int, prefix: Callable[[int], int]) -> list[int]:
-        """``waiting`` when it is a batch worth cutting now, else ``[]`` (``prefix(k)``: tokens
-        of the first ``k`` messages)."""
-        if not waiting:
-            return []
-        sizes = [toks[i] for i in waiting]
-        # when the provider reads little of a kept prefix from cache (a rolling placement such
-        # as system_and_3 re-reads only the system prompt after any edit), every cut rewrites
-        # nearly everything: batches grow so that rewrites are rarer (up to 8x; measured on the
-        # long sessions: 0.65x -> 0.52x of no compaction under system_and_3)
-        scale = 1.0 / max(0.125, min(1.0, self._stable_ratio))
-        if len(waiting) < self.batch * scale and sum(sizes) < self.batch_tokens * scale:
-            return []
-        if not self.cost_aware:
-            return waiting
-        saved = sum(max(0, t - self.cut_tokens) for t in sizes)
-        stable = int(prefix(waiting[0]) * self._stable_ratio)
-        horizon = max(MIN_HORIZON, self._calls)
-        return waiting if compaction_break_even(total, total - saved, stable) <= horizon else []
-
-    def _cut(self, m: Message, budget: int) -> Message:
-        text = content_text(m.get("content"))
-        cut = cut_output(text, budget_tokens=budget, counter=self.counter)
-        if cut == text:
-            return m
-        self._keep_original(text)
-        return {**m, "content": cut}
-
+    # -- originals ---------------------------------------------------------------------------------
     def _keep_original(self, text: str) -> None:
         self._originals.append(text)
 
@@ -652,7 +472,7 @@ class ContextCompressor(ContextEngine):
         """Keep the text of messages a summary replaces (and each tool call's arguments as the
         model wrote them) so :meth:`retrievable` answers for them as recall over the store does."""
         for m in span:
-            if _own_summary(m) or _settled(content_text(m.get("content"))):
+            if own_summary(m) or is_settled_text(content_text(m.get("content"))):
                 continue  # already a record: its originals were kept when it was written
             text = message_text(m)
             if text:
@@ -663,31 +483,6 @@ class ContextCompressor(ContextEngine):
                 for v in values:
                     if v:
                         self._keep_original(v)
-
-    def _cut_stage(
-        self, msgs: list[Message], toks: list[int], *, batch: bool, report: CompactionReport, everything: bool = False
-    ) -> tuple[list[Message], list[int]]:
-        """Cut giant outputs anywhere and, with ``batch``, the batch of older whole outputs when
-        it is due. Returns the new list and the indices cut (``toks`` is updated in place)."""
-        giants = self._giants(msgs, toks)
-        waiting = (self._waiting(msgs, toks) if everything else self._due_batch(msgs, toks)) if batch else []
-        targets = sorted(set(giants) | set(waiting))
-        if not targets:
-            return msgs, []
-        out = list(msgs)
-        done: list[int] = []
-        big = set(giants)
-        for i in targets:
-            budget = self.giant_keep_tokens if i in big and i >= self._tail_start(msgs) else self.cut_tokens
-            new = self._cut(msgs[i], budget)
-            if new is msgs[i]:
-                continue
-            out[i] = new
-            toks[i] = self._tokens(new)
-            done.append(i)
-        if done:
-            report.notes.append(f"cut {len(done)} tool output(s) to head and tail lines with their facts (originals retrievable)")
-        return out, done
 
     # -- compression -------------------------------------------------------------------------------
     def compress(
@@ -744,7 +539,7 @@ class ContextCompressor(ContextEngine):
 
         plan = self._plan(msgs, toks)
         if not plan.middle:
-            out = self._clip_to_limit(msgs, report, plan.head_end)
+            out = self._clip_to_limit(msgs, report, self.hard_limit_tokens, plan.head_end)
             report.notes.append("no message between head and tail to summarize")
             changed = [i for i, (a, b) in enumerate(zip(out, messages, strict=True)) if a is not b]
             if not changed:
@@ -764,8 +559,8 @@ class ContextCompressor(ContextEngine):
         acc: dict[str, dict[str, None]] = {k: {} for k in FACT_KINDS}
         self._remember(middle)
         for m in middle:
-            if _own_summary(m):
-                text, rest = _split_summary(content_text(m.get("content")))
+            if own_summary(m):
+                text, rest = split_summary(content_text(m.get("content")))
                 if previous is None:
                     previous = text
                 if rest or m.get("tool_calls"):
@@ -775,7 +570,7 @@ class ContextCompressor(ContextEngine):
             facts = self._facts(m)
             for k in FACT_KINDS:
                 acc[k].update(dict.fromkeys(getattr(facts, k)))
-            span.append(_pruned(m, facts))
+            span.append(pruned(m, facts))
         required = Facts(**{k: list(v) for k, v in acc.items()}).merge(self._carried)
         if previous is not None and not self._carried.all():
             required = required.merge(extract_facts([{"role": "assistant", "content": previous}], include_users=False))
@@ -789,7 +584,7 @@ class ContextCompressor(ContextEngine):
             if cut:
                 return self._finish(report, msgs, t0, changed=True, first_changed=cut[0])
             return self._finish(report, list(messages), t0, changed=False)
-        summary = self._bounded(summary, budget, span, previous, focus_topic, content_tokens, report)
+        summary = self._bounded(summary, budget, span, previous, focus_topic, report)
         if fallback is None and estimate(summary) >= content_tokens > 0:
             # a summary that does not shrink what it replaces is no summary: extractive instead
             report.notes.append(f"summary of {estimate(summary):,} tokens does not shrink the {content_tokens:,} it replaces: extractive summary used")
@@ -823,7 +618,7 @@ class ContextCompressor(ContextEngine):
             # user messages come before the summary's prose: shrink it to make room for them
             need = sum(estimate(u) + 4 for u in ledger.unquoted_users)
             smaller = max(MIN_SHRUNK_SUMMARY, estimate(summary) - need)
-            summary = self._bounded(summary, smaller, span, previous, focus_topic, content_tokens, report)
+            summary = self._bounded(summary, smaller, span, previous, focus_topic, report)
             ledger = ledger_for(summary)
         if ledger.unquoted_users:
             for u in ledger.unquoted_users:
@@ -841,7 +636,7 @@ class ContextCompressor(ContextEngine):
         out = sanitize_tool_pairs(out)
         if head:
             self._frozen = (len(head), out[len(head) - 1])
-        out = self._clip_to_limit(out, report, len(head) + 1)
+        out = self._clip_to_limit(out, report, self.hard_limit_tokens, len(head) + 1)
         self._previous_summary = summary_text
         self._carried = required
         self._summaries += 1
@@ -850,38 +645,13 @@ class ContextCompressor(ContextEngine):
         first = 0 if out and messages and out[0] is not messages[0] else len(head)
         return self._finish(report, out, t0, changed=True, first_changed=first)
 
-    def _bounded(
-        self,
-        summary: str,
-        budget: int,
-        span: list[Message],
-        previous: str | None,
-        focus_topic: str | None,
-        content_tokens: int,
-        report: CompactionReport,
-    ) -> str:
-        """A summary longer than its budget (a server that ignores ``max_tokens``) is cut to the
-        budget at a line boundary; if that loses the template, the extractive summary is used."""
-        size = estimate(summary)
-        if size <= budget:
-            return summary
-        kept: list[str] = []
-        used = 0
-        for line in summary.split("\n"):
-            t = estimate(line) + 1
-            if used + t > budget:
-                if line.startswith("#"):
-                    kept.append(line)  # headings are cheap and keep the template whole
-                    used += t
-                continue
-            kept.append(line)
-            used += t
-        cut = "\n".join(kept)
-        if not has_template(cut) or estimate(cut) > budget + 200:
-            report.notes.append(f"summary of {size:,} tokens over its budget of {budget:,}: extractive summary used")
-            return self._fallback.summarize(span, previous_summary=previous, focus_topic=focus_topic, budget_tokens=budget)
-        report.notes.append(f"summary of {size:,} tokens cut to its budget of {budget:,}")
-        return cut
+    def _bounded(self, summary: str, budget: int, span: list[Message], previous: str | None, focus_topic: str | None, report: CompactionReport) -> str:
+        """:func:`ctxengine.summarize.assembly.bounded` with the extractive summary as fallback."""
+
+        def fallback(b: int) -> str:
+            return self._fallback.summarize(span, previous_summary=previous, focus_topic=focus_topic, budget_tokens=b)
+
+        return bounded(summary, budget, fallback, report.notes)
 
     def _finish(
         self,
@@ -926,7 +696,7 @@ class ContextCompressor(ContextEngine):
             if head_end < k <= n and msgs[k - 1] == last:
                 head_end = align_cut(msgs, k, direction="forward")
         for i in range(1, head_end):
-            if _own_summary(msgs[i]):
+            if own_summary(msgs[i]):
                 head_end = i
                 break
         head_tokens = sum(toks[:head_end])
@@ -977,7 +747,10 @@ class ContextCompressor(ContextEngine):
             if not text.strip() or not has_template(text):
                 raise SummarizerError("the summary is empty or lacks the template headings")
             self._last_error = None
-            return text, None
+            short = bound_summary(text, budget)  # any summarizer's text, a custom one's too
+            if short != text:
+                report.notes.append(f"summary of {estimate(text):,} tokens cut to its budget of {budget:,}")
+            return short, None
         except SummarizerAuthError as exc:
             reason = redact(f"summarizer authentication failed: {exc}")
             self._last_error = reason
@@ -1010,126 +783,5 @@ class ContextCompressor(ContextEngine):
         # the first compaction only: once a prefix is frozen (even by a cut without summary)
         # the system prompt is part of it and must stay byte-identical
         if self.compression_count == 0 and self._frozen is None and head and head[0].get("role") == "system":
-            head[0] = self._with_note(head[0])
-        body = f"{self._header}\n\n{summary}\n{SUMMARY_END}"
-        prev_role = head[-1].get("role") if head else None
-        nxt = (pulled or tail)[:1]
-        next_role = nxt[0].get("role") if nxt else None
-        if prev_role in (None, "system", "developer"):
-            role: str | None = "user" if next_role != "user" else None
-        else:
-            role = next((r for r in ("user", "assistant") if r != prev_role and r != next_role), None)
-        if role is not None:
-            return [*head, {"role": role, "content": body}, *pulled, *tail]
-        if not pulled and tail and tail[0].get("role") == "assistant":
-            # user … [summary] … assistant: no standalone role fits; the summary opens the
-            # first tail message instead of creating two consecutive same-role messages
-            first = tail[0]
-            content = first.get("content")
-            if isinstance(content, list):
-                merged: Any = [{"type": "text", "text": body}, *content]
-            elif isinstance(content, str) and content:
-                merged = f"{body}\n\n{content}"
-            else:
-                merged = body
-            return [*head, {**first, "content": merged}, *tail[1:]]
-        opener = tail[0] if tail and not pulled else None
-        if (
-            opener is not None
-            and opener.get("role") == "user"
-            and isinstance(opener.get("content"), str)
-            and any(m.get("role") == "user" for m in tail[1:])
-        ):
-            # assistant … [summary] … user (not the latest one): the summary opens that user
-            # message, whose words stay verbatim after it
-            return [*head, {**opener, "content": f"{body}\n\n{opener['content']}"}, *tail[1:]]
-        # no role avoids a repeat and nothing to merge into: user, so the first non-system
-        # message stays a user message (providers merge consecutive user turns)
-        return [*head, {"role": "user", "content": body}, *pulled, *tail]
-
-    def _with_note(self, system: Message) -> Message:
-        content = system.get("content")
-        text = content_text(content)
-        if self._note in text:
-            return system
-        if isinstance(content, list):
-            return {**system, "content": [*content, {"type": "text", "text": self._note}]}
-        return {**system, "content": f"{text}\n\n{self._note}" if text else self._note}
-
-    def _clip_to_limit(self, msgs: list[Message], report: CompactionReport, start: int = 0) -> list[Message]:
-        """Last resort: cut the largest tool outputs from ``start`` on (head + tail lines + their
-        facts) until the list fits the hard limit. Never touches user, system or assistant
-        messages, nor anything before ``start`` (the stable prefix)."""
-        limit = self.hard_limit_tokens
-        toks = [self._tokens(m) for m in msgs]
-        total = sum(toks)
-        if total <= limit:
-            return msgs
-        out = list(msgs)
-        # Outputs an earlier pass already cut are final: re-cutting them would rewrite text that
-        # was sent and cached (prefix stability) for a few tokens each time.
-        tools = [
-            i
-            for i, m in enumerate(msgs)
-            if i >= start and m.get("role") == "tool" and not _settled(content_text(m.get("content")))
-        ]
-        order = sorted(tools, key=lambda i: -toks[i])
-        for i in order:
-            if total <= limit:
-                break
-            excess = total - limit
-            keep = max(MIN_CUT_TOKENS, toks[i] - excess - 50)
-            candidate = self._cut(msgs[i], keep)
-            if candidate is msgs[i]:
-                continue
-            new = self._tokens(candidate)
-            if new >= toks[i]:
-                continue  # cutting would not shrink it: leave the message byte-identical
-            out[i] = candidate
-            total += new - toks[i]
-            report.notes.append(f"tool output at {i} cut from {toks[i]:,} to {new:,} tokens to fit the window")
-        if total > limit:
-            report.notes.append(f"still {total:,} tokens after cutting tool outputs (hard limit {limit:,})")
-        return out
-
-
-
-
-def _own_summary(m: Message) -> bool:
-    """A compaction summary (a message of its own or opening a tail message); cut tool
-    outputs are records of one output, not summaries."""
-    return m.get("role") not in ("system", "developer", "tool") and is_summary(m)
-
-
-def _settled(text: str) -> bool:
-    """True for an output ctxengine already wrote or cut (final: never cut again). A prefix
-    test: this runs on every output each call, so it never scans the text."""
-    return text.startswith(MARK) or text.startswith(PRUNED_MARKER)
-
-
-def _split_summary(text: str) -> tuple[str, str]:
-    """``(summary, rest)`` of a message opened by a compaction summary."""
-    body = text
-    rest = ""
-    end = text.find(SUMMARY_END)
-    if end >= 0:
-        body = text[:end]
-        rest = text[end + len(SUMMARY_END) :].strip()
-    # drop the header line(s) before the template
-    at = body.find("## ")
-    if at >= 0:
-        body = body[at:]
-    return body.strip(), rest
-
-
-def _pruned(m: Message, facts: Facts) -> Message:
-    """Phase 1: a tool result over PRUNE_MIN_CHARS becomes the marker plus a one-line digest
-    (first line, up to three error lines) for the summarizer."""
-    if m.get("role") != "tool":
-        return m
-    text = content_text(m.get("content"))
-    if len(text) <= PRUNE_MIN_CHARS or text.startswith(PRUNED_MARKER):
-        return m
-    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")[:160]
-    digest = [first, *facts.errors[:3]]
-    return {**m, "content": "\n".join([PRUNED_MARKER, *dict.fromkeys(d for d in digest if d)])}
+            head[0] = with_note(head[0], self._note)
+        return place_summary(head, f"{self._header}\n\n{summary}\n{SUMMARY_END}", pulled, tail)
