@@ -20,17 +20,13 @@
    with a role that avoids two consecutive same-role messages and keeps the first non-system
    message a user message, then the tail; orphaned tool pairs are sanitized.
 
-Cache-aware (DESIGN §3.8, §3.11): before any summary, tool outputs are **cut** (head + tail
-lines and a verbatim facts block, :func:`ctxengine.engines.kit.cut_output`) in batches, soon
-after use: an output stays whole while it is one of the last ``keep_recent`` tool exchanges, and
-the older whole outputs are cut together once ``batch`` of them (or ``batch_tokens``) wait *and*
-the cut pays for the cache it invalidates (:func:`ctxengine.cost.compaction_break_even`). A
-giant output (over ``giant_ratio`` of the window) is cut wherever it sits, head and tail
-included, before it is ever sent: protection keeps a message's place and facts, not its size.
-Cut text is never cut again, so the settled prefix stays byte-stable; compaction never runs on
-more than ``max_consecutive`` calls in a row unless the window requires it. Everything removed
-(cut outputs, user messages that no longer fit verbatim) stays retrievable
-(:meth:`ContextCompressor.retrievable`, and the session store's recall tools).
+Cache-aware (DESIGN §3.8, §3.11): before any summary, tool outputs are **cut** in batches
+that pay for the cache they invalidate, giant outputs wherever they sit, before they are sent
+(:mod:`ctxengine.engines.kit.cutpolicy`); compaction never runs on more than
+``max_consecutive`` calls in a row unless the window requires it. Everything removed stays
+retrievable (:meth:`ContextCompressor.retrievable`, and the session store's recall tools).
+Phases 1, 3 and 4 are built with :mod:`ctxengine.summarize.assembly`; the head/tail plan is
+:func:`ctxengine.engines.kit.tail.plan_head_tail`.
 
 Failure never loses context: a summarizer error falls back to the deterministic extractive
 summary; an authentication error keeps the messages unchanged (reported in :meth:`get_status`
@@ -42,11 +38,10 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from ctxengine.boundaries import align_cut, group_spans, sanitize_tool_pairs
+from ctxengine.boundaries import sanitize_tool_pairs
 from ctxengine.engine import CompactionReport, ContextEngine
 from ctxengine.engines.compressor_compat import (
     check_keywords,
@@ -64,33 +59,26 @@ from ctxengine.engines.kit.cutpolicy import (
     KEEP_RECENT,
     MIN_CUT_TOKENS,
     CachedCuts,
-    CutScan,
-    is_settled_text,
 )
-from ctxengine.errors import ConfigError, SummarizerAuthError, SummarizerError
-from ctxengine.facts import FACT_KINDS, Facts, extract_facts
+from ctxengine.engines.kit.tail import HeadTailPlan, plan_head_tail
+from ctxengine.errors import ConfigError
+from ctxengine.facts import Facts, extract_facts
 from ctxengine.messages import (
     Message,
-    content_text,
-    is_summary,
-    message_text,
-    tool_call_args,
-    tool_calls,
 )
-from ctxengine.redact import redact
 from ctxengine.summarize.assembly import (
     SUMMARY_END,
     SUMMARY_PREFIX,
     bounded,
+    fit_ledger,
     own_summary,
     place_summary,
-    pruned,
-    split_summary,
+    run_summarizer,
+    summary_span,
     with_note,
 )
-from ctxengine.summarize.base import Summarizer, bound_summary, has_template
+from ctxengine.summarize.base import Summarizer
 from ctxengine.summarize.extractive import ExtractiveSummarizer
-from ctxengine.summarize.ledger import LedgerResult, TextIndex, apply_ledger
 from ctxengine.tokens import AnchoredCounter, EstimateCounter, TokenCounter, estimate
 
 if TYPE_CHECKING:
@@ -121,18 +109,8 @@ def _prompt(name: str) -> str:
 
 
 CUTS_SUFFICED = "cutting the older outputs was enough: no summary needed"
-MIN_SHRUNK_SUMMARY = 150
-"""A summary shrunk to make room for user quotes keeps at least this many tokens."""
 MAX_CONSECUTIVE = 3
 """Compaction never runs on more calls in a row than this unless the window requires it."""
-
-
-@dataclass(slots=True)
-class _Plan:
-    head_end: int
-    tail_start: int
-    pulled_user: int | None
-    middle: list[int]
 
 
 class ContextCompressor(CachedCuts, ContextEngine):
@@ -185,17 +163,10 @@ class ContextCompressor(CachedCuts, ContextEngine):
         ``threshold_percent``, ``protect_first_n``, ``protect_last_n``, ``summary_target_ratio``,
         ``quiet_mode``, ``summary_model_override``, ``base_url``, ``api_key``,
         ``config_context_length``, ``provider``, ``api_mode``, ``abort_on_summary_failure``,
-        ``max_tokens``), with Hermes' meaning:
-
-        * the window is ``context_length``, else ``config_context_length``, else the model
-          table's window for ``model``; ``max_tokens`` (a positive int) is the reply's
-          reservation: the threshold is taken of ``window - max_tokens``;
-        * ``summary_target_ratio`` is clamped to [0.10, 0.80] as Hermes does;
-        * ``summary_model_override`` with ``base_url``/``api_key``/``provider`` selects the LLM
-          that writes summaries (none: the deterministic extractive summary);
-        * ``abort_on_summary_failure``: a failed summary keeps the messages unchanged instead
-          of using the extractive summary;
-        * ``quiet_mode`` silences the informational log line.
+        ``max_tokens``), with Hermes' meaning (:mod:`ctxengine.engines.compressor_compat`:
+        window, reply reservation, clamped target ratio, summary model);
+        ``abort_on_summary_failure``: a failed summary keeps the messages unchanged instead of
+        using the extractive summary; ``quiet_mode`` silences the informational log line.
 
         ``cut_before_summary``: at the threshold, first cut every older whole output; when that
         lands at or under ``0.75 × threshold`` no summary is written (a cheaper rewrite; measured
@@ -229,13 +200,15 @@ class ContextCompressor(CachedCuts, ContextEngine):
         self.user_quote_budget_tokens = int(user_quote_budget_tokens)
         self.backoff_turns = int(backoff_turns)
         self.enabled = bool(enabled)
-        self.keep_recent = max(0, int(keep_recent))
-        self.batch = max(1, int(batch))
-        self.batch_tokens = max(0, int(batch_tokens))
-        self.cut_tokens = max(64, int(cut_tokens))
-        self.cut_min_tokens = max(self.cut_tokens + 1, int(cut_min_tokens))
-        self.giant_ratio = float(giant_ratio)
-        self.cost_aware = bool(cost_aware)
+        self._init_cuts(
+            keep_recent=keep_recent,
+            batch=batch,
+            batch_tokens=batch_tokens,
+            cut_tokens=cut_tokens,
+            cut_min_tokens=cut_min_tokens,
+            giant_ratio=giant_ratio,
+            cost_aware=cost_aware,
+        )
         self.max_consecutive = max(1, int(max_consecutive))
         self.cut_before_summary = bool(cut_before_summary)
         if summarizer is None and self.summary_model:
@@ -255,18 +228,11 @@ class ContextCompressor(CachedCuts, ContextEngine):
         self._frozen: tuple[int, Message] | None = None
         self._note = _prompt("system_note.md")
         self._header = _prompt("summary_header.md")
-        self._tok_memo: dict[int, tuple[Message, int]] = {}
-        self._fact_memo: dict[int, tuple[Message, Facts]] = {}
-        self._scan_state: CutScan | None = None
-        # what left the context (cut outputs, user messages that no longer fit): retrievable
-        self._originals: list[str] = []
         self._recallable: set[str] = set()
         self._summaries = 0
-        self._calls = 0
         self._streak = 0
         self._compacted = False
         self._expected_stable: int | None = None
-        self._stable_ratio = 1.0
         if not self.quiet_mode:
             log.info(
                 "compressor: context_length=%d threshold=%d (%.0f%%) tail budget=%d summarizer=%s",
@@ -421,15 +387,12 @@ class ContextCompressor(CachedCuts, ContextEngine):
         self._frozen = None
         self._sent = None
         self._anchor.reset()
-        self._originals = []
+        self._reset_cuts()
         self._recallable = set()
-        self._scan_state = None
         self._summaries = 0
-        self._calls = 0
         self._streak = 0
         self._compacted = False
         self._expected_stable = None
-        self._stable_ratio = 1.0
 
     def retrievable(self, text: str) -> bool:
         """True when ``text`` occurs verbatim in what this engine removed from the context (cut
@@ -463,26 +426,6 @@ class ContextCompressor(CachedCuts, ContextEngine):
             }
         )
         return status
-
-    # -- originals ---------------------------------------------------------------------------------
-    def _keep_original(self, text: str) -> None:
-        self._originals.append(text)
-
-    def _remember(self, span: list[Message]) -> None:
-        """Keep the text of messages a summary replaces (and each tool call's arguments as the
-        model wrote them) so :meth:`retrievable` answers for them as recall over the store does."""
-        for m in span:
-            if own_summary(m) or is_settled_text(content_text(m.get("content"))):
-                continue  # already a record: its originals were kept when it was written
-            text = message_text(m)
-            if text:
-                self._keep_original(text)
-            for c in tool_calls(m):
-                args = tool_call_args(c)
-                values = [args] if isinstance(args, str) else [v for v in args.values() if isinstance(v, str)]
-                for v in values:
-                    if v:
-                        self._keep_original(v)
 
     # -- compression -------------------------------------------------------------------------------
     def compress(
@@ -554,75 +497,56 @@ class ContextCompressor(CachedCuts, ContextEngine):
         middle = [msgs[i] for i in plan.middle]
 
         # previous summaries in the middle become the text to update, not content to summarize
-        previous = self._previous_summary
-        span: list[Message] = []
-        acc: dict[str, dict[str, None]] = {k: {} for k in FACT_KINDS}
         self._remember(middle)
-        for m in middle:
-            if own_summary(m):
-                text, rest = split_summary(content_text(m.get("content")))
-                if previous is None:
-                    previous = text
-                if rest or m.get("tool_calls"):
-                    m = {**m, "content": rest}
-                else:
-                    continue
-            facts = self._facts(m)
-            for k in FACT_KINDS:
-                acc[k].update(dict.fromkeys(getattr(facts, k)))
-            span.append(pruned(m, facts))
-        required = Facts(**{k: list(v) for k, v in acc.items()}).merge(self._carried)
+        span, previous, facts = summary_span(middle, self._previous_summary, self._facts)
+        required = facts.merge(self._carried)
         if previous is not None and not self._carried.all():
             required = required.merge(extract_facts([{"role": "assistant", "content": previous}], include_users=False))
 
         content_tokens = sum(toks[i] for i in plan.middle)
         budget = self.summary_budget(content_tokens)
         # the hard-limit decisions go by the size the caller reported (before any cut)
-        summary, fallback = self._summarize(span, previous, focus_topic, budget, reported, report)
+        summary, fallback, self._last_error = run_summarizer(
+            self.summarizer,
+            self._fallback,
+            span,
+            previous,
+            focus_topic,
+            budget,
+            over_hard_limit=reported >= self.hard_limit_tokens,
+            abort_on_failure=self.abort_on_summary_failure,
+            notes=report.notes,
+            log=log,
+        )
         if summary is None:  # authentication failed below the hard limit (or abort): keep all
+            report.fallback = fallback
             self._backoff = self.backoff_turns
             if cut:
                 return self._finish(report, msgs, t0, changed=True, first_changed=cut[0])
             return self._finish(report, list(messages), t0, changed=False)
-        summary = self._bounded(summary, budget, span, previous, focus_topic, report)
+
+        def shrink(text: str, tokens: int) -> str:
+            return bounded(text, tokens, lambda b: self._fallback.summarize(span, previous_summary=previous, focus_topic=focus_topic, budget_tokens=b), report.notes)
+
+        summary = shrink(summary, budget)
         if fallback is None and estimate(summary) >= content_tokens > 0:
             # a summary that does not shrink what it replaces is no summary: extractive instead
             report.notes.append(f"summary of {estimate(summary):,} tokens does not shrink the {content_tokens:,} it replaces: extractive summary used")
             summary = self._fallback.summarize(span, previous_summary=previous, focus_topic=focus_topic, budget_tokens=budget)
             fallback = "extractive"
-
-        kept = (*head, *pulled, *tail)
-        fixed = sum(self._tokens(m) for m in kept)
-        # what the kept messages need at least: tool outputs can still be cut to fit the window
-        floor = sum(min(self._tokens(m), MIN_CUT_TOKENS) if m.get("role") == "tool" else self._tokens(m) for m in kept)
-        # facts extracted from the kept messages occur in their text: a set lookup answers most
-        known: set[str] = set()
-        for m in kept:
-            f = self._facts(m)
-            known.update(f.paths, f.urls, f.tools, f.errors)
-        present = TextIndex("\n".join(message_text(m) for m in kept), known)
-
-        def ledger_for(text: str) -> LedgerResult:
-            return apply_ledger(
-                text,
-                required,
-                present,
-                budget_tokens=max(0, self.hard_limit_tokens - fixed - estimate(text) - 200),
-                # the user's words are anchors: quoted while they fit the window (outputs of the
-                # tail are cut afterwards if need be); those that cannot fit stay retrievable
-                user_budget_tokens=max(0, int(self.context_length * 0.98) - floor - estimate(text) - 100),
-            )
-
-        ledger = ledger_for(summary)
-        if ledger.unquoted_users and estimate(summary) > MIN_SHRUNK_SUMMARY:
-            # user messages come before the summary's prose: shrink it to make room for them
-            need = sum(estimate(u) + 4 for u in ledger.unquoted_users)
-            smaller = max(MIN_SHRUNK_SUMMARY, estimate(summary) - need)
-            summary = self._bounded(summary, smaller, span, previous, focus_topic, report)
-            ledger = ledger_for(summary)
+        ledger = fit_ledger(
+            summary,
+            required,
+            (*head, *pulled, *tail),
+            tokens_of=self._tokens,
+            facts_of=self._facts,
+            hard_limit=self.hard_limit_tokens,
+            context_length=self.context_length,
+            min_output_tokens=MIN_CUT_TOKENS,
+            shrink=shrink,
+        )
         if ledger.unquoted_users:
-            for u in ledger.unquoted_users:
-                self._recallable.add(u)
+            self._recallable.update(ledger.unquoted_users)
             report.notes.append(
                 f"{len(ledger.unquoted_users)} older user message(s) do not fit the window verbatim: "
                 "kept in the store, retrievable verbatim with ctx_grep"
@@ -644,14 +568,6 @@ class ContextCompressor(CachedCuts, ContextEngine):
         report.replaced = sorted(set(cut) | set(plan.middle))
         first = 0 if out and messages and out[0] is not messages[0] else len(head)
         return self._finish(report, out, t0, changed=True, first_changed=first)
-
-    def _bounded(self, summary: str, budget: int, span: list[Message], previous: str | None, focus_topic: str | None, report: CompactionReport) -> str:
-        """:func:`ctxengine.summarize.assembly.bounded` with the extractive summary as fallback."""
-
-        def fallback(b: int) -> str:
-            return self._fallback.summarize(span, previous_summary=previous, focus_topic=focus_topic, budget_tokens=b)
-
-        return bounded(summary, budget, fallback, report.notes)
 
     def _finish(
         self,
@@ -685,97 +601,24 @@ class ContextCompressor(CachedCuts, ContextEngine):
         return out
 
     # phase 2
-    def _plan(self, msgs: list[Message], toks: list[int]) -> _Plan:
-        n = len(msgs)
-        head_end = align_cut(msgs, min(self.protect_first_n, n), direction="forward")
-        first_user = next((i for i, m in enumerate(msgs) if m.get("role") == "user"), None)
-        if first_user is not None and first_user >= head_end and not is_summary(msgs[first_user]):
-            head_end = align_cut(msgs, first_user + 1, direction="forward")
-        if self._frozen is not None:
-            k, last = self._frozen
-            if head_end < k <= n and msgs[k - 1] == last:
-                head_end = align_cut(msgs, k, direction="forward")
-        for i in range(1, head_end):
-            if own_summary(msgs[i]):
-                head_end = i
-                break
-        head_tokens = sum(toks[:head_end])
-        reserve = self.summary_budget(max(0, sum(toks) - head_tokens - self.tail_token_budget))
+    def _plan(self, msgs: list[Message], toks: list[int]) -> HeadTailPlan:
         budget = self.tail_token_budget
-        soft_cap = max(budget, int(self.threshold_tokens * TARGET_AFTER_RATIO) - head_tokens - reserve)
-        start = n
-        acc = 0
-        count = 0
-        spans = [(a + head_end, b + head_end) for a, b in group_spans(msgs[head_end:])]
-        for a, b in reversed(spans):
-            g = sum(toks[a:b])
-            if start < n and not (acc + g <= budget or (count < self.protect_last_n and acc + g <= soft_cap)):
-                break
-            acc += g
-            count += b - a
-            start = a
-        last_user = next((i for i in range(n - 1, -1, -1) if msgs[i].get("role") == "user"), None)
-        # everything after the head fits the tail (or the middle would hold only the latest
-        # user message): give the middle the oldest groups back, keeping the last group
-        k = 0
-        while k < len(spans) - 1 and (start <= head_end or all(i == last_user for i in range(head_end, start))):
-            start = max(start, spans[k][1])
-            k += 1
-        acc = sum(toks[start:])
-        pulled: int | None = None
-        if last_user is not None and head_end <= last_user < start:
-            if acc + sum(toks[last_user:start]) <= soft_cap and last_user > head_end:
-                start = last_user
-            else:
-                pulled = last_user
-        middle = [i for i in range(head_end, start) if i != pulled]
-        return _Plan(head_end, start, pulled, middle)
+        total = sum(toks)
 
-    # phase 3
-    def _summarize(
-        self,
-        span: list[Message],
-        previous: str | None,
-        focus_topic: str | None,
-        budget: int,
-        tokens: int,
-        report: CompactionReport,
-    ) -> tuple[str | None, str | None]:
-        """The summary text and the fallback used (``None``); ``(None, ...)`` keeps messages."""
-        try:
-            text = self.summarizer.summarize(span, previous_summary=previous, focus_topic=focus_topic, budget_tokens=budget)
-            if not text.strip() or not has_template(text):
-                raise SummarizerError("the summary is empty or lacks the template headings")
-            self._last_error = None
-            short = bound_summary(text, budget)  # any summarizer's text, a custom one's too
-            if short != text:
-                report.notes.append(f"summary of {estimate(text):,} tokens cut to its budget of {budget:,}")
-            return short, None
-        except SummarizerAuthError as exc:
-            reason = redact(f"summarizer authentication failed: {exc}")
-            self._last_error = reason
-            if tokens < self.hard_limit_tokens:
-                log.warning("%s; messages kept unchanged", reason)
-                report.fallback = "unchanged"
-                report.notes.append(reason + "; messages kept unchanged")
-                return None, "unchanged"
-            log.warning("%s; over the hard limit, using the extractive summary", reason)
-            report.notes.append(reason + "; over the hard limit: extractive summary")
-        except SummarizerError as exc:
-            self._last_error = redact(f"summarizer failed: {exc}")  # a custom summarizer's text too
-            if self.abort_on_summary_failure and tokens < self.hard_limit_tokens:
-                log.warning("%s; abort_on_summary_failure: messages kept unchanged", self._last_error)
-                report.fallback = "unchanged"
-                report.notes.append(f"{self._last_error}; messages kept unchanged (abort_on_summary_failure)")
-                return None, "unchanged"
-            log.warning("%s; using the extractive summary", self._last_error)
-            report.notes.append(self._last_error)
-        except Exception as exc:  # a custom summarizer's bug must not lose the conversation
-            self._last_error = redact(f"summarizer raised {type(exc).__name__}: {exc}")
-            log.warning("%s; using the extractive summary", self._last_error)
-            report.notes.append(self._last_error)
-        text = self._fallback.summarize(span, previous_summary=previous, focus_topic=focus_topic, budget_tokens=budget)
-        return text, "extractive"
+        def soft_cap(head_tokens: int) -> int:
+            reserve = self.summary_budget(max(0, total - head_tokens - budget))
+            return max(budget, int(self.threshold_tokens * TARGET_AFTER_RATIO) - head_tokens - reserve)
+
+        return plan_head_tail(
+            msgs,
+            toks,
+            protect_first_n=self.protect_first_n,
+            protect_last_n=self.protect_last_n,
+            tail_budget=budget,
+            soft_cap=soft_cap,
+            frozen=self._frozen,
+            is_own_summary=own_summary,
+        )
 
     # phase 4
     def _assemble(self, head: list[Message], summary: str, pulled: list[Message], tail: list[Message]) -> list[Message]:

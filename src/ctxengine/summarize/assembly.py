@@ -6,13 +6,17 @@ Used by the ``compressor`` engine (phases 1, 3 and 4 of its module docstring).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from ctxengine.facts import Facts
-from ctxengine.messages import Message, content_text, is_summary
-from ctxengine.summarize.base import has_template
+from ctxengine.errors import SummarizerAuthError, SummarizerError
+from ctxengine.facts import FACT_KINDS, Facts
+from ctxengine.messages import Message, content_text, is_summary, message_text
+from ctxengine.redact import redact
+from ctxengine.summarize.base import Summarizer, bound_summary, has_template
 from ctxengine.summarize.extractive import PRUNED_MARKER
+from ctxengine.summarize.ledger import LedgerResult, TextIndex, apply_ledger
 from ctxengine.tokens import estimate
 
 __all__ = [
@@ -20,10 +24,13 @@ __all__ = [
     "SUMMARY_END",
     "SUMMARY_PREFIX",
     "bounded",
+    "fit_ledger",
     "own_summary",
     "place_summary",
     "pruned",
+    "run_summarizer",
     "split_summary",
+    "summary_span",
     "with_note",
 ]
 
@@ -32,6 +39,8 @@ SUMMARY_END = "[END OF CONTEXT COMPACTION]"
 
 PRUNE_MIN_CHARS = 200
 """Tool results longer than this are pruned outside the tail (the seed's value)."""
+MIN_SHRUNK_SUMMARY = 150
+"""A summary shrunk to make room for user quotes keeps at least this many tokens."""
 
 
 def own_summary(m: Message) -> bool:
@@ -142,3 +151,123 @@ def place_summary(head: list[Message], body: str, pulled: list[Message], tail: l
     # no role avoids a repeat and nothing to merge into: user, so the first non-system
     # message stays a user message (providers merge consecutive user turns)
     return [*head, {"role": "user", "content": body}, *pulled, *tail]
+
+
+def summary_span(middle: list[Message], previous: str | None, facts_of: Callable[[Message], Facts]) -> tuple[list[Message], str | None, Facts]:
+    """What the summarizer reads of ``middle``: ``(span, previous summary, facts of the span)``.
+
+    Earlier compaction summaries become the text to update (the first one found, unless
+    ``previous`` is given), not content to summarize; tool results are :func:`pruned`."""
+    span: list[Message] = []
+    acc: dict[str, dict[str, None]] = {k: {} for k in FACT_KINDS}
+    for m in middle:
+        if own_summary(m):
+            text, rest = split_summary(content_text(m.get("content")))
+            if previous is None:
+                previous = text
+            if rest or m.get("tool_calls"):
+                m = {**m, "content": rest}
+            else:
+                continue
+        facts = facts_of(m)
+        for k in FACT_KINDS:
+            acc[k].update(dict.fromkeys(getattr(facts, k)))
+        span.append(pruned(m, facts))
+    return span, previous, Facts(**{k: list(v) for k, v in acc.items()})
+
+
+def fit_ledger(
+    summary: str,
+    required: Facts,
+    kept: Sequence[Message],
+    *,
+    tokens_of: Callable[[Message], int],
+    facts_of: Callable[[Message], Facts],
+    hard_limit: int,
+    context_length: int,
+    min_output_tokens: int,
+    shrink: Callable[[str, int], str],
+) -> LedgerResult:
+    """The fact ledger of ``summary`` next to the ``kept`` messages: the facts in ``required``
+    they miss, within the room the hard limit leaves; the user's words are quoted while they
+    fit the window (tool outputs in ``kept`` can still be cut to ``min_output_tokens``). When
+    user messages do not fit, the summary is first ``shrink``-ed (to at least
+    MIN_SHRUNK_SUMMARY tokens) to make room for them."""
+    fixed = sum(tokens_of(m) for m in kept)
+    # what the kept messages need at least: tool outputs can still be cut to fit the window
+    floor = sum(min(tokens_of(m), min_output_tokens) if m.get("role") == "tool" else tokens_of(m) for m in kept)
+    # facts extracted from the kept messages occur in their text: a set lookup answers most
+    known: set[str] = set()
+    for m in kept:
+        f = facts_of(m)
+        known.update(f.paths, f.urls, f.tools, f.errors)
+    present = TextIndex("\n".join(message_text(m) for m in kept), known)
+
+    def ledger_for(text: str) -> LedgerResult:
+        return apply_ledger(
+            text,
+            required,
+            present,
+            budget_tokens=max(0, hard_limit - fixed - estimate(text) - 200),
+            # the user's words are anchors: quoted while they fit the window (outputs of the
+            # tail are cut afterwards if need be); those that cannot fit stay retrievable
+            user_budget_tokens=max(0, int(context_length * 0.98) - floor - estimate(text) - 100),
+        )
+
+    ledger = ledger_for(summary)
+    if ledger.unquoted_users and estimate(summary) > MIN_SHRUNK_SUMMARY:
+        # user messages come before the summary's prose: shrink it to make room for them
+        need = sum(estimate(u) + 4 for u in ledger.unquoted_users)
+        smaller = max(MIN_SHRUNK_SUMMARY, estimate(summary) - need)
+        ledger = ledger_for(shrink(summary, smaller))
+    return ledger
+
+
+def run_summarizer(
+    summarizer: Summarizer,
+    fallback: Summarizer,
+    span: list[Message],
+    previous: str | None,
+    focus_topic: str | None,
+    budget: int,
+    *,
+    over_hard_limit: bool,
+    abort_on_failure: bool,
+    notes: list[str],
+    log: logging.Logger,
+) -> tuple[str | None, str | None, str | None]:
+    """``(summary, fallback used, error)``: the summary bounded to ``budget`` with
+    :func:`~ctxengine.summarize.base.bound_summary` (any summarizer's text); on failure the
+    ``fallback`` (extractive) summary (``"extractive"``), or ``None`` with ``"unchanged"``
+    when messages are to be kept: an authentication error, or any failure with
+    ``abort_on_failure``, below the hard limit. What happened goes to ``notes`` and ``log``."""
+    try:
+        text = summarizer.summarize(span, previous_summary=previous, focus_topic=focus_topic, budget_tokens=budget)
+        if not text.strip() or not has_template(text):
+            raise SummarizerError("the summary is empty or lacks the template headings")
+        short = bound_summary(text, budget)
+        if short != text:
+            notes.append(f"summary of {estimate(text):,} tokens cut to its budget of {budget:,}")
+        return short, None, None
+    except SummarizerAuthError as exc:
+        error = redact(f"summarizer authentication failed: {exc}")
+        if not over_hard_limit:
+            log.warning("%s; messages kept unchanged", error)
+            notes.append(error + "; messages kept unchanged")
+            return None, "unchanged", error
+        log.warning("%s; over the hard limit, using the extractive summary", error)
+        notes.append(error + "; over the hard limit: extractive summary")
+    except SummarizerError as exc:
+        error = redact(f"summarizer failed: {exc}")  # a custom summarizer's text too
+        if abort_on_failure and not over_hard_limit:
+            log.warning("%s; abort_on_summary_failure: messages kept unchanged", error)
+            notes.append(f"{error}; messages kept unchanged (abort_on_summary_failure)")
+            return None, "unchanged", error
+        log.warning("%s; using the extractive summary", error)
+        notes.append(error)
+    except Exception as exc:  # a custom summarizer's bug must not lose the conversation
+        error = redact(f"summarizer raised {type(exc).__name__}: {exc}")
+        log.warning("%s; using the extractive summary", error)
+        notes.append(error)
+    text = fallback.summarize(span, previous_summary=previous, focus_topic=focus_topic, budget_tokens=budget)
+    return text, "extractive", error

@@ -23,7 +23,8 @@ from ctxengine.engines.kit.cut import cut_output
 from ctxengine.engines.kit.records import MARK
 from ctxengine.engines.kit.tail import tail_by_exchanges
 from ctxengine.facts import Facts, extract_facts
-from ctxengine.messages import Message, content_text
+from ctxengine.messages import Message, content_text, message_text, tool_call_args, tool_calls
+from ctxengine.summarize.assembly import own_summary
 from ctxengine.summarize.extractive import PRUNED_MARKER
 from ctxengine.tokens import TokenCounter
 
@@ -103,6 +104,36 @@ class CachedCuts:
     _tok_memo: dict[int, tuple[Message, int]]
     _fact_memo: dict[int, tuple[Message, Facts]]
     _scan_state: CutScan | None
+
+    def _init_cuts(
+        self,
+        *,
+        keep_recent: int = KEEP_RECENT,
+        batch: int = BATCH,
+        batch_tokens: int = BATCH_TOKENS,
+        cut_tokens: int = CUT_TOKENS,
+        cut_min_tokens: int = CUT_MIN_TOKENS,
+        giant_ratio: float = GIANT_RATIO,
+        cost_aware: bool = True,
+    ) -> None:
+        """Set the policy's settings (clamped to sane values) and its fresh state."""
+        self.keep_recent = max(0, int(keep_recent))
+        self.batch = max(1, int(batch))
+        self.batch_tokens = max(0, int(batch_tokens))
+        self.cut_tokens = max(64, int(cut_tokens))
+        self.cut_min_tokens = max(self.cut_tokens + 1, int(cut_min_tokens))
+        self.giant_ratio = float(giant_ratio)
+        self.cost_aware = bool(cost_aware)
+        self._tok_memo = {}
+        self._fact_memo = {}
+        self._reset_cuts()
+
+    def _reset_cuts(self) -> None:
+        """A new session: what was removed, the scan, the calls and what the cache reads."""
+        self._originals = []  # what left the context (cut outputs, user messages): retrievable
+        self._scan_state = None
+        self._calls = 0
+        self._stable_ratio = 1.0
 
     def _tokens(self, m: Message) -> int:
         hit = self._tok_memo.get(id(m))
@@ -234,8 +265,28 @@ class CachedCuts:
         cut = cut_output(text, budget_tokens=budget, counter=self.counter)
         if cut == text:
             return m
-        self._originals.append(text)
+        self._keep_original(text)
         return {**m, "content": cut}
+
+    def _keep_original(self, text: str) -> None:
+        self._originals.append(text)
+
+    def _remember(self, span: list[Message]) -> None:
+        """Keep the text of messages a summary replaces (and each tool call's arguments as the
+        model wrote them) so the engine's ``retrievable`` answers for them as recall over the
+        store does."""
+        for m in span:
+            if own_summary(m) or is_settled_text(content_text(m.get("content"))):
+                continue  # already a record: its originals were kept when it was written
+            text = message_text(m)
+            if text:
+                self._keep_original(text)
+            for c in tool_calls(m):
+                args = tool_call_args(c)
+                values = [args] if isinstance(args, str) else [v for v in args.values() if isinstance(v, str)]
+                for v in values:
+                    if v:
+                        self._keep_original(v)
 
     def _cut_stage(
         self, msgs: list[Message], toks: list[int], *, batch: bool, report: CompactionReport, everything: bool = False
