@@ -4,7 +4,9 @@ the mechanics once.
 * :mod:`~ctxengine.engines.kit.cut` — cut one output to a budget (head + tail + facts, one
   marker naming the recall ref);
 * :mod:`~ctxengine.engines.kit.blocks` — fact blocks: render, parse, fit to a budget;
-* :mod:`~ctxengine.engines.kit.records` — the ``[ctxengine:`` record namespace (one owner).
+* :mod:`~ctxengine.engines.kit.records` — the ``[ctxengine:`` record namespace (one owner);
+* :mod:`~ctxengine.engines.kit.cutpolicy` — the cache-aware cut policy (giant outputs, batches
+  that pay for the cache they invalidate), a mixin for an engine.
 """
 
 from __future__ import annotations

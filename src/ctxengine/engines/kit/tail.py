@@ -7,11 +7,13 @@ group (an assistant message with its results) is never split.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from ctxengine.boundaries import group_spans
+from ctxengine.boundaries import align_cut, group_spans
+from ctxengine.messages import is_summary
 
-__all__ = ["tail_by_budget", "tail_by_exchanges", "tail_by_turns"]
+__all__ = ["HeadTailPlan", "plan_head_tail", "tail_by_budget", "tail_by_exchanges", "tail_by_turns"]
 
 Spans = list[tuple[int, int]]
 
@@ -64,3 +66,75 @@ def tail_by_budget(
         tokens += t
         start = s
     return start
+
+
+@dataclass(slots=True)
+class HeadTailPlan:
+    """What a summarizing compaction keeps: ``[0, head_end)`` and ``[tail_start, n)``, the latest
+    user message when it is ``pulled`` out of the middle, and the ``middle`` it replaces."""
+
+    head_end: int
+    tail_start: int
+    pulled_user: int | None
+    middle: list[int]
+
+
+def plan_head_tail(
+    msgs: Sequence[Mapping[str, Any]],
+    toks: Sequence[int],
+    *,
+    protect_first_n: int,
+    protect_last_n: int,
+    tail_budget: int,
+    soft_cap: Callable[[int], int],
+    frozen: tuple[int, Mapping[str, Any]] | None = None,
+    is_own_summary: Callable[[Any], bool] = is_summary,
+) -> HeadTailPlan:
+    """The head is ``protect_first_n`` messages, extended to the first user message and to the
+    ``frozen`` prefix ``(length, last message)`` an earlier compaction left (never past a
+    summary: every later compaction can compress again); the tail walks back by
+    ``tail_budget`` tokens and keeps up to ``protect_last_n`` messages while under
+    ``soft_cap(head_tokens)``. The latest user message stays verbatim: in the tail, or pulled
+    out of the middle. Tool groups are never split."""
+    n = len(msgs)
+    head_end = align_cut(msgs, min(protect_first_n, n), direction="forward")
+    first_user = next((i for i, m in enumerate(msgs) if m.get("role") == "user"), None)
+    if first_user is not None and first_user >= head_end and not is_summary(msgs[first_user]):
+        head_end = align_cut(msgs, first_user + 1, direction="forward")
+    if frozen is not None:
+        k, last = frozen
+        if head_end < k <= n and msgs[k - 1] == last:
+            head_end = align_cut(msgs, k, direction="forward")
+    for i in range(1, head_end):
+        if is_own_summary(msgs[i]):
+            head_end = i
+            break
+    budget = tail_budget
+    cap = soft_cap(sum(toks[:head_end]))
+    start = n
+    acc = 0
+    count = 0
+    spans = [(a + head_end, b + head_end) for a, b in group_spans(msgs[head_end:])]
+    for a, b in reversed(spans):
+        g = sum(toks[a:b])
+        if start < n and not (acc + g <= budget or (count < protect_last_n and acc + g <= cap)):
+            break
+        acc += g
+        count += b - a
+        start = a
+    last_user = next((i for i in range(n - 1, -1, -1) if msgs[i].get("role") == "user"), None)
+    # everything after the head fits the tail (or the middle would hold only the latest
+    # user message): give the middle the oldest groups back, keeping the last group
+    k = 0
+    while k < len(spans) - 1 and (start <= head_end or all(i == last_user for i in range(head_end, start))):
+        start = max(start, spans[k][1])
+        k += 1
+    acc = sum(toks[start:])
+    pulled: int | None = None
+    if last_user is not None and head_end <= last_user < start:
+        if acc + sum(toks[last_user:start]) <= cap and last_user > head_end:
+            start = last_user
+        else:
+            pulled = last_user
+    middle = [i for i in range(head_end, start) if i != pulled]
+    return HeadTailPlan(head_end, start, pulled, middle)

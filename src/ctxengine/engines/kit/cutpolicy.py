@@ -1,0 +1,350 @@
+"""The cache-aware cut policy: which tool outputs to cut, and when (DESIGN §3.8, §3.11).
+
+Tool outputs are cut (head + tail lines and their facts, :func:`ctxengine.engines.kit.cut_output`)
+in batches, soon after use: an output stays whole while it is one of the last ``keep_recent``
+tool exchanges, and the older whole outputs are cut together once ``batch`` of them (or
+``batch_tokens``) wait *and* the cut pays for the cache it invalidates
+(:func:`ctxengine.cost.compaction_break_even`). A giant output (over ``giant_ratio`` of the
+window) is cut wherever it sits, before it is ever sent. Cut text is never cut again, so the
+settled prefix stays byte-stable.
+
+:class:`CachedCuts` is a mixin for an engine: it reads the engine's settings attributes
+(declared below) and keeps the per-call scan, the token memo and the originals it removed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ctxengine.cost import compaction_break_even
+from ctxengine.engine import CompactionReport
+from ctxengine.engines.kit.cut import cut_output
+from ctxengine.engines.kit.records import MARK
+from ctxengine.engines.kit.tail import tail_by_exchanges
+from ctxengine.facts import Facts, extract_facts
+from ctxengine.messages import Message, content_text, message_text, tool_call_args, tool_calls
+from ctxengine.summarize.assembly import own_summary
+from ctxengine.summarize.extractive import PRUNED_MARKER
+from ctxengine.tokens import TokenCounter
+
+__all__ = [
+    "BATCH",
+    "BATCH_TOKENS",
+    "CUT_MIN_TOKENS",
+    "CUT_TOKENS",
+    "GIANT_RATIO",
+    "KEEP_RECENT",
+    "MIN_CUT_TOKENS",
+    "CachedCuts",
+    "CutScan",
+    "is_settled_text",
+]
+
+KEEP_RECENT = 3
+"""Tool exchanges at the end kept whole (the agent is still using them): an output is whole for
+at least the two calls after the one that produced it."""
+BATCH = 3
+BATCH_TOKENS = 6_000
+"""Older whole outputs are cut together once this many wait, or once they hold this many tokens
+(measured on the long sessions: batches of 3 cost the same as 4-6 and keep each compaction
+short)."""
+CUT_TOKENS = 256
+"""What a cut output keeps: marker, first and last lines, facts of the removed middle."""
+CUT_MIN_TOKENS = 400
+"""Outputs shorter than this are never cut: the record would save little."""
+GIANT_RATIO = 0.08
+"""An output over this fraction of the window is cut wherever it sits, before it is sent."""
+GIANT_TOKENS = 8_000
+GIANT_KEEP_RATIO = 0.02
+"""What a giant output keeps (of the window, at least CUT_TOKENS, at most 4,000 tokens)."""
+MIN_CUT_TOKENS = 64
+"""The least a tool output is cut to when the window requires it (the marker and a line)."""
+MIN_HORIZON = 8
+"""A batch cut must pay for its cache rewrite within max(MIN_HORIZON, calls so far) calls."""
+
+
+def is_settled_text(text: str) -> bool:
+    """True for an output ctxengine already wrote or cut (final: never cut again). A prefix
+    test: this runs on every output each call, so it never scans the text."""
+    return text.startswith(MARK) or text.startswith(PRUNED_MARKER)
+
+
+@dataclass(slots=True)
+class CutScan:
+    """The per-call view of a message list (see :meth:`CachedCuts._scan`)."""
+
+    n: int = 0
+    first: Message | None = None
+    last: Message | None = None
+    toks: list[int] = field(default_factory=list)
+    cum: list[int] = field(default_factory=lambda: [0])
+    total: int = 0
+    groups: list[int] = field(default_factory=list)
+    """Indices of assistant messages whose tool results follow (tool exchanges)."""
+    cands: list[int] = field(default_factory=list)
+    """Tool outputs large enough to cut and not cut yet."""
+
+
+class CachedCuts:
+    """Mixin: the cache-aware cut policy over the engine's settings (see the module docstring)."""
+
+    context_length: int
+    counter: TokenCounter
+    keep_recent: int
+    batch: int
+    batch_tokens: int
+    cut_tokens: int
+    cut_min_tokens: int
+    giant_ratio: float
+    cost_aware: bool
+    _calls: int
+    _stable_ratio: float
+    _originals: list[str]
+    _tok_memo: dict[int, tuple[Message, int]]
+    _fact_memo: dict[int, tuple[Message, Facts]]
+    _scan_state: CutScan | None
+
+    def _init_cuts(
+        self,
+        *,
+        keep_recent: int = KEEP_RECENT,
+        batch: int = BATCH,
+        batch_tokens: int = BATCH_TOKENS,
+        cut_tokens: int = CUT_TOKENS,
+        cut_min_tokens: int = CUT_MIN_TOKENS,
+        giant_ratio: float = GIANT_RATIO,
+        cost_aware: bool = True,
+    ) -> None:
+        """Set the policy's settings (clamped to sane values) and its fresh state."""
+        self.keep_recent = max(0, int(keep_recent))
+        self.batch = max(1, int(batch))
+        self.batch_tokens = max(0, int(batch_tokens))
+        self.cut_tokens = max(64, int(cut_tokens))
+        self.cut_min_tokens = max(self.cut_tokens + 1, int(cut_min_tokens))
+        self.giant_ratio = float(giant_ratio)
+        self.cost_aware = bool(cost_aware)
+        self._tok_memo = {}
+        self._fact_memo = {}
+        self._reset_cuts()
+
+    def _reset_cuts(self) -> None:
+        """A new session: what was removed, the scan, the calls and what the cache reads."""
+        self._originals = []  # what left the context (cut outputs, user messages): retrievable
+        self._scan_state = None
+        self._calls = 0
+        self._stable_ratio = 1.0
+
+    def _tokens(self, m: Message) -> int:
+        hit = self._tok_memo.get(id(m))
+        if hit is not None and hit[0] is m:
+            return hit[1]
+        t = self.counter.count_messages([m])
+        if len(self._tok_memo) > 200_000:
+            self._tok_memo.clear()
+        self._tok_memo[id(m)] = (m, t)
+        return t
+
+    def _facts(self, m: Message) -> Facts:
+        """The facts of one message, memoised per message object (a message is extracted once
+        however many compactions see it)."""
+        hit = self._fact_memo.get(id(m))
+        if hit is not None and hit[0] is m:
+            return hit[1]
+        f = extract_facts([m])
+        if len(self._fact_memo) > 50_000:
+            self._fact_memo.clear()
+        self._fact_memo[id(m)] = (m, f)
+        return f
+
+    @property
+    def giant_tokens(self) -> int:
+        """Outputs larger than this are cut wherever they sit (``giant_ratio`` of the window,
+        and at least GIANT_TOKENS or a quarter of the window, whichever is less)."""
+        ratio = int(self.context_length * self.giant_ratio)
+        # an ordinary long output (a few thousand tokens) is not giant in a small window: it is
+        # kept whole for its turns like any other; giant means over GIANT_TOKENS as well, unless
+        # that is more than a quarter of the window
+        return max(self.cut_min_tokens, ratio, min(GIANT_TOKENS, self.context_length // 4))
+
+    @property
+    def giant_keep_tokens(self) -> int:
+        return max(self.cut_tokens, min(4_000, int(self.context_length * GIANT_KEEP_RATIO)))
+
+    def _scan(self, msgs: list[Message]) -> CutScan:
+        """What the per-call check needs, kept incrementally: a list that extends the one seen
+        last (same message objects) costs only its new messages, so the check before each call
+        stays flat however long the session grows; any other list is scanned anew."""
+        st = self._scan_state
+        n = st.n if st is not None else 0
+        if st is None or n == 0 or len(msgs) < n or msgs[n - 1] is not st.last or msgs[0] is not st.first:
+            st = CutScan()
+            n = 0
+        for i in range(n, len(msgs)):
+            m = msgs[i]
+            t = self._tokens(m)
+            st.toks.append(t)
+            st.total += t
+            st.cum.append(st.total)
+            if m.get("role") == "tool":
+                prev = msgs[i - 1] if i > 0 else None
+                if prev is not None and prev.get("role") == "assistant" and prev.get("tool_calls"):
+                    st.groups.append(i - 1)
+                if self._cuttable(m, t):
+                    st.cands.append(i)
+        if msgs:
+            st.n, st.first, st.last = len(msgs), msgs[0], msgs[-1]
+        self._scan_state = st
+        return st
+
+    def _giant_waits(self, scan: CutScan) -> bool:
+        """True when a giant output waits to be cut (never sent yet: cutting it costs nothing)."""
+        limit = self.giant_tokens
+        return any(scan.toks[i] > limit for i in scan.cands)
+
+    def _scan_batch_due(self, messages: list[Message], scan: CutScan) -> bool:
+        """True when a batch of older whole outputs is due and pays for itself."""
+        keep = self.keep_recent
+        tail = len(messages) if keep <= 0 or not scan.groups else scan.groups[-keep] if len(scan.groups) >= keep else scan.groups[0]
+        waiting = [i for i in scan.cands if i < tail]
+        return bool(self._batch_pays(waiting, scan.toks, scan.total, lambda k: scan.cum[k]))
+
+    def _cuttable(self, m: Message, tokens: int) -> bool:
+        if m.get("role") != "tool" or tokens < self.cut_min_tokens:
+            return False
+        content = m.get("content")
+        if not isinstance(content, str | list):
+            return False
+        text = content_text(content)
+        return not is_settled_text(text)
+
+    def _giants(self, msgs: list[Message], toks: list[int]) -> list[int]:
+        limit = self.giant_tokens
+        return [i for i, m in enumerate(msgs) if toks[i] > limit and self._cuttable(m, toks[i])]
+
+    def _tail_start(self, msgs: list[Message]) -> int:
+        """Where the last ``keep_recent`` tool exchanges begin (kept whole)."""
+        return tail_by_exchanges(msgs, self.keep_recent)
+
+    def _waiting(self, msgs: list[Message], toks: list[int]) -> list[int]:
+        end = self._tail_start(msgs)
+        return [i for i in range(end) if self._cuttable(msgs[i], toks[i])]
+
+    def _due_batch(self, msgs: list[Message], toks: list[int]) -> list[int]:
+        """The older whole outputs to cut now, or ``[]``: enough of them wait *and* cutting
+        them pays for the cache it invalidates within as many calls as the session has made
+        (at least MIN_HORIZON)."""
+        waiting = self._waiting(msgs, toks)
+        if not waiting:
+            return []
+        total = sum(toks)
+        return self._batch_pays(waiting, toks, total, lambda k: sum(toks[:k]))
+
+    def _batch_pays(self, waiting: list[int], toks: list[int], total: int, prefix: Callable[[int], int]) -> list[int]:
+        """``waiting`` when it is a batch worth cutting now, else ``[]`` (``prefix(k)``: tokens
+        of the first ``k`` messages)."""
+        if not waiting:
+            return []
+        sizes = [toks[i] for i in waiting]
+        # when the provider reads little of a kept prefix from cache (a rolling placement such
+        # as system_and_3 re-reads only the system prompt after any edit), every cut rewrites
+        # nearly everything: batches grow so that rewrites are rarer (up to 8x; measured on the
+        # long sessions: 0.65x -> 0.52x of no compaction under system_and_3)
+        scale = 1.0 / max(0.125, min(1.0, self._stable_ratio))
+        if len(waiting) < self.batch * scale and sum(sizes) < self.batch_tokens * scale:
+            return []
+        if not self.cost_aware:
+            return waiting
+        saved = sum(max(0, t - self.cut_tokens) for t in sizes)
+        stable = int(prefix(waiting[0]) * self._stable_ratio)
+        horizon = max(MIN_HORIZON, self._calls)
+        return waiting if compaction_break_even(total, total - saved, stable) <= horizon else []
+
+    def _cut(self, m: Message, budget: int) -> Message:
+        text = content_text(m.get("content"))
+        cut = cut_output(text, budget_tokens=budget, counter=self.counter)
+        if cut == text:
+            return m
+        self._keep_original(text)
+        return {**m, "content": cut}
+
+    def _keep_original(self, text: str) -> None:
+        self._originals.append(text)
+
+    def _remember(self, span: list[Message]) -> None:
+        """Keep the text of messages a summary replaces (and each tool call's arguments as the
+        model wrote them) so the engine's ``retrievable`` answers for them as recall over the
+        store does."""
+        for m in span:
+            if own_summary(m) or is_settled_text(content_text(m.get("content"))):
+                continue  # already a record: its originals were kept when it was written
+            text = message_text(m)
+            if text:
+                self._keep_original(text)
+            for c in tool_calls(m):
+                args = tool_call_args(c)
+                values = [args] if isinstance(args, str) else [v for v in args.values() if isinstance(v, str)]
+                for v in values:
+                    if v:
+                        self._keep_original(v)
+
+    def _cut_stage(
+        self, msgs: list[Message], toks: list[int], *, batch: bool, report: CompactionReport, everything: bool = False
+    ) -> tuple[list[Message], list[int]]:
+        """Cut giant outputs anywhere and, with ``batch``, the batch of older whole outputs when
+        it is due (``everything``: every older whole output). Returns the new list and the
+        indices cut (``toks`` is updated in place)."""
+        giants = self._giants(msgs, toks)
+        waiting = (self._waiting(msgs, toks) if everything else self._due_batch(msgs, toks)) if batch else []
+        targets = sorted(set(giants) | set(waiting))
+        if not targets:
+            return msgs, []
+        out = list(msgs)
+        done: list[int] = []
+        big = set(giants)
+        for i in targets:
+            budget = self.giant_keep_tokens if i in big and i >= self._tail_start(msgs) else self.cut_tokens
+            new = self._cut(msgs[i], budget)
+            if new is msgs[i]:
+                continue
+            out[i] = new
+            toks[i] = self._tokens(new)
+            done.append(i)
+        if done:
+            report.notes.append(f"cut {len(done)} tool output(s) to head and tail lines with their facts (originals retrievable)")
+        return out, done
+
+    def _clip_to_limit(self, msgs: list[Message], report: CompactionReport, limit: int, start: int = 0) -> list[Message]:
+        """Last resort: cut the largest tool outputs from ``start`` on (head + tail lines + their
+        facts) until the list fits ``limit`` tokens. Never touches user, system or assistant
+        messages, nor anything before ``start`` (the stable prefix)."""
+        toks = [self._tokens(m) for m in msgs]
+        total = sum(toks)
+        if total <= limit:
+            return msgs
+        out = list(msgs)
+        # Outputs an earlier pass already cut are final: re-cutting them would rewrite text that
+        # was sent and cached (prefix stability) for a few tokens each time.
+        tools = [
+            i
+            for i, m in enumerate(msgs)
+            if i >= start and m.get("role") == "tool" and not is_settled_text(content_text(m.get("content")))
+        ]
+        order = sorted(tools, key=lambda i: -toks[i])
+        for i in order:
+            if total <= limit:
+                break
+            excess = total - limit
+            keep = max(MIN_CUT_TOKENS, toks[i] - excess - 50)
+            candidate = self._cut(msgs[i], keep)
+            if candidate is msgs[i]:
+                continue
+            new = self._tokens(candidate)
+            if new >= toks[i]:
+                continue  # cutting would not shrink it: leave the message byte-identical
+            out[i] = candidate
+            total += new - toks[i]
+            report.notes.append(f"tool output at {i} cut from {toks[i]:,} to {new:,} tokens to fit the window")
+        if total > limit:
+            report.notes.append(f"still {total:,} tokens after cutting tool outputs (hard limit {limit:,})")
+        return out
