@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import hmac
-import importlib
 import logging
 import threading
 import time
@@ -427,19 +426,12 @@ class Proxy:
         return [t for t in chosen if str((t.get("function") or t).get("name")) not in taken]
 
     def _run_tool(self, plan: _Plan, call: ToolCall) -> str:
-        """Answer one call to a tool the proxy added: the engine's own tools through the
-        engine, the manager's store-backed recall tools (``ctx_grep`` …) through
-        :mod:`ctxengine.recall` over the same store."""
+        """Answer one call to a tool the proxy added, through the manager (the engine's own
+        tools and the store-backed recall tools, ``ctx_grep`` …, with the dispatch ``prepare``
+        uses)."""
         assert plan.manager is not None
-        engine = plan.manager.engine(plan.session)
         try:
-            own = {str((t.get("function") or t).get("name")) for t in engine.get_tool_schemas()}
-            recall_module = _recall_module() if call.name not in own and self.store is not None else None
-            if recall_module is not None:
-                recall = recall_module.Recall(self.store, plan.session)
-                if call.name in recall.names():
-                    return str(recall.handle(call.name, call.arguments))
-            return engine.handle_tool_call(call.name, call.arguments, session_id=plan.session, messages=plan.context)
+            return plan.manager.handle_tool_call(call.name, call.arguments, session_id=plan.session, messages=plan.context)
         except Exception as exc:  # the model sees the failure, the client never does
             log.warning("engine tool failed", extra={"fields": {"session": plan.session, "tool": call.name, "error": f"{type(exc).__name__}: {exc}"}})
             return orjson.dumps({"error": f"{call.name} failed: {type(exc).__name__}: {exc}"}).decode()
@@ -606,14 +598,6 @@ class Proxy:
         finally:
             await resp.aclose()
             self._account(plan, outcome, 200, started)
-
-
-def _recall_module() -> Any:
-    """:mod:`ctxengine.recall` (the manager's store-backed recall), or ``None`` in a build without it."""
-    try:
-        return importlib.import_module("ctxengine.recall")
-    except ImportError:
-        return None
 
 
 def _closing(api: Api) -> bytes:
