@@ -387,6 +387,38 @@ def test_recall_through_the_manager_after_compaction(stub: StubServer, tmp_path:
         assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == "the sha was 9f3c2e1"
 
 
+def test_idle_sessions_end_and_a_returning_client_resumes_from_the_store(stub: StubServer, tmp_path: Path) -> None:
+    cfg = make_config(stub, tmp_path, context={"engine": "compressor"}, model={"context_length": 6000}, proxy={"session_idle_seconds": 0.3})
+    stub.responder = lambda req: StubReply.ok("ack " + "z" * 40)
+    with ProxyServer(cfg) as p:
+        c = oai(p, default_headers={SESSION_HEADER: "idle"})
+        msgs: list[Any] = [{"role": "system", "content": "You are a careful agent."}, {"role": "user", "content": "fix the failing build"}]
+        for turn in range(24):
+            call = {"id": f"call_{turn}", "type": "function", "function": {"name": "read_file", "arguments": json.dumps({"path": f"log{turn}.txt"})}}
+            output = f"turn {turn}: " + ("log line with details about the build\n" * 30)
+            msgs += [{"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "tool", "tool_call_id": f"call_{turn}", "content": output}]
+            r = c.chat.completions.create(model="gpt-4o", messages=msgs, tools=TOOLS)  # type: ignore[arg-type]
+            msgs += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": f"continue {turn}"}]
+        manager = p.proxy.manager(OPENAI, "gpt-4o")
+        compactions = metric(p, "ctxengine_proxy_compactions_total", api="openai")
+        assert compactions >= 1 and "idle" in manager.sessions
+        before = stub.requests[-1].body["messages"]
+        # idle past proxy.session_idle_seconds: the next request (another session) sweeps it away
+        time.sleep(0.4)
+        oai(p, default_headers={SESSION_HEADER: "other"}).chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+        assert manager.sessions == ["other"]
+        assert metric(p, "ctxengine_proxy_idle_sessions_ended_total") == 1
+        assert httpx.get(p.url + "/healthz").json()["sessions"] == 1
+        # the client comes back with its whole history: it maps onto the stored working context
+        msgs += [{"role": "user", "content": "and now?"}]
+        c.chat.completions.create(model="gpt-4o", messages=msgs, tools=TOOLS)  # type: ignore[arg-type]
+        after = stub.requests[-1].body["messages"]
+        assert metric(p, "ctxengine_proxy_compactions_total", api="openai") == compactions  # not compacted anew
+        assert after[: len(before)] == before  # the cached prefix is the one sent before the pause
+        assert after[len(before) :] == msgs[-3:]  # plus only what is new
+        assert "idle" in manager.sessions and manager.status("idle")["recall_offered"] is True
+
+
 # -- never break the agent -----------------------------------------------------------------------
 @pytest.mark.parametrize("stream", [False, True])
 def test_upstream_errors_come_back_verbatim(proxy: ProxyServer, stub: StubServer, stream: bool) -> None:

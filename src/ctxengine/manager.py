@@ -434,6 +434,32 @@ class ContextManager:
             if s.started:
                 s.engine.on_session_end(sid, list(messages) if messages is not None else list(s.last_sent))
 
+    def resume_session(self, session_id: str) -> bool:
+        """Start ``session_id`` from its record in the store (after a restart, or a session
+        ended while idle): the store's latest working context and its originals come back, so
+        the caller's resent raw history maps onto the working context again instead of being
+        compacted anew. False (nothing done) when the session is already open, has no record,
+        or the store cannot read histories back."""
+        history = getattr(self.store, "history", None)
+        originals = getattr(self.store, "originals", None)
+        with self._lock:
+            if session_id in self._sessions or not callable(history) or not callable(originals):
+                return False
+        try:
+            working, raw = list(history(session_id)), list(originals(session_id))
+        except Exception:  # no such session (NotFoundError) or an unreadable record
+            return False
+        if not raw:
+            return False
+        s = self._session(session_id)
+        with s.lock:
+            if s.turns or s.history.turns:
+                return False
+            s.history.resume(raw, working)
+            s.last_sent = s.history.working
+            s.lost = working != raw
+        return True
+
     def close(self) -> None:
         """End every open session."""
         for sid in self.sessions:

@@ -140,6 +140,8 @@ class Proxy:
         self._injected: dict[str, list[dict[str, Any]]] = {}
         self._incoming: dict[tuple[str, str], tuple[threading.Lock, IncomingHistory]] = {}
         self._betas: dict[str, list[str]] = {}
+        self._seen: dict[tuple[str, str], float] = {}  # (api, session) -> last request (monotonic)
+        self._last_sweep = time.monotonic()
         self._lock = threading.Lock()
         self.app = Starlette(
             routes=[
@@ -355,13 +357,62 @@ class Proxy:
 
     # -- the manager's part (worker thread) ----------------------------------------------
     def _plan(self, api: Api, session: str, body: dict[str, Any], raw: bytes) -> _Plan:
+        key = (api.name, session)
+        now = time.monotonic()
         with self._lock:
-            lock, incoming = self._incoming.setdefault((api.name, session), (threading.Lock(), IncomingHistory()))
+            entry = self._incoming.get(key)
+            fresh = entry is None
+            if entry is None:
+                entry = self._incoming[key] = (threading.Lock(), IncomingHistory())
+            self._seen[key] = now
+            sweep = now - self._last_sweep >= min(60.0, self.settings.session_idle_seconds / 2)
+            if sweep:
+                self._last_sweep = now
+        if sweep:
+            self.end_idle_sessions(now)
+        lock, incoming = entry
         with lock:
-            return self._plan_locked(api, session, body, raw, incoming)
+            return self._plan_locked(api, session, body, raw, incoming, fresh)
 
-    def _plan_locked(self, api: Api, session: str, body: dict[str, Any], raw: bytes, incoming: IncomingHistory) -> _Plan:
+    def end_idle_sessions(self, now: float | None = None) -> int:
+        """End the sessions idle longer than ``proxy.session_idle_seconds`` (``on_session_end``,
+        their in-memory state dropped; the store keeps their record, and a returning client
+        resumes from it). Runs on its own every so often; returns how many were ended."""
+        now = time.monotonic() if now is None else now
+        limit = self.settings.session_idle_seconds
+        with self._lock:
+            idle = [k for k, t in self._seen.items() if now - t > limit]
+            managers = list(self._managers.items())
+        ended = 0
+        for key in idle:
+            with self._lock:
+                entry = self._incoming.get(key)
+            if entry is None:
+                continue
+            with entry[0]:
+                with self._lock:
+                    if now - self._seen.get(key, now) <= limit:  # a request came in meanwhile
+                        continue
+                    self._incoming.pop(key, None)
+                    self._seen.pop(key, None)
+                    self._injected.pop(key[1], None)
+                    self._betas.pop(key[1], None)
+                for (api_name, _model), mgr in managers:
+                    if api_name == key[0]:
+                        try:
+                            mgr.end_session(key[1])
+                        except Exception as exc:  # an engine's on_session_end must not stop the sweep
+                            log.warning("ending an idle session failed", extra={"fields": {"session": key[1], "error": f"{type(exc).__name__}: {exc}"}})
+            ended += 1
+        if ended:
+            self.metrics.idle_ended.inc(ended)
+            log.info("idle sessions ended", extra={"fields": {"ended": ended, "idle_seconds": limit}})
+        return ended
+
+    def _plan_locked(self, api: Api, session: str, body: dict[str, Any], raw: bytes, incoming: IncomingHistory, fresh: bool = False) -> _Plan:
         mgr = self.manager(api, str(body["model"]))
+        if fresh:  # first request since this process started or the session went idle
+            mgr.resume_session(session)
         conv = None
         if api is ANTHROPIC:
             conv = incoming.from_anthropic(body.get("system"), body["messages"])
