@@ -700,13 +700,16 @@ class ContextManager:
         the store, retrievable through recall."""
         ref_for = None
         if ids is not None and len(ids) == len(history):
-            by_call = {m.get("tool_call_id"): mid for m, mid in zip(history, ids, strict=True) if m.get("role") == "tool"}
-            by_text = {json.dumps(m, sort_keys=True, default=str): mid for m, mid in zip(history, ids, strict=True) if m.get("role") == "user"}
+            refs: list[dict[Any, str]] = []  # built on the first cut only: most turns cut nothing
 
             def ref_for(i: int, m: Message) -> str | None:
+                if not refs:
+                    pairs = list(zip(history, ids, strict=True))
+                    refs.append({h.get("tool_call_id"): mid for h, mid in pairs if h.get("role") == "tool"})
+                    refs.append({json.dumps(h, sort_keys=True, default=str): mid for h, mid in pairs if h.get("role") == "user"})
                 if m.get("role") == "tool":
-                    return by_call.get(m.get("tool_call_id"))
-                return by_text.get(json.dumps(m, sort_keys=True, default=str))
+                    return refs[0].get(m.get("tool_call_id"))
+                return refs[1].get(json.dumps(m, sort_keys=True, default=str))
 
         if not self.cap_window:
             return CapResult(msgs, tokens, self.window.limit)

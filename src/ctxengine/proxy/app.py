@@ -106,8 +106,9 @@ class _Plan:
         return max(0, self.tokens_in - self.tokens_out)
 
 
-def _same(a: Sequence[Message], b: Sequence[Message]) -> bool:
-    return len(a) == len(b) and all(x is y or x == y for x, y in zip(a, b, strict=True))
+def _same(a: list[Message], b: list[Message]) -> bool:
+    # list equality compares element by element in C, identical objects without looking inside
+    return len(a) == len(b) and a == b
 
 
 def _tokens(messages: Sequence[Message]) -> int:
