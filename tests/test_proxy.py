@@ -30,7 +30,7 @@ from ctxengine.proxy import (
     ProxyServer,
     check_bind,
 )
-from ctxengine.proxy.apis import OPENAI
+from ctxengine.proxy.apis import ANTHROPIC, OPENAI
 from ctxengine.store import SqliteStore
 from ctxengine.testing.stub_server import RecordedRequest, StubReply, StubServer
 
@@ -152,6 +152,27 @@ def test_anthropic_streaming_via_the_sdk(proxy: ProxyServer, stub: StubServer) -
     assert final.content[0].text == "streamed reply here"  # type: ignore[union-attr]
     assert final.usage.output_tokens > 0
     assert metric(proxy, "ctxengine_proxy_upstream_cache_read_tokens_total", api="anthropic") == 7
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_usage_reaches_the_manager_before_the_sessions_next_turn(proxy: ProxyServer, stub: StubServer, stream: bool) -> None:
+    """The manager sees a response's usage off the response path, but always before the
+    session's next request is planned."""
+    stub.script(*[StubReply(text="ok", chunks=2, usage={"cache_read_input_tokens": 7}) for _ in range(3)])
+    c = ant(proxy, default_headers={SESSION_HEADER: "usage"})
+    msgs: list[Any] = [{"role": "user", "content": "one"}]
+    manager = proxy.proxy.manager(ANTHROPIC, "claude-opus-4-5")
+    for turn in range(3):
+        if stream:
+            with c.messages.stream(model="claude-opus-4-5", max_tokens=8, messages=msgs) as s:
+                s.get_final_message()
+        else:
+            c.messages.create(model="claude-opus-4-5", max_tokens=8, messages=msgs)
+        msgs += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": f"turn {turn}"}]
+        # every earlier turn's usage is in; this one's may still be on its way
+        assert manager.status("usage")["cache_read_tokens"] >= 7 * turn
+    c.messages.create(model="claude-opus-4-5", max_tokens=8, messages=msgs)
+    assert manager.status("usage")["cache_read_tokens"] >= 21
 
 
 def test_client_tool_calls_pass_through_both_apis(proxy: ProxyServer, stub: StubServer) -> None:

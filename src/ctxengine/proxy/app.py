@@ -33,6 +33,7 @@ the session store records messages only, never headers. When a proxy token is se
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import logging
@@ -54,6 +55,7 @@ from starlette.routing import Route
 
 from ctxengine.caching import apply_breakpoints
 from ctxengine.config import Config
+from ctxengine.engine import normalize_usage
 from ctxengine.manager import ContextManager, default_store
 from ctxengine.messages import Message
 from ctxengine.models import UnknownModelWarning
@@ -143,6 +145,8 @@ class Proxy:
         self._betas: dict[str, list[str]] = {}
         self._seen: dict[tuple[str, str], float] = {}  # (api, session) -> last request (monotonic)
         self._last_sweep = time.monotonic()
+        self._pending_usage: dict[tuple[str, str], anyio.Event] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
         self._lock = threading.Lock()
         self.app = Starlette(
             routes=[
@@ -319,6 +323,7 @@ class Proxy:
         try:
             if not named:
                 plan.session = derive_session_id(api.name, request.headers, body.get("system") if api is ANTHROPIC else None, body["messages"])
+            await self._usage_done(api, plan.session)
             plan = await anyio.to_thread.run_sync(self._plan, api, plan.session, body, raw)
         except Exception as exc:  # fail open: the client's request goes upstream unchanged
             self._fail_open(api, plan, "prepare", exc)
@@ -488,22 +493,59 @@ class Proxy:
             log.warning("engine tool failed", extra={"fields": {"session": plan.session, "tool": call.name, "error": f"{type(exc).__name__}: {exc}"}})
             return orjson.dumps({"error": f"{call.name} failed: {type(exc).__name__}: {exc}"}).decode()
 
-    async def _usage(self, plan: _Plan, usage: Mapping[str, Any] | None) -> None:
-        api = plan.api.name
+    def _usage_metrics(self, plan: _Plan, usage: Mapping[str, Any] | None) -> bool:
+        """Count a response's usage in the metrics; True when the manager should see it too."""
         if plan.manager is None or not usage:
-            return
-        from ctxengine.engine import normalize_usage
-
+            return False
+        api = plan.api.name
         u = normalize_usage(usage)
         self.metrics.prompt_tokens.labels(api).inc(u.prompt_tokens)
         self.metrics.completion_tokens.labels(api).inc(u.completion_tokens)
         self.metrics.cache_read.labels(api).inc(u.cache_read_tokens)
         self.metrics.cache_write.labels(api).inc(u.cache_write_tokens)
+        return True
+
+    async def _usage(self, plan: _Plan, usage: Mapping[str, Any] | None) -> None:
+        """The usage of a response feeds the session's manager (in a worker thread: it takes the
+        session's lock, which a compaction may hold)."""
+        if not self._usage_metrics(plan, usage):
+            return
+        await self._usage_to_manager(plan, dict(usage or {}))
+
+    def _usage_later(self, plan: _Plan, usage: Mapping[str, Any] | None) -> None:
+        """:meth:`_usage` for a request's last response, off the response path: the client gets
+        its answer without waiting for a worker thread; the session's next request waits
+        for it (:meth:`_usage_done`) so every turn is planned with the previous usage."""
+        if not self._usage_metrics(plan, usage):
+            return
+        key = (plan.api.name, plan.session)
+        done = anyio.Event()
+        self._pending_usage[key] = done
+
+        async def run() -> None:
+            try:
+                await self._usage_to_manager(plan, dict(usage or {}))
+            finally:
+                done.set()
+                if self._pending_usage.get(key) is done:
+                    del self._pending_usage[key]
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _usage_to_manager(self, plan: _Plan, usage: dict[str, Any]) -> None:
         mgr = plan.manager
+        assert mgr is not None
         try:
-            await anyio.to_thread.run_sync(lambda: mgr.update_from_response(dict(usage), session_id=plan.session))
+            await anyio.to_thread.run_sync(lambda: mgr.update_from_response(usage, session_id=plan.session))
         except Exception as exc:
             self._fail_open(plan.api, plan, "usage", exc)
+
+    async def _usage_done(self, api: Api, session: str) -> None:
+        pending = self._pending_usage.get((api.name, session))
+        if pending is not None:
+            await pending.wait()
 
     def _account(self, plan: _Plan, outcome: str, status: int, started: float) -> None:
         api = plan.api.name
@@ -543,10 +585,11 @@ class Proxy:
         except orjson.JSONDecodeError:
             self._account(plan, "ok", resp.status_code, started)
             return Response(resp.content, status_code=resp.status_code, headers=self._response_headers(resp) | extra)
-        await self._usage(plan, api.usage(data) if isinstance(data, dict) else None)
         if not plan.engine_tools or not isinstance(data, dict):
+            self._usage_later(plan, api.usage(data) if isinstance(data, dict) else None)
             self._account(plan, "ok", resp.status_code, started)
             return Response(resp.content, status_code=resp.status_code, headers=self._response_headers(resp) | extra)
+        await self._usage(plan, api.usage(data))
         try:
             status, data, resp = await self._answer_tools(plan, url, headers, data, resp)
         except Exception as exc:  # fail open: the client's own request, unchanged
@@ -626,9 +669,10 @@ class Proxy:
                         if shown:
                             yield shown
                 await resp.aclose()
-                await self._usage(plan, tracker.usage)
                 if not (plan.engine_tools and tracker.engine_calls_only()):
+                    self._usage_later(plan, tracker.usage)
                     break
+                await self._usage(plan, tracker.usage)
                 if rounds >= self.settings.max_tool_rounds:
                     yield _closing(api)
                     break
