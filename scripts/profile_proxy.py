@@ -23,7 +23,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "src"))
 
-import orjson  # noqa: E402
 from bench_proxy import history_of  # noqa: E402
 
 from ctxengine.anthropic_adapter import openai_to_anthropic  # noqa: E402
@@ -58,7 +57,7 @@ def main() -> None:
             history.append({"role": "assistant", "content": "ok"})
 
         def one(raw: bytes) -> None:
-            body = orjson.loads(raw)
+            body = proxy._body_cache(api, "profile").parse(raw)  # as the proxy does for a named session
             assert not api.problem(body)
             plan = proxy._plan(api, "profile", body, raw)
             assert plan.content

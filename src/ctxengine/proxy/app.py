@@ -62,6 +62,7 @@ from ctxengine.models import UnknownModelWarning
 from ctxengine.proxy.apis import ANTHROPIC, OPENAI, Api, ToolCall, has_cache_control
 from ctxengine.proxy.incoming import IncomingHistory
 from ctxengine.proxy.metrics import CONTENT_TYPE, ProxyMetrics
+from ctxengine.proxy.rawbody import BodyCache
 from ctxengine.proxy.session import (
     SESSION_HEADER,
     SessionIdError,
@@ -146,6 +147,7 @@ class Proxy:
         self._seen: dict[tuple[str, str], float] = {}  # (api, session) -> last request (monotonic)
         self._last_sweep = time.monotonic()
         self._pending_usage: dict[tuple[str, str], anyio.Event] = {}
+        self._bodies: dict[tuple[str, str], BodyCache] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._lock = threading.Lock()
         self.app = Starlette(
@@ -308,16 +310,20 @@ class Proxy:
         except _TooLarge:
             return self._error(api, 413, f"request body larger than {self.settings.max_body_bytes} bytes (proxy.max_body_bytes)", "too_large")
         try:
-            body = orjson.loads(raw)
+            named = session_from_header(request.headers.get(SESSION_HEADER))
+            bad_session = None
+        except SessionIdError as exc:
+            named, bad_session = None, str(exc)
+        try:
+            # a named session's body is parsed incrementally: only what is new since last turn
+            body = self._body_cache(api, named).parse(raw) if named else orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             return self._error(api, 400, f"the request body is not valid JSON: {exc}", "bad_request")
         problem = api.problem(body)
         if problem:
             return self._error(api, 400, problem, "bad_request")
-        try:
-            named = session_from_header(request.headers.get(SESSION_HEADER))
-        except SessionIdError as exc:
-            return self._error(api, 400, str(exc), "bad_request")
+        if bad_session is not None:
+            return self._error(api, 400, bad_session, "bad_request")
         headers = self._request_headers(request)
         plan = _Plan(api, named or "", body, raw)
         try:
@@ -340,6 +346,13 @@ class Proxy:
         except httpx.HTTPError as exc:
             kind = "api_error" if api is ANTHROPIC else "server_error"
             return self._error(api, 502, f"upstream unreachable: {type(exc).__name__}: {exc}", "upstream_unreachable", kind)
+
+    def _body_cache(self, api: Api, session: str) -> BodyCache:
+        with self._lock:
+            cache = self._bodies.get((api.name, session))
+            if cache is None:
+                cache = self._bodies[(api.name, session)] = BodyCache()
+            return cache
 
     def _sticky_betas(self, session: str, headers: dict[str, str]) -> None:
         """Keep a session's ``anthropic-beta`` flags once sent: a turn that drops one would
@@ -400,6 +413,7 @@ class Proxy:
                     if now - self._seen.get(key, now) <= limit:  # a request came in meanwhile
                         continue
                     self._incoming.pop(key, None)
+                    self._bodies.pop(key, None)
                     self._seen.pop(key, None)
                     self._injected.pop(key[1], None)
                     self._betas.pop(key[1], None)
@@ -417,6 +431,8 @@ class Proxy:
 
     def _plan_locked(self, api: Api, session: str, body: dict[str, Any], raw: bytes, incoming: IncomingHistory, fresh: bool = False) -> _Plan:
         mgr = self.manager(api, str(body["model"]))
+        with self._lock:
+            cache = self._bodies.get((api.name, session))
         if fresh:  # first request since this process started or the session went idle
             mgr.resume_session(session)
         conv = None
@@ -460,7 +476,8 @@ class Proxy:
             plan.engine_tools = frozenset(str((t.get("function") or t)["name"]) for t in tools)
         if new_body is not body:
             plan.body = new_body
-            plan.content = orjson.dumps(new_body)
+            spliced = cache.splice(raw, body, new_body) if cache is not None else None
+            plan.content = spliced if spliced is not None else orjson.dumps(new_body)
         return plan
 
     def _engine_tools(self, api: Api, mgr: ContextManager, session: str, body: Mapping[str, Any]) -> list[dict[str, Any]]:
