@@ -28,7 +28,7 @@ from ctxengine.bench.replay import ReplayResult, percentile, replay_session
 from ctxengine.engines.rules import RulesEngine, RulesSettings
 from ctxengine.facts import FACT_KINDS
 from ctxengine.messages import Message
-from ctxengine.tokens import estimate_messages_tokens_rough
+from ctxengine.tokens import estimate_messages_tokens
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -47,8 +47,8 @@ class _FloorProbe(RulesEngine):
         if out != messages:
             tail = self.protected_tail_start(messages)
             keep = [m for m in messages[:tail] if m.get("role") in ("system", "developer", "user")] + list(messages[tail:])
-            before = estimate_messages_tokens_rough(messages)
-            self.attainable.append(1.0 - estimate_messages_tokens_rough(keep) / before if before else 0.0)
+            before = estimate_messages_tokens(messages)
+            self.attainable.append(1.0 - estimate_messages_tokens(keep) / before if before else 0.0)
         return out
 
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxengine.messages import content_text, tool_calls
-from ctxengine.tokens import ExactCounter, estimate, estimate_messages_tokens_rough
+from ctxengine.tokens import ExactCounter, estimate, estimate_messages_tokens
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -148,7 +148,7 @@ def bench(data_dir: Path, runs: int) -> dict[str, Any]:
         ("estimate_mb_s_per_message", lambda: [estimate(t) for t in texts], nbytes),
         ("estimate_mb_s_joined", lambda: estimate(joined), joined_bytes),
         # what engines call: whole message lists, overheads and tool calls included
-        ("estimate_messages_mb_s", lambda: [estimate_messages_tokens_rough(m) for m in all_messages], nbytes),
+        ("estimate_messages_mb_s", lambda: [estimate_messages_tokens(m) for m in all_messages], nbytes),
     ):
         wall, cpu = median_time(fn, runs)
         res[key] = {"wall": size / wall / 1e6, "cpu": size / cpu / 1e6}
@@ -167,7 +167,7 @@ def bench(data_dir: Path, runs: int) -> dict[str, Any]:
     for trajs in data.values():
         for traj in trajs:
             exact_msgs = counter.count_messages(traj["messages"])
-            per_traj.append(100.0 * (estimate_messages_tokens_rough(traj["messages"]) - exact_msgs) / exact_msgs)
+            per_traj.append(100.0 * (estimate_messages_tokens(traj["messages"]) - exact_msgs) / exact_msgs)
     res["messages_error_pct_median"] = statistics.median(per_traj)
     res["messages_error_pct_range"] = [min(per_traj), max(per_traj)]
 
@@ -217,7 +217,7 @@ def report(res: dict[str, Any]) -> list[str]:
         "estimate throughput (median; CPU time | wall time):",
         f"  per message     {est['cpu']:8.1f} | {est['wall']:8.1f} MB/s   target >= {ESTIMATE_MB_S_TARGET:.0f}  {mark(est['cpu'] >= ESTIMATE_MB_S_TARGET)}",
         f"  joined text     {est_joined['cpu']:8.1f} | {est_joined['wall']:8.1f} MB/s",
-        f"  estimate_messages_tokens_rough on every trajectory  {res['estimate_messages_mb_s']['cpu']:8.1f} | {res['estimate_messages_mb_s']['wall']:8.1f} MB/s",
+        f"  estimate_messages_tokens on every trajectory  {res['estimate_messages_mb_s']['cpu']:8.1f} | {res['estimate_messages_mb_s']['wall']:8.1f} MB/s",
         "",
         "estimate vs o200k:",
     ]
@@ -227,7 +227,7 @@ def report(res: dict[str, Any]) -> list[str]:
     lo, hi = res["messages_error_pct_range"]
     per_msg, joined, batch = res["exact_tok_s_per_message"], res["exact_tok_s_joined"], res["exact_tok_s_batch_chunks"]
     lines += [
-        f"  whole trajectories (estimate_messages_tokens_rough vs exact count_messages): median {res['messages_error_pct_median']:+.1f} %, range {lo:+.1f} … {hi:+.1f} %",
+        f"  whole trajectories (estimate_messages_tokens vs exact count_messages): median {res['messages_error_pct_median']:+.1f} %, range {lo:+.1f} … {hi:+.1f} %",
         "",
         f"exact (ExactCounter o200k) throughput (median; CPU time | wall time), {res['exact_tokens']:,} tokens:",
         f"  count per message    {per_msg['cpu'] / 1e6:6.2f} | {per_msg['wall'] / 1e6:6.2f} M tokens/s   target >= 2  {mark(per_msg['cpu'] >= EXACT_TOK_S_TARGET)}",

@@ -14,7 +14,7 @@ from ctxengine.cli.cmd_compact import PROGRESS_MIN_SESSIONS, _context_length
 from ctxengine.cli.main import cli
 from ctxengine.config import Config
 from ctxengine.messages import validate
-from ctxengine.tokens import estimate_messages_tokens_rough
+from ctxengine.tokens import estimate_messages_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "coding_session.json"
@@ -40,7 +40,7 @@ def test_the_bundled_example_is_what_the_generator_writes(tmp_path: Path) -> Non
     assert out.read_bytes() == EXAMPLE.read_bytes()
     data = example()
     msgs = data["messages"]
-    assert len(msgs) >= 80 and 30_000 <= estimate_messages_tokens_rough(msgs) <= 40_000
+    assert len(msgs) >= 80 and 30_000 <= estimate_messages_tokens(msgs) <= 40_000
     assert [v for v in validate(msgs) if v.severity == "error"] == []
     assert sum(1 for m in msgs if m["role"] == "user") == 2
     assert any(len(m.get("tool_calls") or []) > 1 for m in msgs)  # parallel calls
@@ -53,7 +53,7 @@ def test_compact_example_keeps_the_object_shape_and_prints_a_table(tmp_path: Pat
     data = json.loads(out.read_text(encoding="utf-8"))
     src = example()
     assert data["id"] == src["id"] and data["tools"] == src["tools"] and data["meta"] == src["meta"]
-    assert estimate_messages_tokens_rough(data["messages"]) < 0.5 * estimate_messages_tokens_rough(src["messages"])
+    assert estimate_messages_tokens(data["messages"]) < 0.5 * estimate_messages_tokens(src["messages"])
     table = res.stderr.splitlines()
     assert table[0].split() == ["session", "messages", "tokens", "after", "reduction", "engine", "ms"]
     assert src["id"] in table[1] and "rules" in table[1] and "%" in table[1]
@@ -90,7 +90,7 @@ def test_model_sets_the_window(tmp_path: Path) -> None:
     assert _context_length(Config.from_dict({"model": {"default": "claude-sonnet-4.5"}}), None, None) == 200_000
     res = run("compact", str(EXAMPLE), "--engine", "rules", "--config", str(cfg), "--model", "tiny-model")
     assert res.exit_code == 0
-    assert estimate_messages_tokens_rough(json.loads(res.stdout)["messages"]) < 20_000
+    assert estimate_messages_tokens(json.loads(res.stdout)["messages"]) < 20_000
 
 
 def test_count_reports_estimated_and_exact_tokens() -> None:
@@ -99,7 +99,7 @@ def test_count_reports_estimated_and_exact_tokens() -> None:
     header, row = res.stdout.strip().splitlines()
     assert header.split() == ["session", "messages", "estimated", "exact"]
     cells = row.split()
-    est = estimate_messages_tokens_rough(example()["messages"])
+    est = estimate_messages_tokens(example()["messages"])
     assert cells[1] == str(len(example()["messages"])) and cells[2] == f"{est:,}"
     exact = int(cells[3].replace(",", ""))
     assert abs(exact - est) / exact < 0.25
@@ -190,7 +190,7 @@ def test_every_builtin_engine_compacts_the_example(engine: str, tmp_path: Path, 
     assert res.exit_code == 0, res.output
     msgs = json.loads(out.read_text(encoding="utf-8"))["messages"]
     assert [v for v in validate(msgs) if v.severity == "error"] == []
-    assert estimate_messages_tokens_rough(msgs) < estimate_messages_tokens_rough(example()["messages"])
+    assert estimate_messages_tokens(msgs) < estimate_messages_tokens(example()["messages"])
     users = [m for m in example()["messages"] if m["role"] == "user"]
     assert users[-1] in msgs  # the latest user message is kept verbatim
     if engine == "lcm":

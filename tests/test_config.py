@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -356,3 +357,45 @@ def test_assignment_is_validated() -> None:
     c = CompressionConfig()
     with pytest.raises(ValueError, match="threshold"):
         c.threshold = 2.0
+
+
+# -- honoured or refused at load time ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"context": {"token_counter": "exakt"}}, "context.token_counter"),
+        ({"context": {"token_counter": "exact:p50k_base"}}, "unknown token counter"),
+        ({"models": {"m": {"context_lenght": 5}}}, "models.m.context_lenght"),
+        ({"models": {"m": {"context_length": "5"}}}, "models.m.context_length"),
+        ({"models": {"m": {"context_length": -1}}}, "models.m.context_length"),
+        ({"models": {"m": {"anthropic_cache": "yes"}}}, "models.m.anthropic_cache"),
+        ({"models": {"m": 5}}, "models.m"),
+        ({"model": {"context_length": 0}}, "model.context_length"),
+        ({"auxiliary": {"compression": {"deadline": 0}}}, "auxiliary.compression.deadline"),
+        ({"redaction": {"contents": True}}, "redaction.contents"),
+    ],
+)
+def test_bad_values_fail_in_load_config_naming_key_and_file(tmp_path: Path, data: dict[str, Any], expected: str) -> None:
+    import yaml
+
+    p = tmp_path / "config.yaml"
+    p.write_text(yaml.safe_dump(data), encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load_config(p)
+    assert expected in str(info.value) and str(p) in str(info.value)
+
+
+def test_every_accepted_token_counter_is_one_the_library_builds() -> None:
+    from ctxengine.config import TOKEN_COUNTERS
+    from ctxengine.tokens import get_counter
+
+    for name in TOKEN_COUNTERS:
+        assert Config.from_dict({"context": {"token_counter": name}}).context.token_counter == name
+        assert get_counter(name).name.startswith(name.split(":")[0])
+
+
+def test_model_overrides_keep_their_values() -> None:
+    cfg = Config.from_dict({"models": {"my-model": {"context_length": 32_000, "input": 1, "anthropic_cache": False}}})
+    assert cfg.models == {"my-model": {"context_length": 32_000, "input": 1.0, "anthropic_cache": False}}

@@ -254,7 +254,7 @@ def test_plain_objects_with_attributes() -> None:
         (None, Usage()),
         ({}, Usage()),
         ({"prompt_tokens": "123", "completion_tokens": " 7 "}, Usage(123, 7, 130, 0, 0)),
-        ({"prompt_tokens": -5, "completion_tokens": 2.9}, Usage(0, 2, 2, 0, 0)),
+        ({"prompt_tokens": 0, "completion_tokens": 2.9}, Usage(0, 2, 2, 0, 0)),
         ({"prompt_tokens": True, "completion_tokens": "many"}, Usage()),
     ],
 )
@@ -275,3 +275,19 @@ def test_update_from_response_sets_the_counters_from_any_shape() -> None:
     e.update_from_response(openai.types.CompletionUsage(prompt_tokens=500, completion_tokens=5, total_tokens=505))
     assert (e.last_prompt_tokens, e.last_total_tokens) == (500, 505)
     assert not e.should_compress()
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"prompt_tokens": -5},
+        {"prompt_tokens": float("nan")},
+        {"input_tokens": float("inf"), "output_tokens": 1},
+        {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": -1}},
+    ],
+)
+def test_impossible_counts_are_rejected_naming_the_field(raw: Any) -> None:
+    from ctxengine.errors import InputError
+
+    with pytest.raises(InputError, match="tokens"):
+        normalize_usage(raw)

@@ -52,6 +52,7 @@ EXPECTED_ALL = [
     "content_text",
     "create_engine",
     "estimate",
+    "estimate_messages_tokens",
     "estimate_messages_tokens_rough",
     "exact",
     "extract_facts",

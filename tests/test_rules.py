@@ -22,7 +22,7 @@ from ctxengine.facts import (
 )
 from ctxengine.messages import is_summary, validate
 from ctxengine.registry import create_engine
-from ctxengine.tokens import estimate_messages_tokens_rough
+from ctxengine.tokens import estimate_messages_tokens
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "coding_session.json"
 
@@ -235,7 +235,7 @@ def test_no_mutation_determinism_and_idempotence_on_the_example() -> None:
     again = engine(32_000).compress(out1)
     assert again == out1
     assert errors_of(out1) == []
-    assert estimate_messages_tokens_rough(out1) < 0.5 * estimate_messages_tokens_rough(msgs)
+    assert estimate_messages_tokens(out1) < 0.5 * estimate_messages_tokens(msgs)
     assert len(missing_facts(extract_facts(msgs), context_text(out1))) == 0
 
 
@@ -296,7 +296,7 @@ def test_last_resort_cuts_a_giant_protected_output_and_keeps_its_facts() -> None
     msgs = [*session(4), *group("big", giant, name="run_terminal", command="make all")]
     e = engine(32_000)
     out = e.compress(msgs)
-    assert estimate_messages_tokens_rough(out) <= 32_000
+    assert estimate_messages_tokens(out) <= 32_000
     assert out[-1]["content"].startswith(f"{MARK}cut") and 'run_terminal("make all")' in out[-1]["content"].split("\n")[0]
     assert "FATAL: out of memory in src/gen/file_7.py" in out[-1]["content"]
     assert e.last_report is not None and any("last resort" in n for n in e.last_report.notes)
@@ -311,7 +311,7 @@ def test_facts_that_cannot_fit_the_window_are_partly_kept_and_reported() -> None
     msgs = [*session(3), *group("ls", listing, name="find_file", pattern="*.java")]
     e = engine(32_000)
     out = e.compress(msgs)
-    assert estimate_messages_tokens_rough(out) <= 32_000
+    assert estimate_messages_tokens(out) <= 32_000
     assert e.last_report is not None
     assert any("left out" in n for n in e.last_report.notes)
     kept = sum(1 for p in listing.splitlines() if p in out[-1]["content"])

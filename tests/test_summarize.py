@@ -156,9 +156,9 @@ def test_ledger_quotes_users_most_recent_first_within_their_budget() -> None:
 # -- LLM summarizer over HTTP ------------------------------------------------------------------------------
 
 
-def llm(server: StubServer, *, context_length: int = 16_000, retries: int = 0, timeout: float = 5.0) -> LlmSummarizer:
-    client = OpenAICompatClient(base_url=server.openai_base_url, api_key="test-key", max_retries=retries, timeout=timeout)
-    return LlmSummarizer(client, "stub-model", context_length=context_length, timeout=timeout)
+def llm(server: StubServer, *, context_length: int = 16_000, retries: int = 1, timeout: float = 5.0) -> LlmSummarizer:
+    client = OpenAICompatClient(base_url=server.openai_base_url, api_key="test-key", timeout=timeout)
+    return LlmSummarizer(client, "stub-model", context_length=context_length, timeout=timeout, retries=retries, sleep=lambda _s: None)
 
 
 def test_llm_summary_uses_the_prompt_files() -> None:

@@ -25,7 +25,7 @@ from ctxengine.tokens import (
     TokenCounter,
     estimate,
     estimate_message_tokens,
-    estimate_messages_tokens_rough,
+    estimate_messages_tokens,
     exact,
     get_counter,
 )
@@ -192,16 +192,16 @@ def test_message_odd_content_is_serialised_not_crashed() -> None:
     assert estimate_message_tokens({"role": "user", "content": {"weird": 1}}) > MESSAGE_OVERHEAD_TOKENS
 
 
-def test_estimate_messages_tokens_rough_sums_messages() -> None:
+def test_estimate_messages_tokens_sums_messages() -> None:
     msgs = [{"role": "system", "content": ENGLISH}, {"role": "user", "content": CJK}]
-    assert estimate_messages_tokens_rough(msgs) == sum(estimate_message_tokens(m) for m in msgs)
-    assert estimate_messages_tokens_rough([]) == 0
+    assert estimate_messages_tokens(msgs) == sum(estimate_message_tokens(m) for m in msgs)
+    assert estimate_messages_tokens([]) == 0
 
 
 def test_estimates_do_not_mutate() -> None:
     msgs = [{"role": "assistant", "content": [{"type": "text", "text": "x"}], "tool_calls": [{"id": "a", "function": {"name": "f", "arguments": {"a": [1]}}}]}]
     snap = copy.deepcopy(msgs)
-    estimate_messages_tokens_rough(msgs)
+    estimate_messages_tokens(msgs)
     ExactCounter().count_messages(msgs)
     assert msgs == snap
 
@@ -280,7 +280,7 @@ def test_get_counter() -> None:
     assert isinstance(est, EstimateCounter) and est.name == "estimate"
     assert est.count(ENGLISH) == estimate(ENGLISH)
     msgs = [{"role": "user", "content": ENGLISH}]
-    assert est.count_messages(msgs) == estimate_messages_tokens_rough(msgs)
+    assert est.count_messages(msgs) == estimate_messages_tokens(msgs)
     assert get_counter("exact").name == "exact:o200k_base"
     assert get_counter("exact:cl100k_base").name == "exact:cl100k_base"
     for c in (est, get_counter("exact")):
@@ -302,7 +302,7 @@ def test_anchored_without_anchor_estimates_everything() -> None:
     msgs = _conv(4)
     ac = AnchoredCounter()
     assert ac.anchored_tokens is None
-    assert ac.count(msgs) == estimate_messages_tokens_rough(msgs)
+    assert ac.count(msgs) == estimate_messages_tokens(msgs)
 
 
 def test_anchored_adds_estimate_of_appended_messages() -> None:
@@ -311,7 +311,7 @@ def test_anchored_adds_estimate_of_appended_messages() -> None:
     ac.anchor(msgs[:4], 1000)
     assert ac.anchored_tokens == 1000
     assert ac.count(msgs[:4]) == 1000
-    assert ac.count(msgs) == 1000 + estimate_messages_tokens_rough(msgs[4:])
+    assert ac.count(msgs) == 1000 + estimate_messages_tokens(msgs[4:])
 
 
 def test_anchored_accepts_an_equal_copy_of_the_prefix() -> None:
@@ -319,7 +319,7 @@ def test_anchored_accepts_an_equal_copy_of_the_prefix() -> None:
     ac = AnchoredCounter()
     ac.anchor(msgs[:3], 500)
     copied = copy.deepcopy(msgs)
-    assert ac.count(copied) == 500 + estimate_messages_tokens_rough(copied[3:])
+    assert ac.count(copied) == 500 + estimate_messages_tokens(copied[3:])
 
 
 def test_anchored_falls_back_when_the_prefix_changed() -> None:
@@ -327,10 +327,10 @@ def test_anchored_falls_back_when_the_prefix_changed() -> None:
     ac = AnchoredCounter()
     ac.anchor(msgs[:4], 1000)
     compacted = [msgs[0], {"role": "assistant", "content": "[CONTEXT COMPACTION] summary"}, *msgs[4:]]
-    assert ac.count(compacted) == estimate_messages_tokens_rough(compacted)
-    assert ac.count(msgs[:2]) == estimate_messages_tokens_rough(msgs[:2])  # shorter than the anchor
+    assert ac.count(compacted) == estimate_messages_tokens(compacted)
+    assert ac.count(msgs[:2]) == estimate_messages_tokens(msgs[:2])  # shorter than the anchor
     edited = [*msgs[:3], {"role": "assistant", "content": "changed"}, *msgs[4:]]
-    assert ac.count(edited) == estimate_messages_tokens_rough(edited)
+    assert ac.count(edited) == estimate_messages_tokens(edited)
 
 
 def test_anchored_is_not_fooled_by_later_mutation_of_the_last_message() -> None:
@@ -338,7 +338,7 @@ def test_anchored_is_not_fooled_by_later_mutation_of_the_last_message() -> None:
     ac = AnchoredCounter()
     ac.anchor(msgs, 300)
     msgs[2]["content"] = "rewritten after anchoring"
-    assert ac.count(msgs) == estimate_messages_tokens_rough(msgs)
+    assert ac.count(msgs) == estimate_messages_tokens(msgs)
 
 
 def test_anchored_is_not_fooled_by_a_nested_edit_of_the_last_message() -> None:
@@ -346,7 +346,7 @@ def test_anchored_is_not_fooled_by_a_nested_edit_of_the_last_message() -> None:
     ac = AnchoredCounter()
     ac.anchor(msgs, 9)
     msgs[0]["content"][0]["text"] = "a much longer text " * 50
-    assert ac.count(msgs) == estimate_messages_tokens_rough(msgs)
+    assert ac.count(msgs) == estimate_messages_tokens(msgs)
 
 
 def test_anchored_reset_and_custom_counter() -> None:
@@ -363,7 +363,7 @@ def test_anchor_on_empty_list_counts_everything_on_top() -> None:
     msgs = _conv(2)
     ac = AnchoredCounter()
     ac.anchor([], 10)
-    assert ac.count(msgs) == 10 + estimate_messages_tokens_rough(msgs)
+    assert ac.count(msgs) == 10 + estimate_messages_tokens(msgs)
 
 
 def test_exact_loads_lazily_and_never_downloads(tmp_path: Any) -> None:

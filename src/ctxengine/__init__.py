@@ -42,6 +42,7 @@ from ctxengine.tokens import (
     AnchoredCounter,
     ExactCounter,
     estimate,
+    estimate_messages_tokens,
     estimate_messages_tokens_rough,
     exact,
 )
@@ -91,6 +92,7 @@ __all__ = [
     "content_text",
     "create_engine",
     "estimate",
+    "estimate_messages_tokens",
     "estimate_messages_tokens_rough",
     "exact",
     "extract_facts",

@@ -101,6 +101,39 @@ def _mark(msg: Message, marker: Mapping[str, str], native_anthropic: bool) -> No
         msg["cache_control"] = dict(marker)
 
 
+def _apply_cache_marker(msg: dict[str, Any], cache_marker: dict[str, Any], native_anthropic: bool = False) -> None:
+    """Hermes Agent's per-message helper, under its name and with its rules, for code written
+    against Hermes: put ``cache_marker`` on ``msg`` **in place**.
+
+    * a tool message on native Anthropic: on the message (the adapter moves it into the
+      ``tool_result`` block);
+    * ``None``/empty content: on the message, except for a tool or assistant message off
+      native Anthropic (OpenRouter ignores or rejects a top-level marker there), which is left
+      unmarked;
+    * string content: turned into one text part carrying the marker;
+    * list content: on its last part, when that part is a dict.
+
+    Differs from the seed's table that :func:`apply_anthropic_cache_control` follows in one
+    place: a non-empty tool message off native Anthropic gets the marker on its content part
+    here, and none there.
+    """
+    role = msg.get("role", "")
+    content = msg.get("content")
+    if role == "tool" and native_anthropic:
+        msg["cache_control"] = cache_marker
+        return
+    if content is None or content == "":
+        if role in ("tool", "assistant") and not native_anthropic:
+            return
+        msg["cache_control"] = cache_marker
+        return
+    if isinstance(content, str):
+        msg["content"] = [{"type": "text", "text": content, "cache_control": cache_marker}]
+        return
+    if isinstance(content, list) and content and isinstance(content[-1], dict):
+        content[-1]["cache_control"] = cache_marker
+
+
 def system_and_3_breakpoints(messages: Sequence[Mapping[str, Any]]) -> list[int]:
     """Indices the seed's ``system_and_3`` marks: the first system message and the last three
     non-system messages (at most four)."""

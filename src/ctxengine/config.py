@@ -45,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ctxengine.errors import ConfigError
 
 __all__ = [
+    "TOKEN_COUNTERS",
     "AuxiliaryConfig",
     "CacheAwareConfig",
     "CompactionConfig",
@@ -55,6 +56,7 @@ __all__ = [
     "ModelConfig",
     "PromptCachingConfig",
     "ProxyConfig",
+    "RedactionConfig",
     "StoreConfig",
     "SummarizerConfig",
     "api_key_from_env",
@@ -66,9 +68,13 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+TOKEN_COUNTERS = ("estimate", "exact", "exact:o200k_base", "exact:cl100k_base")
+"""Every value ``context.token_counter`` accepts (the counters of :func:`ctxengine.tokens.get_counter`)."""
+
+
 class ContextConfig(_Section):
     engine: str = Field("compressor", description="Active engine: compressor, rules, lcm, or a plugin name.")
-    token_counter: str = Field("estimate", description="estimate | exact | exact:cl100k_base")
+    token_counter: str = Field("estimate", description="estimate | exact | exact:o200k_base | exact:cl100k_base")
     completion_reserve: int | None = Field(
         None,
         ge=0,
@@ -90,6 +96,14 @@ class ContextConfig(_Section):
         description="Engine used for a session when the configured one fails to load, start or compress (the reason is logged). null: the error is raised.",
     )
 
+    @field_validator("token_counter")
+    @classmethod
+    def _known_counter(cls, v: str) -> str:
+        name = v.strip()
+        if name not in TOKEN_COUNTERS:
+            raise ValueError(f"unknown token counter {v!r}; use one of {', '.join(TOKEN_COUNTERS)}")
+        return name
+
 
 class CompressionConfig(_Section):
     """The compressor engine (seed defaults)."""
@@ -100,7 +114,7 @@ class CompressionConfig(_Section):
     protect_last_n: int = Field(20, ge=1)
     protect_first_n: int = Field(3, ge=1)
     summary_model: str | None = None
-    user_quote_budget_tokens: int = Field(20_000, ge=0, description="Older user messages quoted verbatim in the summary, most recent first.")
+    user_quote_budget_tokens: int = Field(20_000, ge=0, description="Older user messages quoted verbatim in the summary, most recent first: at least this many tokens, more while they fit the window (those that cannot fit stay retrievable).")
     backoff_turns: int = Field(3, ge=0, description="Turns to wait after a compression that could not get below the threshold.")
 
 
@@ -111,10 +125,14 @@ class SummarizerConfig(_Section):
     model: str | None = None
     base_url: str | None = None
     api_key_env: str | None = None
-    timeout: float = Field(60.0, gt=0)
-    max_retries: int = Field(2, ge=0)
+    timeout: float = Field(60.0, gt=0, description="Seconds one request may take (capped by the time left before the deadline).")
+    max_retries: int = Field(2, ge=0, description="Further attempts after a failed request (429, 5xx, timeouts, bad replies), all within the deadline.")
+    deadline: float = Field(90.0, gt=0, description="Seconds one compaction may spend in the summarizer, every request, retry and Retry-After wait included; then the extractive summary is used.")
+    failure_threshold: int = Field(2, ge=1, description="Consecutive failed summaries that start a cooldown.")
+    cooldown: float = Field(60.0, ge=0, description="Seconds the summarizer is skipped after failing (extractive meanwhile); doubles on each failed probe, up to 16x.")
     context_length: int | None = Field(None, gt=0, description="The summarizer's own window; looked up from the model table when unset.")
     max_output_tokens: int = Field(8192, ge=256, description="Ceiling of the summarizer's max_tokens: most models reject more than 8,192 output tokens.")
+    redact_content: bool = Field(False, description="Remove key-shaped strings from the conversation before it is sent (set by redaction.content).")
 
 
 class AuxiliaryConfig(_Section):
@@ -204,6 +222,27 @@ class StoreConfig(_Section):
     backend: Literal["sqlite", "postgres"] = "sqlite"
     path: str | None = Field(None, description="SQLite file; default: <user data dir>/ctxengine/sessions.db")
     dsn_env: str = Field("CTXENGINE_STORE_DSN", description="Environment variable holding the PostgreSQL DSN.")
+    redact_content: bool = Field(False, description="Store messages with key shapes redacted (set by redaction.content).")
+
+
+class RedactionConfig(_Section):
+    """``redaction:``. Secrets in errors, logs, status and the store are always redacted;
+    ``content`` also removes key shapes (``sk-…``, ``AKIA…``, ``ghp_…``, bearer tokens, URL
+    credentials, the configured keys) from message content before it is summarized or stored."""
+
+    content: bool = False
+
+
+class ModelOverride(_Section):
+    """One ``models.<name>`` entry: the model profile fields a config may override."""
+
+    provider: str | None = None
+    context_length: int | None = Field(None, gt=0)
+    anthropic_cache: bool | None = None
+    min_cache_tokens: int | None = Field(None, ge=0)
+    input: float | None = Field(None, ge=0)
+    output: float | None = Field(None, ge=0)
+    openai_cached_discount: float | None = Field(None, ge=0, le=1)
 
 
 class ProxyConfig(_Section):
@@ -243,21 +282,44 @@ class Config(_Section):
     store: StoreConfig = Field(default_factory=StoreConfig)
     proxy: ProxyConfig = Field(default_factory=ProxyConfig)
     plugins: PluginsConfig = Field(default_factory=PluginsConfig)
+    redaction: RedactionConfig = Field(default_factory=RedactionConfig)
     source: str | None = Field(None, exclude=True, description="File the config was read from.")
 
-    @field_validator("models")
+    @field_validator("models", mode="before")
     @classmethod
-    def _models_are_mappings(cls, v: dict[str, Any]) -> dict[str, Any]:
+    def _models_are_profiles(cls, v: Any) -> Any:
+        """Each ``models.<name>`` is checked field by field now, so a misspelled key or a
+        string window fails at load time instead of on the first request for that model."""
+        if not isinstance(v, Mapping):
+            return v
+        out: dict[str, dict[str, Any]] = {}
         for key, val in v.items():
-            if not isinstance(val, dict):
-                raise ValueError(f"models.{key} must be a mapping of profile fields")
-        return v
+            if not isinstance(val, Mapping):
+                raise ValueError(f"models.{key} must be a mapping of profile fields, not {type(val).__name__}")
+            try:
+                checked = ModelOverride.model_validate(dict(val), strict=True)
+            except ValidationError as exc:
+                problems = []
+                for err in exc.errors():
+                    loc = ".".join(str(x) for x in err["loc"])
+                    if err["type"] == "extra_forbidden":
+                        problems.append(f"unknown key 'models.{key}.{loc}' (allowed: {', '.join(sorted(ModelOverride.model_fields))})")
+                    else:
+                        problems.append(f"'models.{key}.{loc}': {err['msg']} (got {err.get('input')!r})")
+                raise ValueError("; ".join(problems)) from None
+            out[str(key)] = checked.model_dump(exclude_unset=True)
+        return out
 
     @model_validator(mode="after")
     def _aliases(self) -> Config:
         # seed 000 put the summarizer model under compression.summary_model
         if self.compression.summary_model and not self.auxiliary.compression.model:
             self.auxiliary.compression.model = self.compression.summary_model
+        if self.redaction.content:
+            if not self.auxiliary.compression.redact_content:
+                self.auxiliary.compression.redact_content = True
+            if not self.store.redact_content:
+                self.store.redact_content = True
         return self
 
     @property
@@ -319,6 +381,9 @@ def _explain(exc: ValidationError, source: str) -> str:
         loc = ".".join(str(x) for x in err["loc"])
         if err["type"] == "extra_forbidden":
             parts.append(f"unknown key '{loc}'")
+        elif err["type"] == "value_error":
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            parts.append(msg if msg.startswith(("unknown key", "'")) else f"'{loc}': {msg}")
         else:
             parts.append(f"'{loc}': {err['msg']} (got {err.get('input')!r})")
     return f"{source}: " + "; ".join(parts)

@@ -171,7 +171,7 @@ class PrefixHasher:
         if hit is not None and hit[0] is message:
             return hit[1]
         canon = json.dumps(_strip_markers(message), sort_keys=True, ensure_ascii=False, default=str)
-        d = hashlib.blake2b(canon.encode("utf-8"), digest_size=16).digest()
+        d = hashlib.blake2b(canon.encode("utf-8", "surrogatepass"), digest_size=16).digest()  # lone surrogates hash too
         self._digests[id(message)] = (message, d)
         return d
 

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel
 
+from ctxengine.errors import InputError
 from ctxengine.messages import Message
 from ctxengine.models import DEFAULT_CONTEXT_LENGTH
 from ctxengine.tokens import TokenCounter
@@ -101,6 +102,27 @@ def _as_mapping(usage: Any) -> Mapping[str, Any]:
     raise TypeError(f"usage must be a mapping or an SDK usage object, not {type(usage).__name__}")
 
 
+_COUNT_FIELDS = (
+    "prompt_tokens", "completion_tokens", "total_tokens", "input_tokens", "output_tokens",
+    "cache_read_input_tokens", "cache_creation_input_tokens", "cached_tokens", "cache_write_tokens",
+)
+
+
+def _check_counts(u: Mapping[str, Any], where: str = "usage") -> None:
+    """Reject token counts no provider reports: NaN, infinities and negative numbers (they
+    would silently become 0 or crash deep inside ``int()``)."""
+    for key in _COUNT_FIELDS:
+        v = u.get(key)
+        if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+            raise InputError(f"{where}.{key} is {v!r}: token counts must be finite numbers")
+        if isinstance(v, int | float) and not isinstance(v, bool) and v < 0:
+            raise InputError(f"{where}.{key} is {v!r}: token counts cannot be negative")
+    for sub in ("prompt_tokens_details", "input_tokens_details"):
+        d = u.get(sub)
+        if d is not None:
+            _check_counts(_as_mapping(d), f"{where}.{sub}")
+
+
 def _int(value: Any) -> int:
     if value is None or isinstance(value, bool):
         return 0
@@ -119,8 +141,10 @@ def normalize_usage(usage: Any) -> Usage:
     Anthropic: ``input_tokens``, ``output_tokens``, ``cache_read_input_tokens``,
     ``cache_creation_input_tokens``. OpenAI Responses API: ``input_tokens`` (cached part
     included), ``output_tokens``, ``input_tokens_details.cached_tokens|cache_write_tokens``.
+    NaN, infinite or negative counts raise :class:`~ctxengine.errors.InputError` naming the field.
     """
     u = _as_mapping(usage)
+    _check_counts(u)
     if "input_tokens" in u and "prompt_tokens" not in u:
         completion = _int(u.get("output_tokens"))
         if u.get("input_tokens_details") is not None and "cache_read_input_tokens" not in u:
@@ -313,12 +337,13 @@ class ContextEngine(ABC):
 
     def get_status(self) -> dict[str, Any]:
         """The standard token/threshold dict shown in status lines."""
-        usage = self.last_prompt_tokens / self.context_length if self.context_length else 0.0
+        last_prompt = max(self.last_prompt_tokens, 0)  # hosts set -1 while awaiting real usage
+        usage = last_prompt / self.context_length if self.context_length else 0.0
         status: dict[str, Any] = {
             "engine": self.name,
-            "last_prompt_tokens": self.last_prompt_tokens,
-            "last_completion_tokens": self.last_completion_tokens,
-            "last_total_tokens": self.last_total_tokens,
+            "last_prompt_tokens": last_prompt,
+            "last_completion_tokens": max(self.last_completion_tokens, 0),
+            "last_total_tokens": max(self.last_total_tokens, 0),
             "threshold_tokens": self.threshold_tokens,
             "context_length": self.context_length,
             "compression_count": self.compression_count,

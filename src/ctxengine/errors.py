@@ -93,15 +93,31 @@ class ContextWindowError(CtxEngineError, ValueError):
 
 
 class SummarizerError(CtxEngineError):
-    """A summary could not be produced (transport error, empty or template-less reply)."""
+    """A summary could not be produced (transport error, empty or template-less reply).
+
+    ``retryable`` says whether another attempt may succeed (429, 5xx, timeouts, resets, bad
+    replies: yes; credentials, a prompt too long: no); ``retry_after`` is the wait in seconds
+    the server asked for (``Retry-After``), if any. The summarizer's deadline caps both.
+    """
+
+    def __init__(self, message: str = "", *, retryable: bool = True, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.retry_after = retry_after
 
 
 class SummarizerAuthError(SummarizerError):
     """The summarizer endpoint rejected the credentials; retrying will not help."""
 
+    def __init__(self, message: str = "", *, retryable: bool = False, retry_after: float | None = None) -> None:
+        super().__init__(message, retryable=retryable, retry_after=retry_after)
+
 
 class SummarizerContextError(SummarizerError):
     """The span to summarize does not fit the summarizer model's context window."""
+
+    def __init__(self, message: str = "", *, retryable: bool = False, retry_after: float | None = None) -> None:
+        super().__init__(message, retryable=retryable, retry_after=retry_after)
 
 
 class TokenizerError(CtxEngineError):

@@ -80,6 +80,7 @@ from ctxengine.messages import (
 )
 from ctxengine.models import ModelProfile, UnknownModelWarning, resolve_model
 from ctxengine.recall import LCM_ALIASES, Recall
+from ctxengine.redact import redact_obj
 from ctxengine.registry import EngineRegistry
 from ctxengine.storage import RecallStore, SessionAppender, SessionRecorder
 from ctxengine.tokens import (
@@ -251,7 +252,7 @@ class ContextManager:
                 model,
                 overrides=config.models,
                 default_context_length=config.model.default_context_length,
-                context_length=context_length or config.model.context_length,
+                context_length=context_length if context_length is not None else config.model.context_length,  # 0 is an error, not "unset"
             )
         self.context_length = self.profile.context_length
         self.default_session = session_id
@@ -896,4 +897,5 @@ class ContextManager:
                 st["last_compaction"] = s.last_compaction
             if s.fallback_reason is not None:
                 st["fallback_reason"] = s.fallback_reason
-            return st
+            clean: dict[str, Any] = redact_obj(st)  # no secret in status(): a plugin's or custom summarizer's text too
+            return clean

@@ -26,6 +26,7 @@ __all__ = [
     "content_text",
     "copy_messages",
     "is_summary",
+    "json_problem",
     "message_blocks",
     "message_text",
     "tool_call_args",
@@ -50,9 +51,9 @@ class Violation:
     ``code`` is stable and machine-readable (``not_a_list`` with index -1, ``tool_call_without_result``,
     ``result_without_call``, ``duplicate_tool_call_id``, ``bad_role``, ``missing_role``,
     ``not_a_dict``, ``bad_content``, ``bad_tool_calls``, ``empty_tool_calls``, ``missing_tool_call_id``,
-    ``result_not_adjacent``, ``duplicate_result``, and the warnings ``non_json_arguments`` and
-    ``reused_tool_call_id``); ``severity`` is ``"warning"`` for things providers accept and
-    ``"error"`` otherwise.
+    ``result_not_adjacent``, ``duplicate_result``, ``not_json``, and the warnings
+    ``non_json_arguments`` and ``reused_tool_call_id``); ``severity`` is ``"warning"`` for things
+    providers accept and ``"error"`` otherwise.
     """
 
     index: int
@@ -62,6 +63,45 @@ class Violation:
 
     def __str__(self) -> str:
         return f"[{self.index}] {self.code}: {self.detail}"
+
+
+MAX_NESTING = 200
+"""Deepest nesting of lists and dicts a message may have (a provider's JSON parser, the
+store's and Python's own would fail on much deeper values)."""
+
+
+def json_problem(value: Any) -> str | None:
+    """Why ``value`` is not plain JSON data, or ``None`` when it is.
+
+    Plain JSON: dicts with string keys, lists (tuples count as lists), strings, integers,
+    finite floats, booleans and ``None``, nested at most :data:`MAX_NESTING` deep. NaN and
+    Infinity (no JSON has them: providers reject them and the store cannot record them),
+    bytes, sets, non-string keys and other objects are named with their path.
+    One rule for :func:`validate`, the store and every engine: such a message is rejected
+    with its index (``not_json``), never silently changed or dropped.
+    """
+    stack: list[tuple[Any, str, int]] = [(value, "", 0)]
+    while stack:
+        v, path, depth = stack.pop()
+        if v is None or isinstance(v, str | bool | int):
+            continue
+        if isinstance(v, float):
+            if v != v or v in (float("inf"), float("-inf")):
+                return f"{path or 'value'} is {v!r}, which JSON cannot carry"
+            continue
+        if depth >= MAX_NESTING:
+            return f"nested more than {MAX_NESTING} levels deep at {path or 'the top'}"
+        if isinstance(v, dict):
+            for k, item in v.items():
+                if not isinstance(k, str):
+                    return f"{path or 'message'} has a {type(k).__name__} key {k!r}; JSON keys are strings"
+                stack.append((item, f"{path}.{k}" if path else k, depth + 1))
+        elif isinstance(v, list | tuple):
+            for n, item in enumerate(v):
+                stack.append((item, f"{path}[{n}]", depth + 1))
+        else:
+            return f"{path or 'value'} is a {type(v).__name__}, not JSON data"
+    return None
 
 
 def _part_ok(part: Any) -> bool:
@@ -97,6 +137,9 @@ def validate(messages: Any, *, allow_pending_calls: bool = False) -> list[Violat
         if not isinstance(m, dict):
             out.append(Violation(i, "not_a_dict", f"message is a {type(m).__name__}, not a dict"))
             continue
+        problem = json_problem(m)
+        if problem is not None:
+            out.append(Violation(i, "not_json", problem))
         role = m.get("role")
         if role is None:
             out.append(Violation(i, "missing_role", "message has no 'role'"))

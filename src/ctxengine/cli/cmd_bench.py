@@ -16,7 +16,7 @@ DEFAULT_ENGINES = ("default", "mask10", "rules", "compressor", "lcm", "cacheawar
 
 @click.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--engine", "-e", "engines", multiple=True, help="Engine to run (repeatable). Default: 'default' (the manager's defaults), every built-in engine and the mask10 baseline; 'none' always runs.")
+@click.option("--engine", "-e", "engines", multiple=True, help="Engine to run (repeatable). Default: 'default' (the manager's defaults), every built-in engine and the mask10 baseline; 'none' always runs; 'hermes' runs Hermes Agent's own compressor (hermes-agent from PyPI, in a cached venv built on first use).")
 @click.option("--context-length", "-n", type=click.IntRange(min=1), default=128_000, show_default=True, help="Window the engines work against.")
 @click.option("--compose", "compose_n", type=click.IntRange(min=1), default=1, show_default=True, help="Chain N trajectories of each file into one long session.")
 @click.option("--model", default="claude-sonnet-4.5", show_default=True, help="Model whose Anthropic cache rules and price the cost uses.")

@@ -2,21 +2,22 @@
 
 ``compact`` runs one engine over saved sessions, as a manual ``/compress`` does (it always
 compacts, whatever the trigger says), through the one agent loop's isolated call
-(:func:`ctxengine.loop.run_compress`: a copy, ``context.engine_timeout``), holds the window
-(:mod:`ctxengine.window`), checks that the result is a valid chat (an invalid one is
+(:func:`ctxengine.loop.run_compress`: a copy, ``context.engine_timeout``), and holds the window
+(:mod:`ctxengine.window`). The input is validated first, like the library's ``prepare`` does: an
+invalid message (orphan tool result, duplicate ids, ``content: 42``, a missing role, NaN…) is the
+input's fault and is reported with the file, the session and the index (exit 2), before any
+engine runs. The result must be a valid chat too (an invalid one is
 the engine's fault and is reported as :class:`~ctxengine.errors.EngineError` naming the broken
-rule), and writes it in the shape it came in: a JSON list stays a list, an object keeps its
+rule). The result is written in the shape it came in: a JSON list stays a list, an object keeps its
 other keys (``id``, ``tools``, ``meta``…), JSON Lines stay JSON Lines. The before/after table
 goes to stderr so stdout can be piped.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,43 +25,30 @@ import click
 
 from ctxengine.config import Config, load_config
 from ctxengine.engine import ContextEngine
-from ctxengine.errors import EngineError, InputError, TokenizerError
-from ctxengine.io import Session, parse_sessions, read_sessions
+from ctxengine.errors import ConfigError, EngineError, InputError, TokenizerError
+from ctxengine.io import Document, Session, read_document
 from ctxengine.loop import run_compress
-from ctxengine.messages import Message, validate
+from ctxengine.messages import Message, check, validate
 from ctxengine.models import resolve_model
 from ctxengine.registry import EngineRegistry, create_engine
 from ctxengine.storage import SessionRecorder
-from ctxengine.tokens import ExactCounter, estimate_messages_tokens_rough
+from ctxengine.textsafe import clean, dumps
+from ctxengine.tokens import ExactCounter, estimate_messages_tokens, get_counter
 from ctxengine.window import WindowCap, WindowLimit
 
 PROGRESS_MIN_SESSIONS = 5
 """Files with at least this many sessions get a progress bar on stderr."""
 
 
-@dataclass(slots=True)
-class _Input:
-    """Sessions read from a file plus what is needed to write them back in the same shape."""
-
-    sessions: list[Session]
-    shape: str  # "list" | "object" | "jsonl"
-    raw: list[Any]
+def _load(path: str) -> Document:
+    return read_document(path)
 
 
-def _load(path: str) -> _Input:
-    if path == "-":
-        text = sys.stdin.read()
-        sessions = parse_sessions(text, "<stdin>")
-    else:
-        sessions = read_sessions(path)
-        text = Path(path).read_text(encoding="utf-8")
-    stripped = text.strip()
-    try:
-        doc = json.loads(stripped)
-    except json.JSONDecodeError:
-        raw = [json.loads(line) for line in stripped.splitlines() if line.strip()]
-        return _Input(sessions, "jsonl", raw)
-    return _Input(sessions, "list" if isinstance(doc, list) else "object", [doc])
+def _validate_input(inp: Document, source: str) -> None:
+    """Every session must be a valid chat before an engine sees it (exit 2 naming the file,
+    the session and each bad message's index)."""
+    for session in inp.sessions:
+        check(session.messages, context=f"input: {source}, session {clean(session.id)!r}", allow_pending_calls=True)
 
 
 def _with_messages(raw: Any, messages: list[Message]) -> Any:
@@ -69,11 +57,12 @@ def _with_messages(raw: Any, messages: list[Message]) -> Any:
     return messages
 
 
-def _dump(inp: _Input, outputs: Sequence[list[Message]]) -> str:
+def _dump(inp: Document, outputs: Sequence[list[Message]]) -> str:
+    # textsafe.dumps: a lone surrogate in a message is written as a \uXXXX escape (exact, encodable)
     if inp.shape == "jsonl":
-        lines = [json.dumps(_with_messages(r, m), ensure_ascii=False) for r, m in zip(inp.raw, outputs, strict=True)]
+        lines = [dumps(_with_messages(r, m)) for r, m in zip(inp.raw, outputs, strict=True)]
         return "\n".join(lines) + "\n"
-    return json.dumps(_with_messages(inp.raw[0], outputs[0]), ensure_ascii=False, indent=2) + "\n"
+    return dumps(_with_messages(inp.raw[0], outputs[0]), indent=2) + "\n"
 
 
 def _context_length(config: Config, context_length: int | None, model: str | None) -> int | None:
@@ -81,7 +70,7 @@ def _context_length(config: Config, context_length: int | None, model: str | Non
     None (the registry falls back to ``model.context_length`` / the default)."""
     if context_length is not None:
         if context_length <= 0:
-            raise click.BadParameter("must be positive", param_hint="--context-length")
+            raise ConfigError(f"--context-length must be a positive number of tokens, got {context_length}")
         return context_length
     name = model or config.model.default
     if name:
@@ -143,8 +132,10 @@ def _store_for(config: Config) -> SessionRecorder:
 def compact(file: str, engine_name: str | None, config_path: str | None, context_length: int | None, model: str | None, output: str | None) -> None:
     """Compact the session(s) in FILE (JSON list of messages, {"messages": [...]}, or JSONL)."""
     config = load_config(config_path)
-    inp = _load(file)
     n = _context_length(config, context_length, model)
+    counter = get_counter(config.context.token_counter)
+    inp = _load(file)
+    _validate_input(inp, "<stdin>" if file == "-" else file)
     name = engine_name or config.context.engine
     outputs: list[list[Message]] = []
     rows = [["session", "messages", "tokens", "after", "reduction", "engine", "ms"]]
@@ -157,7 +148,7 @@ def compact(file: str, engine_name: str | None, config_path: str | None, context
         for session in sessions:
             engine = create_engine(config, name=name, context_length=n, **services)
             engine.on_session_start(session.id)
-            before = estimate_messages_tokens_rough(session.messages)
+            before = counter.count_messages(session.messages)
             try:
                 outcome = run_compress(engine, session.messages, tokens=before, deadline=config.context.engine_timeout)
             except EngineError as exc:
@@ -166,12 +157,12 @@ def compact(file: str, engine_name: str | None, config_path: str | None, context
             out = _check_output(engine, session, outcome.output)
             out = window.fit(out).messages
             engine.on_session_end(session.id, out)
-            after = estimate_messages_tokens_rough(out)
+            after = counter.count_messages(out)
             before_total += before
             after_total += after
             outputs.append(out)
             red = 1.0 - after / before if before else 0.0
-            rows.append([session.id, f"{len(session.messages)} → {len(out)}", f"{before:,}", f"{after:,}", f"{red:.1%}", engine.name, f"{ms:.1f}"])
+            rows.append([clean(session.id), f"{len(session.messages)} → {len(out)}", f"{before:,}", f"{after:,}", f"{red:.1%}", engine.name, f"{ms:.1f}"])
     if len(inp.sessions) > 1:
         red = 1.0 - after_total / before_total if before_total else 0.0
         rows.append(["total", "", f"{before_total:,}", f"{after_total:,}", f"{red:.1%}", "", ""])
@@ -189,21 +180,21 @@ def compact(file: str, engine_name: str | None, config_path: str | None, context
 
 @click.command()
 @click.argument("file", metavar="FILE|-")
-@click.option("--exact/--no-exact", default=True, show_default=True, help="Also count with tiktoken (o200k) when the 'exact' extra is installed.")
+@click.option("--exact/--no-exact", default=True, show_default=True, help="Also count with tiktoken (o200k).")
 def count(file: str, exact: bool) -> None:
     """Count messages and tokens of each session in FILE."""
     inp = _load(file)
     counter: ExactCounter | None = ExactCounter() if exact else None
     rows = [["session", "messages", "estimated", "exact"]]
     for session in inp.sessions:
-        est = estimate_messages_tokens_rough(session.messages)
+        est = estimate_messages_tokens(session.messages)
         exact_cell = "n/a"
         if counter is not None:
             try:
                 exact_cell = f"{counter.count_messages(session.messages):,}"
             except TokenizerError:
                 counter = None  # the extra is not installed: say so once, per row
-        rows.append([session.id, str(len(session.messages)), f"{est:,}", exact_cell])
+        rows.append([clean(session.id), str(len(session.messages)), f"{est:,}", exact_cell])
     for line in _table(rows, "<rrr"):
         click.echo(line)
 

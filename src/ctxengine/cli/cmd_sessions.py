@@ -9,8 +9,6 @@ session: ``latest``, ``event:N``, ``before:<compaction id>``, ``after:<compactio
 from __future__ import annotations
 
 import datetime as dt
-import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +16,10 @@ import click
 
 from ctxengine.config import load_config
 from ctxengine.errors import InputError
+from ctxengine.io import loads_json, read_text
 from ctxengine.messages import content_text, message_text
 from ctxengine.store import SessionStore, SqliteStore, open_store
+from ctxengine.textsafe import clean, dumps
 
 __all__ = ["COMMANDS", "sessions"]
 
@@ -37,7 +37,7 @@ def _when(ts: float) -> str:
 
 
 def _preview(text: str, width: int = _PREVIEW) -> str:
-    one = " ".join(text.split())
+    one = " ".join(clean(text).split())
     return one if len(one) <= width else one[: width - 1] + "…"
 
 
@@ -45,7 +45,7 @@ def _table(header: list[str], rows: list[list[str]], align: str) -> None:
     """Print an aligned table (``align``: one ``<`` or ``>`` per column)."""
     if not rows:
         return
-    allrows = [header, *rows]
+    allrows = [header, *[[clean(c) for c in r] for r in rows]]
     widths = [max(len(r[i]) for r in allrows) for i in range(len(header))]
     for n, r in enumerate(allrows):
         cells = [c.ljust(w) if a == "<" else c.rjust(w) for c, w, a in zip(r, widths, align, strict=True)]
@@ -83,7 +83,7 @@ def list_cmd(store_path: str | None, config_path: str | None, limit: int, as_jso
     with _open(store_path, config_path) as store:
         infos = store.list_sessions(limit=limit)
     if as_json:
-        click.echo(json.dumps([{"id": s.id, "tip": s.tip, "length": s.length, "stored": s.stored, "compactions": s.compactions, "created_at": s.created_at, "updated_at": s.updated_at} for s in infos], indent=2))
+        click.echo(dumps([{"id": s.id, "tip": s.tip, "length": s.length, "stored": s.stored, "compactions": s.compactions, "created_at": s.created_at, "updated_at": s.updated_at} for s in infos], indent=2))
         return
     if not infos:
         click.echo("no sessions in the store")
@@ -109,10 +109,10 @@ def show(session_id: str, store_path: str | None, config_path: str | None, messa
         comps = store.compactions(session_id)
         ids = store.history_ids(session_id, point) if messages else []
         history = store.get_messages(ids) if ids else []
-    click.echo(f"session {info.id}: {info.length:,} messages in the current history, {info.stored:,} stored, {info.compactions} compaction(s)")
+    click.echo(f"session {clean(info.id)}: {info.length:,} messages in the current history, {info.stored:,} stored, {info.compactions} compaction(s)")
     click.echo(f"created {_when(info.created_at)} UTC, updated {_when(info.updated_at)} UTC")
     if info.meta:
-        click.echo(f"meta: {json.dumps(info.meta, ensure_ascii=False)}")
+        click.echo(f"meta: {dumps(info.meta)}")
     if events:
         click.echo("\nevents (restore with --at event:N):")
         _table(["#", "kind", "messages", "compaction", "at (UTC)"], [[str(e.number), e.kind, f"{e.length:,}", e.compaction or "", _when(e.created_at)] for e in events], "><><<")
@@ -136,7 +136,7 @@ def show(session_id: str, store_path: str | None, config_path: str | None, messa
 @_store_option
 @_config_option
 @click.option("--session", "session_id", help="Search this session only (default: all).")
-@click.option("--regex", is_flag=True, help="QUERY is a regular expression.")
+@click.option("--regex", is_flag=True, help="QUERY is a regular expression (RE2 syntax: linear time, no backreferences or lookarounds).")
 @click.option("--limit", type=int, default=20, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
 def search(query: str, store_path: str | None, config_path: str | None, session_id: str | None, regex: bool, limit: int, as_json: bool) -> None:
@@ -144,10 +144,10 @@ def search(query: str, store_path: str | None, config_path: str | None, session_
     with _open(store_path, config_path) as store:
         hits = store.search(query, session_id=session_id, mode="regex" if regex else "text", limit=limit)
     if as_json:
-        click.echo(json.dumps([h.to_dict() for h in hits], indent=2, ensure_ascii=False))
+        click.echo(dumps([h.to_dict() for h in hits], indent=2))
         return
     if not hits:
-        click.echo(f"no match for {query!r}")
+        click.echo(f"no match for {clean(query)!r}")
         return
     _table(
         ["kind", "id", "session", "role", "match"],
@@ -174,7 +174,7 @@ def export(session_id: str, store_path: str | None, config_path: str | None, poi
             data = store.history(session_id, point)
         else:
             data = store.export_session(session_id)
-    _write(json.dumps(data, indent=2, ensure_ascii=False), output)
+    _write(dumps(data, indent=2), output)
 
 
 @sessions.command()
@@ -191,15 +191,14 @@ def restore(session_id: str | None, point: str | None, store_path: str | None, c
     POINT: event:N, before:<compaction id>, after:<compaction id>, message:<id> (see `sessions show`).
     """
     if from_file:
-        text = sys.stdin.read() if from_file == "-" else Path(from_file).read_text(encoding="utf-8")
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{from_file}: not valid JSON: {exc.msg} at line {exc.lineno}") from exc
+        source = "<stdin>" if from_file == "-" else from_file
+        doc = loads_json(read_text(from_file, "session export"), source)
+        if not isinstance(doc, dict):
+            raise InputError(f"{source}: not a session export (a JSON object from `ctxengine sessions export`), got a {type(doc).__name__}")
         with _open(store_path, config_path) as store:
             sid = store.import_session(doc, session_id=as_id or session_id)
             info = store.get_session(sid)
-        click.echo(f"imported session {sid}: {info.length:,} messages, {info.stored:,} stored, {info.compactions} compaction(s)", err=True)
+        click.echo(f"imported session {clean(sid)}: {info.length:,} messages, {info.stored:,} stored, {info.compactions} compaction(s)", err=True)
         return
     if not session_id or not point:
         raise click.UsageError("give SESSION and POINT, or --from FILE")
@@ -207,7 +206,7 @@ def restore(session_id: str | None, point: str | None, store_path: str | None, c
         messages = store.restore(session_id, point)
     click.echo(f"session {session_id} restored to {point}: {len(messages):,} messages", err=True)
     if output:
-        _write(json.dumps(messages, indent=2, ensure_ascii=False), output)
+        _write(dumps(messages, indent=2), output)
     else:
         for i, m in enumerate(messages[-10:], start=max(0, len(messages) - 10)):
             click.echo(f"{i:>5}  {m.get('role')!s:<9}  {_preview(content_text(m.get('content')) or message_text(m))}", err=True)

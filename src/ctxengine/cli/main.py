@@ -16,6 +16,8 @@ from typing import Any
 import click
 
 from ctxengine.errors import CtxEngineError
+from ctxengine.redact import RedactingFilter, redact
+from ctxengine.textsafe import clean
 
 EXIT_USAGE = 2
 
@@ -27,7 +29,10 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except CtxEngineError as exc:
-            click.echo(f"ctxengine: error: {exc}", err=True)
+            click.echo(f"ctxengine: error: {clean(redact(str(exc)))}", err=True)
+            ctx.exit(EXIT_USAGE)
+        except RecursionError:  # backstop: input nested deeper than some reader allows
+            click.echo("ctxengine: error: input nested too deeply to process", err=True)
             ctx.exit(EXIT_USAGE)
         except BrokenPipeError:  # e.g. `ctxengine compact f.json | head`
             sys.stderr.close()
@@ -41,6 +46,9 @@ def cli(verbose: int) -> None:
     """Keep an LLM agent's conversation inside its context window."""
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:  # no secret in a log line (see ctxengine.redact)
+        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
+            handler.addFilter(RedactingFilter())
 
 
 def _load_commands() -> None:

@@ -1,18 +1,20 @@
 """Anthropic's Messages API through the official ``anthropic`` SDK.
 
 System messages become the ``system`` parameter; the rest are sent as user/assistant turns.
-The SDK is imported on first use. Retries with backoff on 408/409/429/5xx (529 overloaded
-included), timeouts and connection errors are the SDK's own (``max_retries``).
+The SDK is imported on first use. Each call is one attempt (the SDK's own retries are off
+unless ``max_retries`` says otherwise): the summarizer retries under its deadline.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
-from ctxengine.clients.base import error_message, looks_like_context_error
+from ctxengine.clients.base import error_message, looks_like_context_error, retry_after_seconds
 from ctxengine.errors import SummarizerAuthError, SummarizerContextError, SummarizerError
 from ctxengine.messages import Message, content_text
+from ctxengine.redact import redact, redact_url, register_secret
 
 __all__ = ["AnthropicClient"]
 
@@ -26,13 +28,14 @@ class AnthropicClient:
         api_key: str | None = None,
         base_url: str | None = None,
         timeout: float = 60.0,
-        max_retries: int = 2,
+        max_retries: int = 0,
         key_hint: str = "ANTHROPIC_API_KEY",
     ) -> None:
         self.base_url = base_url
         self.timeout = float(timeout)
         self.max_retries = int(max_retries)
         self._api_key = api_key
+        register_secret(api_key)
         self._key_hint = key_hint
         self._sdk: Any = None
 
@@ -52,6 +55,13 @@ class AnthropicClient:
             )
         return self._sdk
 
+    def close(self) -> None:
+        """Close the SDK client and its connections; the next call opens a new one."""
+        sdk, self._sdk = self._sdk, None
+        if sdk is not None:
+            with contextlib.suppress(Exception):  # best effort: the connection may already be gone
+                sdk.close()
+
     def complete(self, messages: Sequence[Message], *, model: str, max_tokens: int, timeout: float) -> str:
         client = self._client()
         import anthropic
@@ -62,26 +72,30 @@ class AnthropicClient:
             for m in messages
             if m.get("role") not in ("system", "developer")
         ]
-        where = self.base_url or "api.anthropic.com"
+        where = redact_url(self.base_url) or "api.anthropic.com"
         kwargs: dict[str, Any] = {"model": model, "max_tokens": int(max_tokens), "messages": turns, "timeout": timeout}
         if system:
             kwargs["system"] = system
+        # SDK exceptions are not chained (their bodies may echo the key): see openai_compat
         try:
             resp = client.messages.create(**kwargs)
         except (anthropic.AuthenticationError, anthropic.PermissionDeniedError) as exc:
-            raise SummarizerAuthError(f"{where} rejected the credentials ({exc.status_code}): {error_message(exc)}") from exc
-        except anthropic.APITimeoutError as exc:
-            raise SummarizerError(f"{where} timed out after {timeout:g}s ({self.max_retries} retries)") from exc
+            raise SummarizerAuthError(f"{where} rejected the credentials ({exc.status_code}): {error_message(exc)}") from None
+        except anthropic.APITimeoutError:
+            raise SummarizerError(f"{where} timed out after {timeout:g}s") from None
         except anthropic.APIConnectionError as exc:
-            raise SummarizerError(f"cannot reach {where}: {exc}") from exc
+            raise SummarizerError(f"cannot reach {where}: {redact(str(exc))}") from None
         except anthropic.APIStatusError as exc:
             text = error_message(exc)
             if exc.status_code in (400, 413) and looks_like_context_error(text):
-                raise SummarizerContextError(f"{where}: the prompt does not fit model {model!r}: {text}") from exc
-            raise SummarizerError(f"{where} answered {exc.status_code}: {text}") from exc
+                raise SummarizerContextError(f"{where}: the prompt does not fit model {model!r}: {text}") from None
+            retryable = exc.status_code in (408, 409, 425, 429) or exc.status_code >= 500
+            raise SummarizerError(f"{where} answered {exc.status_code}: {text}", retryable=retryable, retry_after=retry_after_seconds(exc)) from None
         except anthropic.AnthropicError as exc:
-            raise SummarizerError(f"{where}: {type(exc).__name__}: {exc}") from exc
-        text = "".join(getattr(b, "text", "") for b in (resp.content or []) if getattr(b, "type", None) == "text")
-        if resp.stop_reason == "max_tokens":
+            raise SummarizerError(f"{where}: {type(exc).__name__}: {error_message(exc)}") from None
+        except (ValueError, TypeError, AttributeError) as exc:  # a body the SDK could not decode
+            raise SummarizerError(f"{where}: malformed reply ({type(exc).__name__}: {redact(str(exc))[:200]})") from None
+        text = "".join(str(getattr(b, "text", "") or "") for b in (getattr(resp, "content", None) or []) if getattr(b, "type", None) == "text")
+        if getattr(resp, "stop_reason", None) == "max_tokens":
             raise SummarizerError(f"{where}: the reply was truncated at max_tokens={max_tokens}")
         return text

@@ -70,11 +70,11 @@ def build_client(config: SummarizerConfig, *, environ: Mapping[str, str] | None 
         "anthropic": "ANTHROPIC_API_KEY",
     }.get(provider, "CTXENGINE_API_KEY")
     if provider == "anthropic":
-        return AnthropicClient(api_key=key, base_url=config.base_url, timeout=config.timeout, max_retries=config.max_retries, key_hint=hint)
+        return AnthropicClient(api_key=key, base_url=config.base_url, timeout=config.timeout, key_hint=hint)
     if provider == "custom" and not config.base_url:
         raise ConfigError("auxiliary.compression.provider 'custom' needs auxiliary.compression.base_url")
     if provider in ("openai", "openrouter"):
         base = config.base_url or (OPENROUTER_URL if provider == "openrouter" else None)
-        return OpenAICompatClient(base_url=base, api_key=key, timeout=config.timeout, max_retries=config.max_retries, require_key=True, key_hint=hint)
+        return OpenAICompatClient(base_url=base, api_key=key, timeout=config.timeout, require_key=True, key_hint=hint)
     base = config.base_url or _LOCAL.get(provider)
-    return OpenAICompatClient(base_url=base, api_key=key, timeout=config.timeout, max_retries=config.max_retries, require_key=False, key_hint=hint)
+    return OpenAICompatClient(base_url=base, api_key=key, timeout=config.timeout, require_key=False, key_hint=hint)

@@ -1,19 +1,21 @@
 """Any OpenAI-compatible chat-completions endpoint through the official ``openai`` SDK.
 
 Covers OpenAI, OpenRouter, vLLM, Ollama, llama.cpp server, LM Studio and any ``base_url``.
-The SDK is imported on first use, so importing this module costs nothing. Retries with
-exponential backoff on 408/409/429/5xx, timeouts and connection errors are the SDK's own
-(``max_retries``); it honours ``retry-after`` / ``retry-after-ms`` headers.
+The SDK is imported on first use, so importing this module costs nothing. Each call is one
+attempt (the SDK's own retries are off unless ``max_retries`` says otherwise): the summarizer
+retries under its deadline, reading ``retry_after`` from the error.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
-from ctxengine.clients.base import error_message, looks_like_context_error
+from ctxengine.clients.base import error_message, looks_like_context_error, retry_after_seconds
 from ctxengine.errors import SummarizerAuthError, SummarizerContextError, SummarizerError
 from ctxengine.messages import Message
+from ctxengine.redact import redact, redact_url, register_secret
 
 __all__ = ["OpenAICompatClient"]
 
@@ -32,7 +34,7 @@ class OpenAICompatClient:
         base_url: str | None = None,
         api_key: str | None = None,
         timeout: float = 60.0,
-        max_retries: int = 2,
+        max_retries: int = 0,
         require_key: bool = True,
         key_hint: str = "OPENAI_API_KEY",
         default_headers: dict[str, str] | None = None,
@@ -41,6 +43,7 @@ class OpenAICompatClient:
         self.timeout = float(timeout)
         self.max_retries = int(max_retries)
         self._api_key = api_key
+        register_secret(api_key)
         self._require_key = require_key
         self._key_hint = key_hint
         self._headers = dict(default_headers or {})
@@ -49,7 +52,7 @@ class OpenAICompatClient:
     def _client(self) -> Any:
         if self._sdk is None:
             if self._api_key is None and self._require_key:
-                raise SummarizerAuthError(f"no API key for {self.base_url or 'api.openai.com'}: set {self._key_hint}")
+                raise SummarizerAuthError(f"no API key for {redact_url(self.base_url) or 'api.openai.com'}: set {self._key_hint}")
             try:
                 import openai
             except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -63,11 +66,19 @@ class OpenAICompatClient:
             )
         return self._sdk
 
+    def close(self) -> None:
+        """Close the SDK client and its connections (an abandoned call's socket included); the
+        next call opens a new one."""
+        sdk, self._sdk = self._sdk, None
+        if sdk is not None:
+            with contextlib.suppress(Exception):  # best effort: the connection may already be gone
+                sdk.close()
+
     def complete(self, messages: Sequence[Message], *, model: str, max_tokens: int, timeout: float) -> str:
         client = self._client()
         import openai
 
-        where = self.base_url or "api.openai.com"
+        where = redact_url(self.base_url) or "api.openai.com"
         try:
             resp = client.chat.completions.create(
                 model=model,
@@ -75,24 +86,29 @@ class OpenAICompatClient:
                 max_tokens=int(max_tokens),
                 timeout=timeout,
             )
+        # the SDK exception (its body may echo the key) is not chained: only the redacted text
+        # travels on, so no traceback or log line can print it
         except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
-            raise SummarizerAuthError(f"{where} rejected the credentials ({exc.status_code}): {error_message(exc)}") from exc
-        except openai.APITimeoutError as exc:
-            raise SummarizerError(f"{where} timed out after {timeout:g}s ({self.max_retries} retries)") from exc
+            raise SummarizerAuthError(f"{where} rejected the credentials ({exc.status_code}): {error_message(exc)}") from None
+        except openai.APITimeoutError:
+            raise SummarizerError(f"{where} timed out after {timeout:g}s") from None
         except openai.APIConnectionError as exc:
-            raise SummarizerError(f"cannot reach {where}: {exc}") from exc
+            raise SummarizerError(f"cannot reach {where}: {redact(str(exc))}") from None
         except openai.APIStatusError as exc:
             text = error_message(exc)
             if exc.status_code in (400, 413, 422) and looks_like_context_error(text):
-                raise SummarizerContextError(f"{where}: the prompt does not fit model {model!r}: {text}") from exc
-            raise SummarizerError(f"{where} answered {exc.status_code}: {text}") from exc
+                raise SummarizerContextError(f"{where}: the prompt does not fit model {model!r}: {text}") from None
+            retryable = exc.status_code in (408, 409, 425, 429) or exc.status_code >= 500
+            raise SummarizerError(f"{where} answered {exc.status_code}: {text}", retryable=retryable, retry_after=retry_after_seconds(exc)) from None
         except openai.OpenAIError as exc:
-            raise SummarizerError(f"{where}: {type(exc).__name__}: {exc}") from exc
+            raise SummarizerError(f"{where}: {type(exc).__name__}: {error_message(exc)}") from None
+        except (ValueError, TypeError, AttributeError) as exc:  # a body the SDK could not decode
+            raise SummarizerError(f"{where}: malformed reply ({type(exc).__name__}: {redact(str(exc))[:200]})") from None
         choices = getattr(resp, "choices", None) or []
         if not choices:
             return ""
         choice = choices[0]
-        text = getattr(choice.message, "content", None) or ""
-        if choice.finish_reason == "length":
+        text = getattr(getattr(choice, "message", None), "content", None) or ""
+        if getattr(choice, "finish_reason", None) == "length":
             raise SummarizerError(f"{where}: the reply was truncated at max_tokens={max_tokens}")
         return str(text)

@@ -66,6 +66,7 @@ from ctxengine.recall import (
     LCM_ALIASES,
     Recall,
 )
+from ctxengine.redact import redact
 from ctxengine.summarize.base import Summarizer
 from ctxengine.tokens import EstimateCounter, TokenCounter, estimate
 
@@ -392,7 +393,7 @@ class LcmEngine(ContextEngine):
                 try:
                     text = self.summarizer.summarize(span, focus_topic=focus_topic, budget_tokens=budget).strip()
                 except SummarizerError as exc:
-                    log.warning("lcm: summarizer failed (%s); escalating", exc)
+                    log.warning("lcm: summarizer failed (%s); escalating", redact(str(exc)))
                     continue
                 if text and estimate(text) <= int(budget * 1.5) and estimate(text) < span_tokens // 2:
                     users = _quoted_users(span, text)

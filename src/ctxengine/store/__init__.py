@@ -63,10 +63,17 @@ def open_store(config: StoreSettings | None = None, *, environ: Mapping[str, str
     """Open the store ``config`` describes (``None``: SQLite at the default path).
 
     PostgreSQL takes its DSN from the environment variable ``config.dsn_env`` (default
-    ``CTXENGINE_STORE_DSN``) so that passwords stay out of config files.
+    ``CTXENGINE_STORE_DSN``) so that passwords stay out of config files. A ``redact_content``
+    setting (from ``redaction.content``) makes the store redact key shapes from messages.
     """
     if config is None:
         return SqliteStore()
+    store = _open(config, environ)
+    store.redact_content = bool(getattr(config, "redact_content", False))
+    return store
+
+
+def _open(config: StoreSettings, environ: Mapping[str, str] | None) -> SqlStore:
     backend = config.backend
     if backend == "sqlite":
         return SqliteStore(config.path)

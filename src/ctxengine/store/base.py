@@ -36,8 +36,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from ctxengine.errors import InputError, NotFoundError, StoreError
-from ctxengine.messages import Message, message_text
+from ctxengine.messages import Message, json_problem, message_text
+from ctxengine.redact import redact_messages, redact_obj
 from ctxengine.store.migrations import Backend, apply_migrations, current_version
+from ctxengine.store.safe_regex import compile_pattern
+from ctxengine.textsafe import clean, dumps
 from ctxengine.tokens import MESSAGE_OVERHEAD_TOKENS, estimate_message_tokens
 
 __all__ = [
@@ -64,9 +67,17 @@ SNIPPET_CONTEXT = 300
 
 
 def canonical_json(message: Mapping[str, Any]) -> str:
-    """The canonical JSON of a message: sorted keys, no spaces, UTF-8 kept as is."""
+    """The canonical JSON of a message: sorted keys, no spaces, UTF-8 kept as is (lone
+    surrogates escaped, see :mod:`ctxengine.textsafe`: stored and restored exactly).
+
+    A message that is not plain JSON (NaN, Infinity, bytes, sets, non-string keys: the rule of
+    :func:`ctxengine.messages.json_problem`, the same as ``validate``'s) is an :class:`InputError`.
+    """
+    problem = json_problem(message)
+    if problem is not None:
+        raise InputError(f"message is not JSON data: {problem}")
     try:
-        return json.dumps(message, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False, check_circular=False)
+        return dumps(message, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False, check_circular=False)
     except (TypeError, ValueError) as exc:
         raise InputError(f"message is not JSON-serialisable: {exc}") from exc
 
@@ -278,7 +289,9 @@ class SessionStore(ABC):
         """Find messages (and summary nodes) whose text contains ``query``.
 
         ``mode="text"``: case-insensitive substring (full-text index first, a scan where the
-        index cannot match, e.g. short CJK words); ``"regex"``: a Python regular expression.
+        index cannot match, e.g. short CJK words); ``"regex"``: a regular expression run by a
+        linear-time engine (RE2 syntax: no backreferences or lookarounds; see
+        :mod:`ctxengine.store.safe_regex`), so no pattern can hang a search.
         ``session_id=None`` searches every session, newest first.
         """
 
@@ -338,7 +351,7 @@ def _search_text(m: Mapping[str, Any]) -> str:
     reasoning = m.get("reasoning_content")
     if isinstance(reasoning, str) and reasoning:
         text = f"{text}\n{reasoning}" if text else reasoning
-    return text
+    return clean(text)  # derived text: lone surrogates become U+FFFD (the body keeps them)
 
 
 def _chunks(seq: Sequence[Any], n: int = _IN_CHUNK) -> Iterator[Sequence[Any]]:
@@ -373,6 +386,9 @@ class SqlStore(SessionStore):
 
     backend: ClassVar[Backend]
     _instr: ClassVar[str] = "instr"
+
+    redact_content: bool = False
+    """Store messages with key shapes and registered secrets redacted (``redaction.content``)."""
 
     def __init__(self) -> None:
         self._closed = False
@@ -452,11 +468,11 @@ class SqlStore(SessionStore):
         self._x(
             cur,
             "INSERT INTO sessions (id, tip_pk, created_at, updated_at, meta) VALUES (?, NULL, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
-            (session_id, now, now, json.dumps(dict(meta or {}), ensure_ascii=False)),
+            (session_id, now, now, dumps(dict(meta or {}))),
         )
         pk = self._session_pk(cur, session_id)
         if meta:
-            self._x(cur, "UPDATE sessions SET meta = ? WHERE pk = ?", (json.dumps(dict(meta), ensure_ascii=False), pk))
+            self._x(cur, "UPDATE sessions SET meta = ? WHERE pk = ?", (dumps(dict(meta)), pk))
         return pk
 
     # -- writing chains -----------------------------------------------------------------------------
@@ -530,7 +546,8 @@ class SqlStore(SessionStore):
         return known
 
     def _store_chain(self, cur: Any, messages: Sequence[Message], parent_id: str | None = None, *, stored_parent: tuple[str, int, int] | None = None) -> list[tuple[int, str]]:
-        prepared = _prepare(messages, parent_id)
+        # opt-in (redaction.content): key shapes and registered secrets never reach the store
+        prepared = _prepare(redact_messages(messages) if self.redact_content else messages, parent_id)
         links: list[tuple[str | None, _Prepared]] = []
         parent = parent_id
         for p in prepared:
@@ -639,8 +656,9 @@ class SqlStore(SessionStore):
                     spk,
                     time.time(),
                     engine,
-                    json.dumps(config, ensure_ascii=False, default=str),
-                    json.dumps(dict(report), ensure_ascii=False, default=str),
+                    # redacted: a report's notes carry summarizer errors (never a secret in the store)
+                    dumps(redact_obj(config), default=str),
+                    dumps(redact_obj(dict(report)), default=str),
                     int(report.get("tokens_before") or 0),
                     int(report.get("tokens_after") or 0),
                     before_chain[-1][0] if before_chain else None,
@@ -673,6 +691,7 @@ class SqlStore(SessionStore):
     ) -> bool:
         if not children:
             raise InputError(f"node {node_id}: a summary node needs at least one child")
+        text = clean(text)  # a node is generated text: lone surrogates become U+FFFD (textsafe)
         with self._write() as cur:
             if self._one(cur, "SELECT pk FROM nodes WHERE id = ?", (node_id,)) is not None:
                 return False
@@ -695,7 +714,7 @@ class SqlStore(SessionStore):
             self._x(
                 cur,
                 "INSERT INTO nodes (id, session_pk, depth, text, tokens, meta, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (node_id, spk, int(depth), text, tokens, json.dumps(dict(meta or {}), ensure_ascii=False, default=str), time.time()),
+                (node_id, spk, int(depth), text, tokens, dumps(dict(meta or {}), default=str), time.time()),
             )
             row = self._one(cur, "SELECT pk FROM nodes WHERE id = ?", (node_id,))
             assert row is not None
@@ -930,23 +949,19 @@ class SqlStore(SessionStore):
             raise InputError(f"search mode must be 'text' or 'regex', not {mode!r}")
         limit = max(1, int(limit))
         if mode == "regex":
-            try:
-                rx = re.compile(query)
-            except re.error as exc:
-                raise InputError(f"invalid regular expression {query!r}: {exc}") from exc
-
-            def pattern(text: str) -> tuple[int, int] | None:
-                m = rx.search(text)
-                return None if m is None else m.span()
+            # linear-time engine: a model-supplied pattern cannot hang the search
+            pattern: _Finder = compile_pattern(query)
         else:
             folded = re.compile(re.escape(query), re.IGNORECASE)
 
-            def pattern(text: str) -> tuple[int, int] | None:
+            def find_text(text: str) -> tuple[int, int] | None:
                 at = text.find(query)  # the exact spelling first, so a verbatim fact shows verbatim
                 if at >= 0:
                     return at, at + len(query)
                 m = folded.search(text)
                 return None if m is None else m.span()
+
+            pattern = find_text
         with self._read() as cur:
             spk = self._session_pk(cur, session_id) if session_id is not None else None
             hits = self._search_messages(cur, spk, query, pattern, mode, limit)
@@ -1125,8 +1140,8 @@ class SqlStore(SessionStore):
                     "INSERT INTO compactions (id, session_pk, created_at, engine, config, report, tokens_before, tokens_after,"
                     " before_tip_pk, after_tip_pk, replaced) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
-                        cid, spk, float(c["created_at"]), c["engine"], json.dumps(c["config"], ensure_ascii=False),
-                        json.dumps(c["report"], ensure_ascii=False), int(c["tokens_before"]), int(c["tokens_after"]),
+                        cid, spk, float(c["created_at"]), c["engine"], dumps(redact_obj(c["config"])),
+                        dumps(redact_obj(c["report"])), int(c["tokens_before"]), int(c["tokens_after"]),
                         pks.get(c["before_tip"]) if c["before_tip"] else None, pks.get(c["after_tip"]) if c["after_tip"] else None,
                         json.dumps(c["replaced"]),
                     ),

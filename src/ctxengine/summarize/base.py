@@ -25,11 +25,14 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from ctxengine.messages import Message
+from ctxengine.tokens import estimate
 
 __all__ = [
+    "CUT_NOTE",
     "SECTIONS",
     "SUBSECTIONS",
     "Summarizer",
+    "bound_summary",
     "has_template",
     "parse_sections",
     "render_sections",
@@ -131,3 +134,62 @@ def render_sections(sections: dict[str, list[str]]) -> str:
             parts.extend(sections.get(s) or ["- (none)"])
         parts.append("")
     return "\n".join(parts).rstrip() + "\n"
+
+
+CUT_NOTE = "- … (cut: the summary exceeded its token budget)"
+"""The line that ends a section :func:`bound_summary` shortened."""
+
+_MIN_SECTION_TOKENS = 12
+
+
+def _cut_line(line: str, tokens: int) -> str:
+    """The longest prefix of ``line`` whose estimate is at most ``tokens`` (binary search)."""
+    lo, hi = 0, min(len(line), max(0, tokens) * 6)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if estimate(line[:mid]) <= tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return line[:lo]
+
+
+def _keep_lines(body: str, tokens: int) -> list[str]:
+    out: list[str] = []
+    used = 0
+    for line in body.splitlines():
+        t = estimate(line) + 1
+        if used + t > tokens:
+            rest = tokens - used - 1
+            if rest > _MIN_SECTION_TOKENS // 2:
+                out.append(_cut_line(line, rest))
+            out.append(CUT_NOTE)
+            return out
+        out.append(line)
+        used += t
+    return out
+
+
+def bound_summary(text: str, max_tokens: int) -> str:
+    """``text`` cut to at most about ``max_tokens`` (estimated): whatever a summarizer returns
+    is bounded (a server that ignores ``max_tokens`` once returned 330K tokens).
+
+    A text within the budget is returned unchanged. A template text keeps every heading and the
+    first lines of each section, each section getting an equal share of the budget, and each
+    shortened section ends with :data:`CUT_NOTE`; any other text keeps its head. The result is
+    never more than ``max_tokens`` estimated tokens (plus the note lines' own few tokens).
+    """
+    max_tokens = max(1, int(max_tokens))
+    if estimate(text) <= max_tokens:
+        return text
+    if has_template(text):
+        sections = parse_sections(text)
+        keys = [k for k in sections if k]
+        skeleton = render_sections({})
+        room = max_tokens - estimate(skeleton)
+        share = max(_MIN_SECTION_TOKENS, room // max(1, len(keys)))
+        kept = {k: _keep_lines(sections[k], share) for k in keys}
+        out = render_sections(kept)
+        if estimate(out) <= max_tokens + estimate(CUT_NOTE) * len(keys):
+            return out
+    return _cut_line(text, max(1, max_tokens - estimate(CUT_NOTE) - 1)).rstrip() + "\n" + CUT_NOTE

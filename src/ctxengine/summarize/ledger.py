@@ -14,13 +14,14 @@ names, errors, URLs, paths in order of appearance); what does not fit is counted
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ctxengine.facts import Facts
 from ctxengine.tokens import estimate
 
-__all__ = ["LEDGER_HEADING", "LedgerResult", "apply_ledger"]
+__all__ = ["LEDGER_HEADING", "LedgerResult", "TextIndex", "apply_ledger"]
 
 LEDGER_HEADING = "### Preserved facts (verbatim)"
 
@@ -33,6 +34,9 @@ class LedgerResult:
     added: dict[str, int] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)
     tokens: int = 0
+    unquoted_users: list[str] = field(default_factory=list)
+    """User messages missing from the summary that did not fit the user budget (most recent
+    first): the caller keeps them retrievable and says so."""
 
     @property
     def complete(self) -> bool:
@@ -40,33 +44,85 @@ class LedgerResult:
         return not any(self.dropped.values())
 
 
-def _missing(items: Sequence[str], summary: str, present: str) -> list[str]:
-    return [f for f in items if f not in summary and f not in present]
+_TOKEN_RE = re.compile(r"""[^\s,;()\[\]{}<>"'`]+""")
+_BARE_RE = re.compile(r"""[^\s,;()\[\]{}<>"'`]*[^\s,;()\[\]{}<>"'`.:!?]""")
 
+
+class TextIndex:
+    """Answers ``fact in text`` for many facts over one text, in about one pass of the text.
+
+    Built once per text: a set of its stripped lines and of its words (split at whitespace, at
+    ``,;()[]{}<>`` and quotes, with and without trailing ``.:!?``), collected by C-level
+    ``split``/``findall``; or, when the caller already knows facts that occur in the text
+    (``keys``: e.g. the facts extracted from its messages), that set. A fact found in the set
+    occurs in the text; only a fact not found there is searched for with ``in``. So the cost
+    is linear in the text plus the facts, and the per-fact scan is paid only for facts that
+    are really missing (the few a compaction adds to the ledger), never for every carried
+    fact. Exact: the answer is always that of ``fact in text``.
+    """
+
+    __slots__ = ("_keys", "text")
+
+    def __init__(self, text: str, keys: Iterable[str] | None = None) -> None:
+        self.text = text
+        if keys is not None:
+            self._keys = keys if isinstance(keys, set) else set(keys)
+            return
+        found = set(text.split())
+        found.update(_TOKEN_RE.findall(text))
+        found.update(_BARE_RE.findall(text))
+        found.update(line.strip() for line in text.split("\n"))
+        self._keys = found
+
+    def __contains__(self, fact: object) -> bool:
+        if not isinstance(fact, str):
+            return False
+        return fact in self._keys or fact in self.text
+
+
+def _missing(items: Sequence[str], summary: TextIndex, present: TextIndex | None) -> list[str]:
+    return [f for f in items if f not in summary and (present is None or f not in present)]
+
+
+def _quoted(summary: str) -> set[str]:
+    """Texts quoted between ``<<<`` and ``>>>`` lines (the ledger's verbatim user quotes)."""
+    out: set[str] = set()
+    at = summary.find("<<<\n")
+    while at >= 0:
+        end = summary.find("\n>>>", at + 4)
+        if end < 0:
+            break
+        out.add(summary[at + 4 : end])
+        at = summary.find("<<<\n", end + 4)
+    return out
 
 
 def apply_ledger(
     summary: str,
     required: Facts,
-    present: str = "",
+    present: str | TextIndex = "",
     *,
     budget_tokens: int = 4000,
     user_budget_tokens: int = 20_000,
 ) -> LedgerResult:
     """Append the facts of ``required`` missing from ``summary`` and ``present``.
 
-    ``present`` is the text of the messages kept verbatim next to the summary (head, tail):
-    a fact found there needs no copy. ``user_budget_tokens`` caps the verbatim user quotes
-    (most recent first); they come first, and what they use is taken from ``budget_tokens``
-    for the other facts.
+    ``present`` is the text of the messages kept verbatim next to the summary (head, tail), or
+    a :class:`TextIndex` of it: a fact found there needs no copy. ``user_budget_tokens`` caps
+    the verbatim user quotes (most recent first); they come first, and what they use is taken
+    from ``budget_tokens`` for the other facts. The user messages that do not fit are listed
+    in :attr:`LedgerResult.unquoted_users` (the caller keeps them retrievable).
     """
     result = LedgerResult(summary)
     left = max(0, budget_tokens)
     lines: list[str] = []
+    quoted_already = _quoted(summary)
+    index = TextIndex(summary)
+    present_index = present if isinstance(present, TextIndex) else (TextIndex(present) if present else None)
 
     # a user message counts as kept only as a message of its own (not in ``required``) or
     # quoted in the summary: the same words inside an assistant text are not the user's
-    users = _missing(list(reversed(required.users)), summary, "")
+    users = [u for u in reversed(required.users) if u not in quoted_already and u not in index]
     quoted = 0
     # user messages are intent: their own budget, not the leftovers of the others
     user_left = max(0, user_budget_tokens)
@@ -74,6 +130,7 @@ def apply_ledger(
     for u in users:
         cost = estimate(u) + 4
         if cost > user_left:
+            result.unquoted_users.append(u)
             continue
         user_left -= cost
         left = max(0, left - cost)
@@ -104,14 +161,14 @@ def apply_ledger(
             lines.append(f"{title}:")
             lines.extend(f"- {f}" for f in kept)
 
-    take("tools", _missing(required.tools, summary, present), "Tools used", ", ")
-    take("errors", _missing(required.errors, summary, present), "Errors seen", "\n")
-    take("urls", _missing(required.urls, summary, present), "URLs", "\n")
-    take("paths", _missing(required.paths, summary, present), "Paths", ", ")
+    take("tools", _missing(required.tools, index, present_index), "Tools used", ", ")
+    take("errors", _missing(required.errors, index, present_index), "Errors seen", "\n")
+    take("urls", _missing(required.urls, index, present_index), "URLs", "\n")
+    take("paths", _missing(required.paths, index, present_index), "Paths", ", ")
     dropped = sum(result.dropped.values())
     if dropped:
         detail = ", ".join(f"{n} {k}" for k, n in result.dropped.items() if n)
-        lines.append(f"(Not shown for lack of space: {detail}.)")
+        lines.append(f"(Not shown for lack of space, retrievable verbatim with ctx_grep: {detail}.)")
     if not lines:
         result.tokens = estimate(summary)
         return result

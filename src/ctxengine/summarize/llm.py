@@ -2,8 +2,26 @@
 
 * Prompts are data files (``prompts/system.md``, ``summarize.md``, ``update.md``, ``focus.md``).
 * A reply that is empty, truncated (cut at ``max_tokens``) or missing the template headings is
-  a failure; a failed call is retried once, then :class:`SummarizerError` is raised so the
-  engine falls back to the extractive summary. Authentication errors are never retried.
+  a failure; a failed call is retried (``retries`` times), then :class:`SummarizerError` is
+  raised so the engine falls back to the extractive summary. Authentication errors and prompts
+  that do not fit are never retried.
+* **Bounded time.** One :meth:`LlmSummarizer.summarize` (one compaction) runs under one
+  ``deadline`` (seconds) covering every chunk, attempt and wait: each call gets
+  ``min(timeout, time left)``, the SDKs' own retries are off, a ``Retry-After`` longer than the
+  time left ends the attempts, and a call still running at the deadline (a server that trickles
+  its body one byte at a time resets every read timeout) is abandoned on its worker thread and
+  its connection closed. The caller gets :class:`SummarizerError` at the deadline.
+* **Cooldown.** After ``failure_threshold`` consecutive failed summaries (or one that hit the
+  deadline) the summarizer is skipped for ``cooldown`` seconds (doubling on each failed probe,
+  at most 16×): :meth:`summarize` raises at once, so engines use the extractive summary without
+  waiting. The first call after the cooldown probes the server again; a success resets it.
+  The state belongs to the endpoint and model and is shared by every summarizer of the process
+  (each session of a proxy has its own engine; a dead server costs one session the deadline,
+  not all of them).
+* **Bounded output.** A reply longer than the ``max_tokens`` asked for (servers that ignore
+  it) is cut to it with :func:`ctxengine.summarize.base.bound_summary`. Lone surrogates in a
+  reply become U+FFFD and a registered API key echoed by the server is removed
+  (:mod:`ctxengine.redact`), so a summary is always encodable and secret-free.
 * The summarizer's own window is checked before each call (seed 003: a summarizer with a
   smaller window than the main model silently dropped turns). A span that does not fit is
   split into chunks at message boundaries (a single oversized message is split by lines) and
@@ -15,8 +33,11 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from importlib import resources
 from string import Template
 from typing import TYPE_CHECKING
@@ -25,7 +46,9 @@ from ctxengine.clients.base import ChatClient
 from ctxengine.errors import SummarizerAuthError, SummarizerContextError, SummarizerError
 from ctxengine.messages import Message, content_text, tool_call_name, tool_calls
 from ctxengine.models import resolve_model
-from ctxengine.summarize.base import has_template
+from ctxengine.redact import redact, redact_messages
+from ctxengine.summarize.base import bound_summary, has_template
+from ctxengine.textsafe import clean
 from ctxengine.tokens import estimate
 
 if TYPE_CHECKING:
@@ -38,6 +61,44 @@ PROMPT_MARGIN_TOKENS = 256
 
 MIN_CHUNK_TOKENS = 512
 """Below this much room for conversation text per call, summarizing in chunks is pointless."""
+
+MAX_COOLDOWN_FACTOR = 16
+"""The cooldown doubles after each failed probe, up to this multiple of ``cooldown``."""
+
+BACKOFF_SECONDS = 0.5
+"""First wait between attempts when the server names none (doubles per attempt, within the deadline)."""
+
+
+@dataclass(slots=True)
+class _Health:
+    """Failure state of one endpoint and model, shared by every summarizer that uses them in
+    this process: when a server is down, one session's failures spare the others the wait."""
+
+    failures: int = 0
+    probe_failures: int = 0
+    cooldown_until: float | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_HEALTH: dict[tuple[str, str, str], _Health] = {}
+_HEALTH_LOCK = threading.Lock()
+
+
+def _health_for(client: ChatClient, model: str) -> _Health:
+    where = getattr(client, "base_url", None)
+    key = (type(client).__qualname__, str(where) if where else f"client-{id(client)}", model)
+    with _HEALTH_LOCK:
+        h = _HEALTH.get(key)
+        if h is None:
+            h = _HEALTH[key] = _Health()
+        return h
+
+
+class _DeadlineExceeded(SummarizerError):
+    """The summarizer's deadline passed (never retried; opens the cooldown at once)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False)
 
 
 def _prompt(name: str) -> str:
@@ -124,6 +185,10 @@ class LlmSummarizer:
     ``context_length`` is the summarizer model's own window (looked up from the model table
     when ``None``); ``timeout`` applies per call; ``max_output_tokens`` caps the ``max_tokens``
     of each request (a summary budget of 10,000 would otherwise ask more than most models give).
+    ``deadline`` bounds one :meth:`summarize` (``None``: no bound); ``retries`` is the number of
+    further attempts per call; ``failure_threshold`` and ``cooldown`` drive the cooldown;
+    ``redact_content`` removes key-shaped strings from the conversation before it is sent.
+    ``clock`` and ``sleep`` are seams for tests.
     """
 
     name = "llm"
@@ -136,6 +201,13 @@ class LlmSummarizer:
         context_length: int | None = None,
         timeout: float = 60.0,
         max_output_tokens: int = 8192,
+        deadline: float | None = 90.0,
+        retries: int = 1,
+        failure_threshold: int = 2,
+        cooldown: float = 60.0,
+        redact_content: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.client = client
         self.model = model
@@ -146,7 +218,17 @@ class LlmSummarizer:
         self.context_length = int(context_length)
         self.timeout = float(timeout)
         self.max_output_tokens = int(max_output_tokens)
+        self.deadline = None if deadline is None else float(deadline)
+        self.retries = max(0, int(retries))
+        self.failure_threshold = max(1, int(failure_threshold))
+        self.cooldown = max(0.0, float(cooldown))
+        self.redact_content = bool(redact_content)
+        self._clock = clock
+        self._sleep = sleep
+        self._health = _health_for(client, model)
+        self._local = threading.local()  # the deadline of the summary this thread is writing
         self.calls = 0
+        self.abandoned = 0
         self._system = _prompt("system.md")
         self._first = Template(_prompt("summarize.md"))
         self._update = Template(_prompt("update.md"))
@@ -165,6 +247,11 @@ class LlmSummarizer:
             context_length=config.context_length,
             timeout=config.timeout,
             max_output_tokens=config.max_output_tokens,
+            deadline=config.deadline,
+            retries=config.max_retries,
+            failure_threshold=config.failure_threshold,
+            cooldown=config.cooldown,
+            redact_content=config.redact_content,
         )
 
     def summarize(
@@ -175,12 +262,101 @@ class LlmSummarizer:
         focus_topic: str | None = None,
         budget_tokens: int = 2000,
     ) -> str:
+        now = self._clock()
+        health = self._health
+        until = health.cooldown_until
+        if until is not None and now < until:
+            raise SummarizerError(
+                f"summarizer {self.model!r} skipped: cooling down after {health.failures} consecutive failure(s); "
+                f"next try in {until - now:.0f}s",
+                retryable=False,
+            )
         room = self._room(previous_summary, focus_topic, budget_tokens)
+        if self.redact_content:
+            span = redact_messages(span)
+            previous_summary = redact(previous_summary) if previous_summary else previous_summary
+        self._local.deadline_at = None if self.deadline is None else now + self.deadline
         try:
-            return self._run(span, previous_summary, focus_topic, budget_tokens, room)
+            try:
+                text = self._run(span, previous_summary, focus_topic, budget_tokens, room)
+            except SummarizerContextError:
+                # our estimate of the window was optimistic: smaller chunks, once
+                text = self._run(span, previous_summary, focus_topic, budget_tokens, max(MIN_CHUNK_TOKENS, room // 2))
         except SummarizerContextError:
-            # our estimate of the window was optimistic: smaller chunks, once
-            return self._run(span, previous_summary, focus_topic, budget_tokens, max(MIN_CHUNK_TOKENS, room // 2))
+            raise  # the input's fault, not the server's: no cooldown
+        except SummarizerError as exc:
+            self._failed(isinstance(exc, _DeadlineExceeded) or health.cooldown_until is not None)
+            raise
+        finally:
+            self._local.deadline_at = None
+        with health.lock:
+            health.failures = 0
+            health.probe_failures = 0
+            health.cooldown_until = None
+        return text
+
+    def __deepcopy__(self, memo: dict[int, object]) -> LlmSummarizer:
+        """A copy of an engine (a host that compacts on a clone) shares its summarizer: the
+        client, its connections and the endpoint's failure state are not per-conversation."""
+        return self
+
+    @property
+    def cooling_down(self) -> bool:
+        """True while failures keep the summarizer skipped."""
+        until = self._health.cooldown_until
+        return until is not None and self._clock() < until
+
+    def _failed(self, at_once: bool) -> None:
+        health = self._health
+        with health.lock:
+            health.failures += 1
+            if at_once or health.failures >= self.failure_threshold:
+                factor = min(MAX_COOLDOWN_FACTOR, 2**health.probe_failures)
+                health.probe_failures += 1
+                health.cooldown_until = self._clock() + self.cooldown * factor
+
+    def _left(self) -> float | None:
+        """Seconds left before the deadline (``None``: no deadline)."""
+        at: float | None = getattr(self._local, "deadline_at", None)
+        return None if at is None else at - self._clock()
+
+    def _complete(self, messages: list[Message], max_tokens: int) -> str:
+        """One client call, bounded by the deadline: the call runs on a daemon worker thread
+        that is abandoned (and its connection closed) if it outlives the time left."""
+        left = self._left()
+        if left is None:
+            return self.client.complete(messages, model=self.model, max_tokens=max_tokens, timeout=self.timeout)
+        if left <= 0:
+            raise _DeadlineExceeded(f"summarizer deadline of {self.deadline:g}s passed")
+        timeout = min(self.timeout, left)  # never past the deadline
+        box: dict[str, object] = {}
+
+        def work() -> None:
+            try:
+                box["text"] = self.client.complete(messages, model=self.model, max_tokens=max_tokens, timeout=timeout)
+            except BaseException as exc:  # handed to the waiting thread
+                box["error"] = exc
+
+        worker = threading.Thread(target=work, name="ctxengine-summarizer-call", daemon=True)
+        worker.start()
+        worker.join(left)
+        if worker.is_alive():
+            self.abandoned += 1
+            close = getattr(self.client, "close", None)
+            if callable(close):  # frees the socket the abandoned call reads from
+                threading.Thread(target=close, name="ctxengine-summarizer-close", daemon=True).start()
+            raise _DeadlineExceeded(f"summarizer deadline of {self.deadline:g}s passed during a call to {self.model!r}")
+        if "error" in box:
+            err = box["error"]
+            if isinstance(err, SummarizerError):
+                raise err
+            assert isinstance(err, BaseException)
+            # a custom client's bug: its text may carry what the server sent
+            raise SummarizerError(f"summarizer client raised {type(err).__name__}: {redact(str(err))[:400]}") from None
+        text = box.get("text")
+        if not isinstance(text, str):
+            raise SummarizerError(f"summarizer client returned a {type(text).__name__}, not text")
+        return text
 
     def _room(self, previous: str | None, focus: str | None, budget: int) -> int:
         """Tokens of conversation text one call can carry inside the summarizer's window."""
@@ -218,21 +394,39 @@ class LlmSummarizer:
             {"role": "user", "content": prompt},
         ]
         problem: SummarizerError | None = None
-        for _attempt in range(2):
+        max_tokens = self._max_tokens(budget)
+        for attempt in range(1 + self.retries):
+            if attempt and problem is not None:
+                self._wait_before_retry(problem, attempt)
             self.calls += 1
             try:
-                text = self.client.complete(messages, model=self.model, max_tokens=self._max_tokens(budget), timeout=self.timeout)
-            except (SummarizerAuthError, SummarizerContextError):
+                text = self._complete(messages, max_tokens)
+            except (SummarizerAuthError, SummarizerContextError, _DeadlineExceeded):
                 raise
             except SummarizerError as exc:
+                if not exc.retryable:
+                    raise
                 problem = exc
                 continue
-            text = text.strip()
+            text = clean(redact(text, shapes=False)).strip()
             if not text:
                 problem = SummarizerError(f"{self.model} returned an empty summary")
                 continue
             if not has_template(text):
                 problem = SummarizerError(f"{self.model} returned a summary without the template headings")
                 continue
-            return text
-        raise SummarizerError(f"summary failed after a retry: {problem}") from problem
+            return bound_summary(text, max_tokens)
+        tries = "a retry" if self.retries == 1 else ("1 attempt" if not self.retries else f"{1 + self.retries} attempts")
+        raise SummarizerError(f"summary failed after {tries}: {problem}") from None
+
+    def _wait_before_retry(self, problem: SummarizerError, attempt: int) -> None:
+        """Wait what the server asked (``Retry-After``) or a short backoff, never past the
+        deadline: a wait longer than the time left ends the attempts now."""
+        wait = problem.retry_after if problem.retry_after is not None else BACKOFF_SECONDS * 2 ** (attempt - 1)
+        left = self._left()
+        if left is not None and wait >= left:
+            raise _DeadlineExceeded(
+                f"summarizer deadline of {self.deadline:g}s leaves {max(0.0, left):.1f}s, less than the {wait:.1f}s wait before a retry; last error: {problem}"
+            )
+        if wait > 0:
+            self._sleep(wait)

@@ -117,7 +117,7 @@ from ctxengine.messages import (
     validate,
 )
 from ctxengine.testing.strategies import conversations
-from ctxengine.tokens import estimate, estimate_messages_tokens_rough
+from ctxengine.tokens import estimate, estimate_messages_tokens
 
 __all__ = ["INVARIANTS", "ContractReport", "ContractViolation", "EngineSource", "check_engine_contract"]
 
@@ -379,7 +379,7 @@ class _Harness:
     def anchors_overflow(self, messages: list[Message]) -> bool:
         """True when the system prompt and the user messages alone exceed the window."""
         anchors = [m for i, m in enumerate(messages) if m.get("role") == "user" or (i == 0 and m.get("role") in ("system", "developer"))]
-        return estimate_messages_tokens_rough(anchors) > self.context_length > 0
+        return estimate_messages_tokens(anchors) > self.context_length > 0
 
     def check_facts(self, engine: ContextEngine, inp: list[Message], out: list[Message], where: str) -> None:
         self.count(8)
@@ -390,7 +390,7 @@ class _Harness:
         if len(missing) and callable(retrievable):
             for kind in FACT_KINDS:
                 setattr(missing, kind, [f for f in getattr(missing, kind) if not retrievable(f)])
-        if len(missing) and estimate_messages_tokens_rough(out) + estimate("\n".join(missing.all())) > self.context_length > 0:
+        if len(missing) and estimate_messages_tokens(out) + estimate("\n".join(missing.all())) > self.context_length > 0:
             # keeping them would not fit the window: the documented trade-off (kept in a store)
             self.report.facts_beyond_window += len(missing)
             return
@@ -428,7 +428,7 @@ class _Harness:
     # -- one example ------------------------------------------------------------------------------
     def run(self, conv: list[Message]) -> None:
         self.report.examples += 1
-        tokens = estimate_messages_tokens_rough(conv)
+        tokens = estimate_messages_tokens(conv)
         engine, sid = self.fresh()
         out = self.compress(engine, conv, tokens, "forced compress() of the whole conversation")
         engine.on_session_end(sid, out)
@@ -457,7 +457,7 @@ class _Harness:
         for k, p in enumerate(points):
             request = context + conv[last:p]
             last = p
-            tokens = estimate_messages_tokens_rough(request)
+            tokens = estimate_messages_tokens(request)
             where = f"per-turn replay, request {k} ({tokens:,} estimated tokens, threshold {self.threshold:,})"
             try:
                 triggered = bool(engine.should_compress(tokens))
@@ -478,7 +478,7 @@ class _Harness:
                 previous = (request, out)
             else:
                 out = request
-            sent_tokens = estimate_messages_tokens_rough(out)
+            sent_tokens = estimate_messages_tokens(out)
             engine.update_from_response({"prompt_tokens": sent_tokens, "completion_tokens": 16, "total_tokens": sent_tokens + 16})
             sent.append(out)
             context = list(out)
@@ -541,7 +541,7 @@ class _Harness:
         initial, chunks = recorded_turns(session)
         request = initial
         for k, chunk in enumerate(chunks):
-            tokens = estimate_messages_tokens_rough(request)
+            tokens = estimate_messages_tokens(request)
             where = f"giant-output session, request {k}"
             try:
                 fire = should_compact(engine, tokens, request)
@@ -551,7 +551,7 @@ class _Harness:
             changed = out != request
             streak = streak + 1 if changed else 0
             best = max(best, streak)
-            sent = estimate_messages_tokens_rough(out)
+            sent = estimate_messages_tokens(out)
             engine.update_from_response({"prompt_tokens": sent, "completion_tokens": 16, "total_tokens": sent + 16})
             context = list(out)
             request = [*context, *chunk]

@@ -24,6 +24,7 @@ API reply), ``POST /v1/messages/count_tokens`` and ``GET /v1/models``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -72,6 +73,10 @@ class StubReply:
     """Pieces the text is split into when streaming."""
     chunk_delay: float = 0.0
     """Seconds between two streamed events."""
+    trickle: float = 0.0
+    reset: bool = False
+    raw_body: bytes | None = None
+    echo_auth: bool = False
 
     @classmethod
     def ok(cls, text: str, *, delay: float = 0.0) -> StubReply:
@@ -277,17 +282,27 @@ class _Handler(BaseHTTPRequestHandler):
         reply = self.stub._next(request)
         if reply.delay > 0:
             time.sleep(reply.delay)
+        if reply.reset:
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(2)  # socket.SHUT_RDWR
+            return
         model = str(request.body.get("model", "stub-model"))
         n = len(self.stub.requests)
-        if reply.status >= 400:
-            self._send(reply.status, _error_body(api, reply), reply.headers)
+        if reply.echo_auth:
+            creds = " ".join(f"{k}: {v}" for k, v in request.headers.items() if k in ("authorization", "x-api-key", "api-key"))
+            reply = StubReply(text=None, status=reply.status if reply.status >= 400 else 401, error=f"{reply.error} (you sent {creds})".strip(), headers=reply.headers)
+        if reply.raw_body is not None:
+            self._send_bytes(reply.status, reply.raw_body, reply.headers, reply.trickle)
+        elif reply.status >= 400:
+            self._send(reply.status, _error_body(api, reply), reply.headers, reply.trickle)
         elif request.body.get("stream") is True:
             events = _openai_events(reply, model, n, request) if api == "openai" else _anthropic_events(reply, model, n, request)
             self._stream(events, reply)
         elif api == "openai":
-            self._send(200, _openai_body(reply, model, n, request), reply.headers)
+            self._send(200, _openai_body(reply, model, n, request), reply.headers, reply.trickle)
         else:
-            self._send(200, _anthropic_body(reply, model, n, request), reply.headers)
+            self._send(200, _anthropic_body(reply, model, n, request), reply.headers, reply.trickle)
 
     def _stream(self, events: list[bytes], reply: StubReply) -> None:
         try:
@@ -308,8 +323,10 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             pass
 
-    def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str]) -> None:
-        data = json.dumps(payload).encode("utf-8")
+    def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str], trickle: float = 0.0) -> None:
+        self._send_bytes(status, json.dumps(payload).encode("utf-8"), headers, trickle)
+
+    def _send_bytes(self, status: int, data: bytes, headers: dict[str, str], trickle: float = 0.0) -> None:
         try:
             self.send_response(status)
             self.send_header("content-type", "application/json")
@@ -317,9 +334,19 @@ class _Handler(BaseHTTPRequestHandler):
             for k, v in headers.items():
                 self.send_header(k, v)
             self.end_headers()
-            self.wfile.write(data)
-        except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout test)
-            pass
+            if trickle > 0:
+                # bounded: a trickle stops when the client has gone or after 120 s
+                stop = time.monotonic() + 120.0
+                for i in range(len(data)):
+                    self.wfile.write(data[i : i + 1])
+                    self.wfile.flush()
+                    if time.monotonic() > stop:
+                        break
+                    time.sleep(trickle)
+            else:
+                self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError, OSError):  # the client gave up (timeout test)
+            self.close_connection = True
 
 
 def _tokens(request: RecordedRequest) -> int:

@@ -1,0 +1,76 @@
+"""Store safety: regex search in linear time, text that cannot be encoded, no secret in a
+compactions row (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ctxengine.errors import InputError
+from ctxengine.redact import MARK, clear_secrets, register_secret
+from ctxengine.store import SessionStore
+from ctxengine.store.safe_regex import MAX_PATTERN_CHARS, compile_pattern
+
+CATASTROPHIC = ["(a+)+$", "(a|aa)+$", "(a*)*b", "(x+x+)+y", "^(([a-z])+.)+[A-Z]([a-z])+$", "(.*a){20}"]
+
+
+@pytest.mark.parametrize("pattern", CATASTROPHIC)
+def test_backtracking_patterns_answer_at_once(store: SessionStore, pattern: str) -> None:
+    # under Python's re, (a+)+$ on this text takes longer than the test suite
+    text = "a" * 5_000 + "!"
+    store.record_messages("s", [{"role": "user", "content": text}, {"role": "assistant", "content": "x" * 5_000 + "!"}])
+    hits = store.search(pattern, session_id="s", mode="regex")
+    assert isinstance(hits, list)
+
+
+@pytest.mark.parametrize("pattern", [r"(a)\1", r"(?=a)b", r"(?<=a)b", "x" * (MAX_PATTERN_CHARS + 1), "("])
+def test_patterns_the_linear_engine_cannot_run_are_named(store: SessionStore, pattern: str) -> None:
+    with pytest.raises(InputError, match="regular expression"):
+        store.search(pattern, mode="regex")
+
+
+def test_lone_surrogates_are_recorded_and_restored_exactly(store: SessionStore) -> None:
+    msgs = [{"role": "user", "content": "bad \ud800 text"}, {"role": "assistant", "content": "ok \udfff", "extra": {"k\ud83d": "v"}}]
+    store.record_messages("sur", msgs)
+    assert store.history("sur") == msgs  # preserved, not replaced
+    hits = store.search("bad", session_id="sur")
+    assert hits and "\ufffd" in hits[0].snippet  # derived search text is cleaned
+    doc = store.export_session("sur")
+    json.dumps(doc, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    assert [m["message"] for m in doc["messages"]] == msgs
+
+
+def test_compaction_rows_never_hold_a_secret(store: SessionStore) -> None:
+    clear_secrets()
+    key = "sk-proj-abcdefghijklmnop0123456789"
+    register_secret(key)
+    before = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    after = [{"role": "user", "content": "hi"}]
+    report = {
+        "engine": "compressor",
+        "tokens_before": 10,
+        "tokens_after": 5,
+        "replaced": [1],
+        "notes": [f"summarizer failed: http://bob:pa55word@10.0.0.1/v1 answered 401: bad key {key}"],
+        "config": {"base_url": "https://h.example/v1?key=AIzaSyA1234567890abcdefghijklmnopqrstu"},
+    }
+    store.record_compaction("sec", report, before, after)
+    (comp,) = store.compactions("sec")
+    row = json.dumps(comp.report) + json.dumps(comp.config)
+    assert key not in row and "pa55word" not in row and "AIzaSy" not in row
+    assert MARK in row
+    clear_secrets()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pattern=st.text(alphabet="a()+*?|.^$[]{}\\b1", min_size=1, max_size=24))
+def test_any_pattern_is_an_answer_or_an_input_error(pattern: str) -> None:
+    try:
+        find = compile_pattern(pattern)
+    except InputError:
+        return
+    result = find("a" * 3_000 + "!")
+    assert result is None or (0 <= result[0] <= result[1] <= 3_001)
