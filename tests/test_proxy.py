@@ -388,6 +388,7 @@ def test_recall_through_the_manager_after_compaction(stub: StubServer, tmp_path:
             msgs.append({"role": "user", "content": f"continue {turn}"})
         manager = p.proxy.manager(OPENAI, "gpt-4o")
         assert manager.status("kernel-recall")["recall_offered"] is True
+        assert manager.counters("kernel-recall")["compactions"] == manager.status("kernel-recall")["compactions"] >= 1
         assert "ctx_grep" in manager.tool_names(session_id="kernel-recall")
         last = stub.requests[-1].body
         first_output = next(m["content"] for m in msgs if m.get("tool_call_id") == "call_1")

@@ -863,6 +863,13 @@ class ContextManager:
             s.cache_write_tokens += u.cache_write_tokens
             s.prompt_tokens_total += u.prompt_tokens
 
+    def counters(self, session_id: str | None = None) -> dict[str, int]:
+        """The session's turn counters (``turns``, ``compactions``, ``last_tokens``): what
+        :meth:`status` reports of them, without asking the engine (cheap enough per request)."""
+        s = self._session(session_id)
+        with s.lock:
+            return {"turns": s.turns, "compactions": s.compactions, "last_tokens": s.last_tokens}
+
     def status(self, session_id: str | None = None) -> dict[str, Any]:
         """Engine status plus the manager's view: hygiene, caching, cache usage, store."""
         s = self._session(session_id)

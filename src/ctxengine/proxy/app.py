@@ -441,16 +441,16 @@ class Proxy:
             msgs = conv.messages
         else:  # the manager recognises the resent history itself (ctxengine.history)
             msgs = list(body["messages"])
-        before = mgr.status(session)["compactions"]
+        before = mgr.counters(session)["compactions"]
         out = mgr.prepare(msgs, session_id=session)
-        after_status = mgr.status(session)
+        after_status = mgr.counters(session)
         plan = _Plan(api, session, body, raw, manager=mgr, context=out)
-        plan.compactions = int(after_status["compactions"]) - int(before)
+        plan.compactions = after_status["compactions"] - before
         changed = not _same(out, msgs)
         if changed:
             plan.tokens_in, plan.tokens_out = _tokens(msgs), _tokens(out)
         else:
-            plan.tokens_in = plan.tokens_out = int(after_status.get("last_tokens") or 0)
+            plan.tokens_in = plan.tokens_out = after_status["last_tokens"]
         sent = out
         indices: list[int] = []
         # the byte check is quick; only a body that names the key is walked
