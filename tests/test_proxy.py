@@ -30,6 +30,7 @@ from ctxengine.proxy import (
     ProxyServer,
     check_bind,
 )
+from ctxengine.proxy.apis import ANTHROPIC, OPENAI
 from ctxengine.store import SqliteStore
 from ctxengine.testing.stub_server import RecordedRequest, StubReply, StubServer
 
@@ -151,6 +152,27 @@ def test_anthropic_streaming_via_the_sdk(proxy: ProxyServer, stub: StubServer) -
     assert final.content[0].text == "streamed reply here"  # type: ignore[union-attr]
     assert final.usage.output_tokens > 0
     assert metric(proxy, "ctxengine_proxy_upstream_cache_read_tokens_total", api="anthropic") == 7
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_usage_reaches_the_manager_before_the_sessions_next_turn(proxy: ProxyServer, stub: StubServer, stream: bool) -> None:
+    """The manager sees a response's usage off the response path, but always before the
+    session's next request is planned."""
+    stub.script(*[StubReply(text="ok", chunks=2, usage={"cache_read_input_tokens": 7}) for _ in range(3)])
+    c = ant(proxy, default_headers={SESSION_HEADER: "usage"})
+    msgs: list[Any] = [{"role": "user", "content": "one"}]
+    manager = proxy.proxy.manager(ANTHROPIC, "claude-opus-4-5")
+    for turn in range(3):
+        if stream:
+            with c.messages.stream(model="claude-opus-4-5", max_tokens=8, messages=msgs) as s:
+                s.get_final_message()
+        else:
+            c.messages.create(model="claude-opus-4-5", max_tokens=8, messages=msgs)
+        msgs += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": f"turn {turn}"}]
+        # every earlier turn's usage is in; this one's may still be on its way
+        assert manager.status("usage")["cache_read_tokens"] >= 7 * turn
+    c.messages.create(model="claude-opus-4-5", max_tokens=8, messages=msgs)
+    assert manager.status("usage")["cache_read_tokens"] >= 21
 
 
 def test_client_tool_calls_pass_through_both_apis(proxy: ProxyServer, stub: StubServer) -> None:
@@ -333,6 +355,90 @@ def test_a_long_replayed_session_compacts_and_recalls(stub: StubServer, tmp_path
         r = c.chat.completions.create(model="gpt-4o", messages=msgs, tools=TOOLS)  # type: ignore[arg-type]
         assert r.choices[0].message.content == "recall result seen"
         assert r.choices[0].message.tool_calls is None
+
+
+def test_recall_through_the_manager_after_compaction(stub: StubServer, tmp_path: Path) -> None:
+    """The kernel's store-backed ``ctx_grep`` (offered once the context lost text) is added by
+    the proxy, answered by the manager, and never seen by the client."""
+    cfg = make_config(stub, tmp_path, context={"engine": "compressor"}, model={"context_length": 6000})
+    secret = "sha 9f3c2e1 failed: tests/test_io.py::test_roundtrip"
+    grep_results: list[str] = []
+
+    def responder(req: RecordedRequest) -> StubReply:
+        last = req.body["messages"][-1]
+        if last.get("role") == "tool" and "ctx_grep" in json.dumps(req.body["messages"][-2]):
+            grep_results.append(last["content"])
+            return StubReply.ok("the sha was 9f3c2e1" if "9f3c2e1" in last["content"] else "recall found nothing")
+        if "which sha" in str(last.get("content")):
+            return StubReply.calling(("ctx_grep", {"query": "9f3c2e1"}))
+        return StubReply.ok("ack " + "z" * 40)
+
+    stub.responder = responder
+    with ProxyServer(cfg) as p:
+        c = oai(p, default_headers={SESSION_HEADER: "kernel-recall"})
+        msgs: list[Any] = [{"role": "system", "content": "You are a careful agent."}, {"role": "user", "content": "fix the failing build"}]
+        for turn in range(30):
+            output = f"turn {turn}: " + ("log line with details about the build\n" * 30)
+            if turn == 1:
+                output += secret
+            call = {"id": f"call_{turn}", "type": "function", "function": {"name": "read_file", "arguments": json.dumps({"path": f"log{turn}.txt"})}}
+            msgs += [{"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "tool", "tool_call_id": f"call_{turn}", "content": output}]
+            r = c.chat.completions.create(model="gpt-4o", messages=msgs, tools=TOOLS)  # type: ignore[arg-type]
+            msgs.append({"role": "assistant", "content": r.choices[0].message.content})
+            msgs.append({"role": "user", "content": f"continue {turn}"})
+        manager = p.proxy.manager(OPENAI, "gpt-4o")
+        assert manager.status("kernel-recall")["recall_offered"] is True
+        assert manager.counters("kernel-recall")["compactions"] == manager.status("kernel-recall")["compactions"] >= 1
+        assert "ctx_grep" in manager.tool_names(session_id="kernel-recall")
+        last = stub.requests[-1].body
+        first_output = next(m["content"] for m in msgs if m.get("tool_call_id") == "call_1")
+        assert all(m.get("content") != first_output for m in last["messages"])  # the original left the context
+        assert next(t["function"]["name"] for t in last["tools"]) == "read_file"
+        assert "ctx_grep" in [t["function"]["name"] for t in last["tools"]]
+        n = len(stub.requests)
+        msgs.append({"role": "user", "content": "which sha failed earlier?"})
+        r = c.chat.completions.create(model="gpt-4o", messages=msgs, tools=TOOLS)  # type: ignore[arg-type]
+        assert r.choices[0].message.tool_calls is None  # the client sees only its own tools' calls
+        assert r.choices[0].message.content == "the sha was 9f3c2e1"
+        assert len(stub.requests) == n + 2  # one extra round trip, answered inside the proxy
+        assert grep_results and "9f3c2e1" in grep_results[-1]
+        # streamed, the same: no ctx_grep call reaches the client
+        msgs += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": "which sha failed earlier? (again)"}]
+        chunks = list(c.chat.completions.create(model="gpt-4o", messages=msgs, tools=TOOLS, stream=True))  # type: ignore[arg-type]
+        assert not any(ch.choices and ch.choices[0].delta.tool_calls for ch in chunks)
+        assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == "the sha was 9f3c2e1"
+
+
+def test_idle_sessions_end_and_a_returning_client_resumes_from_the_store(stub: StubServer, tmp_path: Path) -> None:
+    cfg = make_config(stub, tmp_path, context={"engine": "compressor"}, model={"context_length": 6000}, proxy={"session_idle_seconds": 0.3})
+    stub.responder = lambda req: StubReply.ok("ack " + "z" * 40)
+    with ProxyServer(cfg) as p:
+        c = oai(p, default_headers={SESSION_HEADER: "idle"})
+        msgs: list[Any] = [{"role": "system", "content": "You are a careful agent."}, {"role": "user", "content": "fix the failing build"}]
+        for turn in range(24):
+            call = {"id": f"call_{turn}", "type": "function", "function": {"name": "read_file", "arguments": json.dumps({"path": f"log{turn}.txt"})}}
+            output = f"turn {turn}: " + ("log line with details about the build\n" * 30)
+            msgs += [{"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "tool", "tool_call_id": f"call_{turn}", "content": output}]
+            r = c.chat.completions.create(model="gpt-4o", messages=msgs, tools=TOOLS)  # type: ignore[arg-type]
+            msgs += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": f"continue {turn}"}]
+        manager = p.proxy.manager(OPENAI, "gpt-4o")
+        compactions = metric(p, "ctxengine_proxy_compactions_total", api="openai")
+        assert compactions >= 1 and "idle" in manager.sessions
+        before = stub.requests[-1].body["messages"]
+        # idle past proxy.session_idle_seconds: the next request (another session) sweeps it away
+        time.sleep(0.4)
+        oai(p, default_headers={SESSION_HEADER: "other"}).chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+        assert manager.sessions == ["other"]
+        assert metric(p, "ctxengine_proxy_idle_sessions_ended_total") == 1
+        assert httpx.get(p.url + "/healthz").json()["sessions"] == 1
+        # the client comes back with its whole history: it maps onto the stored working context
+        msgs += [{"role": "user", "content": "and now?"}]
+        c.chat.completions.create(model="gpt-4o", messages=msgs, tools=TOOLS)  # type: ignore[arg-type]
+        after = stub.requests[-1].body["messages"]
+        assert metric(p, "ctxengine_proxy_compactions_total", api="openai") == compactions  # not compacted anew
+        assert after[: len(before)] == before  # the cached prefix is the one sent before the pause
+        assert after[len(before) :] == msgs[-3:]  # plus only what is new
+        assert "idle" in manager.sessions and manager.status("idle")["recall_offered"] is True
 
 
 # -- never break the agent -----------------------------------------------------------------------

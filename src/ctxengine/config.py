@@ -257,6 +257,9 @@ class ProxyConfig(_Section):
     recall_tools: bool = Field(True, description="Offer the engine's recall tools and answer them in the proxy (only when the client sends tools of its own).")
     max_tool_rounds: int = Field(3, ge=1, description="Extra upstream round trips per request for the engine's own tools.")
     timeout: float = Field(600.0, gt=0, description="Upstream timeout in seconds.")
+    session_idle_seconds: float = Field(
+        3600.0, gt=0, description="A session idle this long is ended in memory (its record stays in the store; a returning client resumes from it)."
+    )
 
 
 class PluginsConfig(_Section):

@@ -274,6 +274,15 @@ class SessionHistory:
         """Forget everything (``reset_session``): the next turn is a first turn."""
         self.__init__()  # type: ignore[misc]
 
+    def resume(self, raw: Sequence[Message], working: Sequence[Message]) -> None:
+        """Start from a session recorded earlier (the store's originals and its latest working
+        context): the next turn that resends ``raw`` plus new messages maps onto ``working``
+        as if this object had seen every turn."""
+        self.reset()
+        raw = list(raw)
+        turn = TurnInput("first", raw, 0, 0, pending=list(range(len(raw))), pending_raw=raw)
+        self.finish(turn, raw, list(working))
+
     # -- the store ---------------------------------------------------------------------------
     def record(
         self, store: SessionRecorder, session_id: str, turn: TurnInput, messages: Sequence[Message], *, appender: SessionAppender | None = None

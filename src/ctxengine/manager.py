@@ -203,6 +203,13 @@ def _tool_name(schema: Mapping[str, Any]) -> str:
     return name if isinstance(name, str) else ""
 
 
+def _answer(handler: Callable[[str, Any], str], name: str, args: Any) -> str:
+    try:
+        return handler(name, args)
+    except Exception as exc:  # the model sees the failure instead of the agent crashing
+        return json.dumps({"error": f"{name} failed: {type(exc).__name__}: {exc}"})
+
+
 def _as_openai_tool(schema: Mapping[str, Any]) -> dict[str, Any]:
     if schema.get("type") == "function" and isinstance(schema.get("function"), Mapping):
         return dict(schema)
@@ -430,6 +437,32 @@ class ContextManager:
             if s.started:
                 s.engine.on_session_end(sid, list(messages) if messages is not None else list(s.last_sent))
 
+    def resume_session(self, session_id: str) -> bool:
+        """Start ``session_id`` from its record in the store (after a restart, or a session
+        ended while idle): the store's latest working context and its originals come back, so
+        the caller's resent raw history maps onto the working context again instead of being
+        compacted anew. False (nothing done) when the session is already open, has no record,
+        or the store cannot read histories back."""
+        history = getattr(self.store, "history", None)
+        originals = getattr(self.store, "originals", None)
+        with self._lock:
+            if session_id in self._sessions or not callable(history) or not callable(originals):
+                return False
+        try:
+            working, raw = list(history(session_id)), list(originals(session_id))
+        except Exception:  # no such session (NotFoundError) or an unreadable record
+            return False
+        if not raw:
+            return False
+        s = self._session(session_id)
+        with s.lock:
+            if s.turns or s.history.turns:
+                return False
+            s.history.resume(raw, working)
+            s.last_sent = s.history.working
+            s.lost = working != raw
+        return True
+
     def close(self) -> None:
         """End every open session."""
         for sid in self.sessions:
@@ -507,11 +540,7 @@ class ContextManager:
             return messages
         out = list(messages)
         for cid, name, args in pending:
-            try:
-                result = recall.handle(name, args)
-            except Exception as exc:  # the model sees the failure instead of the agent crashing
-                result = json.dumps({"error": f"{name} failed: {type(exc).__name__}: {exc}"})
-            out.append({"role": "tool", "tool_call_id": cid, "content": result})
+            out.append({"role": "tool", "tool_call_id": cid, "content": _answer(recall.handle, name, args)})
         return out
 
     def _dispatch_engine_tools(self, s: _Session, messages: list[Message]) -> list[Message]:
@@ -521,12 +550,39 @@ class ContextManager:
             return messages
         out = list(messages)
         for cid, name, args in pending:
-            try:
-                result = s.engine.handle_tool_call(name, args, session_id=s.id, messages=messages)
-            except Exception as exc:  # the model sees the failure instead of the agent crashing
-                result = json.dumps({"error": f"{name} failed: {type(exc).__name__}: {exc}"})
-            out.append({"role": "tool", "tool_call_id": cid, "content": result})
+            out.append({"role": "tool", "tool_call_id": cid, "content": self._engine_answer(s, name, args, messages)})
         return out
+
+    def _engine_answer(self, s: _Session, name: str, args: Any, messages: list[Message]) -> str:
+        return _answer(lambda n, a: s.engine.handle_tool_call(n, a, session_id=s.id, messages=messages), name, args)
+
+    def tool_names(self, *, session_id: str | None = None) -> frozenset[str]:
+        """Names of the tools :meth:`handle_tool_call` answers for the session: the engine's,
+        and the recall tools once they are offered (see :meth:`tools`)."""
+        s = self._session(session_id)
+        with s.lock:
+            names = {_tool_name(t) for t in s.engine.get_tool_schemas()}
+            if s.recall is not None and self._recall_offered(s):
+                names |= s.recall.names()
+        return frozenset(names)
+
+    def handle_tool_call(self, name: str, args: Any, *, session_id: str | None = None, messages: Sequence[Message] | None = None) -> str:
+        """Answer one call the model made to an engine or recall tool (a proxy that runs the
+        round trip itself, instead of passing the call back through :meth:`prepare`): the
+        same dispatch ``prepare`` uses. Returns the tool result (a JSON error for a failure
+        or a name the session does not answer); ``messages`` is the context the call was made
+        in (the session's last prepared list by default)."""
+        s = self._session(session_id)
+        with s.lock:
+            own = {_tool_name(t) for t in s.engine.get_tool_schemas()}
+            context = list(messages) if messages is not None else list(s.last_sent)
+        recall = s.recall
+        if name not in own and recall is not None and name in recall.names():
+            return _answer(recall.handle, name, args)  # outside the lock, as in prepare
+        if name not in own:
+            return json.dumps({"error": f"unknown tool {name!r} for this session"})
+        with s.lock:
+            return self._engine_answer(s, name, args, context)
 
     def retrievable(self, text: str, *, session_id: str | None = None) -> bool:
         """True when ``text`` can be given back verbatim to the agent: by the recall tools over
@@ -812,6 +868,13 @@ class ContextManager:
             s.cache_read_tokens += u.cache_read_tokens
             s.cache_write_tokens += u.cache_write_tokens
             s.prompt_tokens_total += u.prompt_tokens
+
+    def counters(self, session_id: str | None = None) -> dict[str, int]:
+        """The session's turn counters (``turns``, ``compactions``, ``last_tokens``): what
+        :meth:`status` reports of them, without asking the engine (cheap enough per request)."""
+        s = self._session(session_id)
+        with s.lock:
+            return {"turns": s.turns, "compactions": s.compactions, "last_tokens": s.last_tokens}
 
     def status(self, session_id: str | None = None) -> dict[str, Any]:
         """Engine status plus the manager's view: hygiene, caching, cache usage, store."""

@@ -33,9 +33,9 @@ the session store records messages only, never headers. When a proxy token is se
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
-import importlib
 import logging
 import threading
 import time
@@ -55,12 +55,14 @@ from starlette.routing import Route
 
 from ctxengine.caching import apply_breakpoints
 from ctxengine.config import Config
+from ctxengine.engine import normalize_usage
 from ctxengine.manager import ContextManager, default_store
 from ctxengine.messages import Message
 from ctxengine.models import UnknownModelWarning
 from ctxengine.proxy.apis import ANTHROPIC, OPENAI, Api, ToolCall, has_cache_control
 from ctxengine.proxy.incoming import IncomingHistory
 from ctxengine.proxy.metrics import CONTENT_TYPE, ProxyMetrics
+from ctxengine.proxy.rawbody import BodyCache
 from ctxengine.proxy.session import (
     SESSION_HEADER,
     SessionIdError,
@@ -107,8 +109,9 @@ class _Plan:
         return max(0, self.tokens_in - self.tokens_out)
 
 
-def _same(a: Sequence[Message], b: Sequence[Message]) -> bool:
-    return len(a) == len(b) and all(x is y or x == y for x, y in zip(a, b, strict=True))
+def _same(a: list[Message], b: list[Message]) -> bool:
+    # list equality compares element by element in C, identical objects without looking inside
+    return len(a) == len(b) and a == b
 
 
 def _tokens(messages: Sequence[Message]) -> int:
@@ -141,6 +144,11 @@ class Proxy:
         self._injected: dict[str, list[dict[str, Any]]] = {}
         self._incoming: dict[tuple[str, str], tuple[threading.Lock, IncomingHistory]] = {}
         self._betas: dict[str, list[str]] = {}
+        self._seen: dict[tuple[str, str], float] = {}  # (api, session) -> last request (monotonic)
+        self._last_sweep = time.monotonic()
+        self._pending_usage: dict[tuple[str, str], anyio.Event] = {}
+        self._bodies: dict[tuple[str, str], BodyCache] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
         self._lock = threading.Lock()
         self.app = Starlette(
             routes=[
@@ -302,21 +310,26 @@ class Proxy:
         except _TooLarge:
             return self._error(api, 413, f"request body larger than {self.settings.max_body_bytes} bytes (proxy.max_body_bytes)", "too_large")
         try:
-            body = orjson.loads(raw)
+            named = session_from_header(request.headers.get(SESSION_HEADER))
+            bad_session = None
+        except SessionIdError as exc:
+            named, bad_session = None, str(exc)
+        try:
+            # a named session's body is parsed incrementally: only what is new since last turn
+            body = self._body_cache(api, named).parse(raw) if named else orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             return self._error(api, 400, f"the request body is not valid JSON: {exc}", "bad_request")
         problem = api.problem(body)
         if problem:
             return self._error(api, 400, problem, "bad_request")
-        try:
-            named = session_from_header(request.headers.get(SESSION_HEADER))
-        except SessionIdError as exc:
-            return self._error(api, 400, str(exc), "bad_request")
+        if bad_session is not None:
+            return self._error(api, 400, bad_session, "bad_request")
         headers = self._request_headers(request)
         plan = _Plan(api, named or "", body, raw)
         try:
             if not named:
                 plan.session = derive_session_id(api.name, request.headers, body.get("system") if api is ANTHROPIC else None, body["messages"])
+            await self._usage_done(api, plan.session)
             plan = await anyio.to_thread.run_sync(self._plan, api, plan.session, body, raw)
         except Exception as exc:  # fail open: the client's request goes upstream unchanged
             self._fail_open(api, plan, "prepare", exc)
@@ -333,6 +346,13 @@ class Proxy:
         except httpx.HTTPError as exc:
             kind = "api_error" if api is ANTHROPIC else "server_error"
             return self._error(api, 502, f"upstream unreachable: {type(exc).__name__}: {exc}", "upstream_unreachable", kind)
+
+    def _body_cache(self, api: Api, session: str) -> BodyCache:
+        with self._lock:
+            cache = self._bodies.get((api.name, session))
+            if cache is None:
+                cache = self._bodies[(api.name, session)] = BodyCache()
+            return cache
 
     def _sticky_betas(self, session: str, headers: dict[str, str]) -> None:
         """Keep a session's ``anthropic-beta`` flags once sent: a turn that drops one would
@@ -356,29 +376,81 @@ class Proxy:
 
     # -- the manager's part (worker thread) ----------------------------------------------
     def _plan(self, api: Api, session: str, body: dict[str, Any], raw: bytes) -> _Plan:
+        key = (api.name, session)
+        now = time.monotonic()
         with self._lock:
-            lock, incoming = self._incoming.setdefault((api.name, session), (threading.Lock(), IncomingHistory()))
+            entry = self._incoming.get(key)
+            fresh = entry is None
+            if entry is None:
+                entry = self._incoming[key] = (threading.Lock(), IncomingHistory())
+            self._seen[key] = now
+            sweep = now - self._last_sweep >= min(60.0, self.settings.session_idle_seconds / 2)
+            if sweep:
+                self._last_sweep = now
+        if sweep:
+            self.end_idle_sessions(now)
+        lock, incoming = entry
         with lock:
-            return self._plan_locked(api, session, body, raw, incoming)
+            return self._plan_locked(api, session, body, raw, incoming, fresh)
 
-    def _plan_locked(self, api: Api, session: str, body: dict[str, Any], raw: bytes, incoming: IncomingHistory) -> _Plan:
+    def end_idle_sessions(self, now: float | None = None) -> int:
+        """End the sessions idle longer than ``proxy.session_idle_seconds`` (``on_session_end``,
+        their in-memory state dropped; the store keeps their record, and a returning client
+        resumes from it). Runs on its own every so often; returns how many were ended."""
+        now = time.monotonic() if now is None else now
+        limit = self.settings.session_idle_seconds
+        with self._lock:
+            idle = [k for k, t in self._seen.items() if now - t > limit]
+            managers = list(self._managers.items())
+        ended = 0
+        for key in idle:
+            with self._lock:
+                entry = self._incoming.get(key)
+            if entry is None:
+                continue
+            with entry[0]:
+                with self._lock:
+                    if now - self._seen.get(key, now) <= limit:  # a request came in meanwhile
+                        continue
+                    self._incoming.pop(key, None)
+                    self._bodies.pop(key, None)
+                    self._seen.pop(key, None)
+                    self._injected.pop(key[1], None)
+                    self._betas.pop(key[1], None)
+                for (api_name, _model), mgr in managers:
+                    if api_name == key[0]:
+                        try:
+                            mgr.end_session(key[1])
+                        except Exception as exc:  # an engine's on_session_end must not stop the sweep
+                            log.warning("ending an idle session failed", extra={"fields": {"session": key[1], "error": f"{type(exc).__name__}: {exc}"}})
+            ended += 1
+        if ended:
+            self.metrics.idle_ended.inc(ended)
+            log.info("idle sessions ended", extra={"fields": {"ended": ended, "idle_seconds": limit}})
+        return ended
+
+    def _plan_locked(self, api: Api, session: str, body: dict[str, Any], raw: bytes, incoming: IncomingHistory, fresh: bool = False) -> _Plan:
         mgr = self.manager(api, str(body["model"]))
+        with self._lock:
+            cache = self._bodies.get((api.name, session))
+        if fresh:  # first request since this process started or the session went idle
+            mgr.resume_session(session)
         conv = None
         if api is ANTHROPIC:
             conv = incoming.from_anthropic(body.get("system"), body["messages"])
             msgs = conv.messages
         else:  # the manager recognises the resent history itself (ctxengine.history)
             msgs = list(body["messages"])
-        before = mgr.status(session)["compactions"]
+        before = mgr.counters(session)["compactions"]
         out = mgr.prepare(msgs, session_id=session)
-        after_status = mgr.status(session)
+        after_status = mgr.counters(session)
         plan = _Plan(api, session, body, raw, manager=mgr, context=out)
-        plan.compactions = int(after_status["compactions"]) - int(before)
+        plan.compactions = after_status["compactions"] - before
         changed = not _same(out, msgs)
         if changed:
             plan.tokens_in, plan.tokens_out = _tokens(msgs), _tokens(out)
         else:
-            plan.tokens_in = plan.tokens_out = int(after_status.get("last_tokens") or 0)
+            plan.tokens_in = plan.tokens_out = after_status["last_tokens"]
         sent = out
         indices: list[int] = []
         # the byte check is quick; only a body that names the key is walked
@@ -404,7 +476,8 @@ class Proxy:
             plan.engine_tools = frozenset(str((t.get("function") or t)["name"]) for t in tools)
         if new_body is not body:
             plan.body = new_body
-            plan.content = orjson.dumps(new_body)
+            spliced = cache.splice(raw, body, new_body) if cache is not None else None
+            plan.content = spliced if spliced is not None else orjson.dumps(new_body)
         return plan
 
     def _engine_tools(self, api: Api, mgr: ContextManager, session: str, body: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -427,39 +500,69 @@ class Proxy:
         return [t for t in chosen if str((t.get("function") or t).get("name")) not in taken]
 
     def _run_tool(self, plan: _Plan, call: ToolCall) -> str:
-        """Answer one call to a tool the proxy added: the engine's own tools through the
-        engine, the manager's store-backed recall tools (``ctx_grep`` …) through
-        :mod:`ctxengine.recall` over the same store."""
+        """Answer one call to a tool the proxy added, through the manager (the engine's own
+        tools and the store-backed recall tools, ``ctx_grep`` …, with the dispatch ``prepare``
+        uses)."""
         assert plan.manager is not None
-        engine = plan.manager.engine(plan.session)
         try:
-            own = {str((t.get("function") or t).get("name")) for t in engine.get_tool_schemas()}
-            recall_module = _recall_module() if call.name not in own and self.store is not None else None
-            if recall_module is not None:
-                recall = recall_module.Recall(self.store, plan.session)
-                if call.name in recall.names():
-                    return str(recall.handle(call.name, call.arguments))
-            return engine.handle_tool_call(call.name, call.arguments, session_id=plan.session, messages=plan.context)
+            return plan.manager.handle_tool_call(call.name, call.arguments, session_id=plan.session, messages=plan.context)
         except Exception as exc:  # the model sees the failure, the client never does
             log.warning("engine tool failed", extra={"fields": {"session": plan.session, "tool": call.name, "error": f"{type(exc).__name__}: {exc}"}})
             return orjson.dumps({"error": f"{call.name} failed: {type(exc).__name__}: {exc}"}).decode()
 
-    async def _usage(self, plan: _Plan, usage: Mapping[str, Any] | None) -> None:
-        api = plan.api.name
+    def _usage_metrics(self, plan: _Plan, usage: Mapping[str, Any] | None) -> bool:
+        """Count a response's usage in the metrics; True when the manager should see it too."""
         if plan.manager is None or not usage:
-            return
-        from ctxengine.engine import normalize_usage
-
+            return False
+        api = plan.api.name
         u = normalize_usage(usage)
         self.metrics.prompt_tokens.labels(api).inc(u.prompt_tokens)
         self.metrics.completion_tokens.labels(api).inc(u.completion_tokens)
         self.metrics.cache_read.labels(api).inc(u.cache_read_tokens)
         self.metrics.cache_write.labels(api).inc(u.cache_write_tokens)
+        return True
+
+    async def _usage(self, plan: _Plan, usage: Mapping[str, Any] | None) -> None:
+        """The usage of a response feeds the session's manager (in a worker thread: it takes the
+        session's lock, which a compaction may hold)."""
+        if not self._usage_metrics(plan, usage):
+            return
+        await self._usage_to_manager(plan, dict(usage or {}))
+
+    def _usage_later(self, plan: _Plan, usage: Mapping[str, Any] | None) -> None:
+        """:meth:`_usage` for a request's last response, off the response path: the client gets
+        its answer without waiting for a worker thread; the session's next request waits
+        for it (:meth:`_usage_done`) so every turn is planned with the previous usage."""
+        if not self._usage_metrics(plan, usage):
+            return
+        key = (plan.api.name, plan.session)
+        done = anyio.Event()
+        self._pending_usage[key] = done
+
+        async def run() -> None:
+            try:
+                await self._usage_to_manager(plan, dict(usage or {}))
+            finally:
+                done.set()
+                if self._pending_usage.get(key) is done:
+                    del self._pending_usage[key]
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _usage_to_manager(self, plan: _Plan, usage: dict[str, Any]) -> None:
         mgr = plan.manager
+        assert mgr is not None
         try:
-            await anyio.to_thread.run_sync(lambda: mgr.update_from_response(dict(usage), session_id=plan.session))
+            await anyio.to_thread.run_sync(lambda: mgr.update_from_response(usage, session_id=plan.session))
         except Exception as exc:
             self._fail_open(plan.api, plan, "usage", exc)
+
+    async def _usage_done(self, api: Api, session: str) -> None:
+        pending = self._pending_usage.get((api.name, session))
+        if pending is not None:
+            await pending.wait()
 
     def _account(self, plan: _Plan, outcome: str, status: int, started: float) -> None:
         api = plan.api.name
@@ -499,10 +602,11 @@ class Proxy:
         except orjson.JSONDecodeError:
             self._account(plan, "ok", resp.status_code, started)
             return Response(resp.content, status_code=resp.status_code, headers=self._response_headers(resp) | extra)
-        await self._usage(plan, api.usage(data) if isinstance(data, dict) else None)
         if not plan.engine_tools or not isinstance(data, dict):
+            self._usage_later(plan, api.usage(data) if isinstance(data, dict) else None)
             self._account(plan, "ok", resp.status_code, started)
             return Response(resp.content, status_code=resp.status_code, headers=self._response_headers(resp) | extra)
+        await self._usage(plan, api.usage(data))
         try:
             status, data, resp = await self._answer_tools(plan, url, headers, data, resp)
         except Exception as exc:  # fail open: the client's own request, unchanged
@@ -582,9 +686,10 @@ class Proxy:
                         if shown:
                             yield shown
                 await resp.aclose()
-                await self._usage(plan, tracker.usage)
                 if not (plan.engine_tools and tracker.engine_calls_only()):
+                    self._usage_later(plan, tracker.usage)
                     break
+                await self._usage(plan, tracker.usage)
                 if rounds >= self.settings.max_tool_rounds:
                     yield _closing(api)
                     break
@@ -606,14 +711,6 @@ class Proxy:
         finally:
             await resp.aclose()
             self._account(plan, outcome, 200, started)
-
-
-def _recall_module() -> Any:
-    """:mod:`ctxengine.recall` (the manager's store-backed recall), or ``None`` in a build without it."""
-    try:
-        return importlib.import_module("ctxengine.recall")
-    except ImportError:
-        return None
 
 
 def _closing(api: Api) -> bytes:

@@ -32,6 +32,7 @@ class ProxyMetrics:
         self.prompt_tokens = Counter("ctxengine_proxy_upstream_prompt_tokens", "Prompt tokens the upstream reported.", ["api"], registry=r)
         self.completion_tokens = Counter("ctxengine_proxy_upstream_completion_tokens", "Completion tokens the upstream reported.", ["api"], registry=r)
         self.tool_rounds = Counter("ctxengine_proxy_tool_rounds", "Extra upstream round trips made to answer the engine's own tools.", ["api"], registry=r)
+        self.idle_ended = Counter("ctxengine_proxy_idle_sessions_ended", "Sessions ended in memory after proxy.session_idle_seconds without a request.", registry=r)
         self.fail_open = Counter("ctxengine_proxy_fail_open", "Requests forwarded unchanged because context management failed.", ["api", "reason"], registry=r)
         self.added_latency = Histogram(
             "ctxengine_proxy_added_latency_seconds",

@@ -1,0 +1,200 @@
+"""A session's request body, parsed incrementally.
+
+A client resends its whole history every turn, so the bytes of each request body start with
+the bytes of the last one up to the end of its last message. :class:`BodyCache` remembers, per
+session, the last body's bytes and where each element of its ``messages`` array ends; the next
+body is checked against them with one memory comparison, the messages it shares are the same
+objects as last turn (so everything downstream recognises them by identity instead of
+comparing 100K tokens of text), and only the new messages and the small rest of the body are
+decoded. Anything unexpected (a non-ASCII body, where byte and character offsets differ; a
+second ``messages`` key; a history edited before its end) falls back to a full parse.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+__all__ = ["BodyCache"]
+
+_DECODER = json.JSONDecoder()
+_WS = " \t\n\r"
+
+
+def _skip(text: str, i: int) -> int:
+    n = len(text)
+    while i < n and text[i] in _WS:
+        i += 1
+    return i
+
+
+@dataclass
+class BodyCache:
+    """The last body of one session (see the module docstring)."""
+
+    raw: bytes = b""
+    start: int = -1  # offset of the messages array's '['; -1: nothing usable remembered
+    ends: list[int] = field(default_factory=list)  # offset just past each message
+    messages: list[Any] = field(default_factory=list)
+    state: tuple[bytes, int, list[int], list[Any]] | None = None  # the four above, read at once
+    before: dict[str, tuple[int, int]] = field(default_factory=dict)  # spans of the keys before the messages
+
+    def parse(self, raw: bytes) -> Any:
+        """``raw`` decoded (as :func:`orjson.loads` would); raises :class:`orjson.JSONDecodeError`."""
+        try:
+            body = self._incremental(raw) if raw.isascii() else None
+        except (ValueError, IndexError):
+            body = None
+        if body is None:
+            self.start = -1
+            self.state = None
+            body = orjson.loads(raw)
+            if raw.isascii() and isinstance(body, dict) and isinstance(body.get("messages"), list):
+                try:
+                    self._remember(raw, body)
+                except (ValueError, IndexError):
+                    self.start = -1
+                    self.state = None
+        return body
+
+    def _incremental(self, raw: bytes) -> dict[str, Any] | None:
+        if self.start < 0:
+            return None
+        old = memoryview(self.raw)
+        ends = self.ends
+        k = len(ends)
+        if k == 0 or not raw.startswith(old[: ends[-1]]):
+            lo, hi = 0, k  # the most messages whose bytes are unchanged
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if raw.startswith(old[: ends[mid - 1]]):
+                    lo = mid
+                else:
+                    hi = mid - 1
+            k = lo
+            if k == 0 and not raw.startswith(old[: self.start + 1]):
+                return None
+        pos = ends[k - 1] if k else self.start + 1
+        text = raw[pos:].decode("ascii")
+        new: list[Any] = []
+        new_ends: list[int] = []
+        i = _skip(text, 0)
+        first = k == 0
+        while text[i] != "]":
+            if not first:
+                if text[i] != ",":
+                    return None
+                i = _skip(text, i + 1)
+            first = False
+            value, i = _DECODER.raw_decode(text, i)
+            new.append(value)
+            new_ends.append(pos + i)
+            i = _skip(text, i)
+        end = pos + i + 1
+        if raw.find(b'"messages"', end) >= 0:
+            return None  # maybe a second "messages" key: the full parse decides which counts
+        rest = orjson.loads(raw[: self.start] + b"[]" + raw[end:])
+        if not isinstance(rest, dict) or rest.get("messages") != []:
+            return None
+        messages = [*self.messages[:k], *new]
+        rest["messages"] = messages
+        self.raw = raw
+        self.ends = [*ends[:k], *new_ends]
+        self.messages = messages
+        self.state = (raw, self.start, self.ends, messages)
+        return rest
+
+    def _remember(self, raw: bytes, body: dict[str, Any]) -> None:
+        """Find the top-level messages array of ``raw`` and where each message ends."""
+        text = raw.decode("ascii")
+        i = _skip(text, 0)
+        if text[i] != "{":
+            raise ValueError("not an object")
+        i = _skip(text, i + 1)
+        start = -1
+        ends: list[int] = []
+        before: dict[str, tuple[int, int]] = {}
+        value_start = 0
+        while text[i] != "}":
+            key, i = _DECODER.raw_decode(text, i)
+            i = _skip(text, i)
+            if text[i] != ":":
+                raise ValueError("expected ':'")
+            i = _skip(text, i + 1)
+            if start < 0 and key != "messages":
+                value_start = i
+            if key == "messages":
+                if start >= 0 or text[i] != "[":
+                    raise ValueError("a second messages key")
+                start = i
+                i = _skip(text, i + 1)
+                while text[i] != "]":
+                    if ends:
+                        if text[i] != ",":
+                            raise ValueError("expected ','")
+                        i = _skip(text, i + 1)
+                    _, i = _DECODER.raw_decode(text, i)
+                    ends.append(i)
+                    i = _skip(text, i)
+                i += 1
+            else:
+                _, i = _DECODER.raw_decode(text, i)
+                if start < 0:
+                    before[key] = (value_start, i)
+            i = _skip(text, i)
+            if text[i] == ",":
+                i = _skip(text, i + 1)
+        messages = body["messages"]
+        if start < 0 or len(ends) != len(messages):
+            raise ValueError("messages not found")
+        self.raw, self.start, self.ends, self.messages, self.before = raw, start, ends, messages, before
+        self.state = (raw, start, ends, messages)
+
+    def splice(self, raw: bytes, body: Mapping[str, Any], new_body: Mapping[str, Any]) -> bytes | None:
+        """The bytes of ``new_body`` when it is ``body`` (parsed from ``raw`` by this cache) with
+        only some messages replaced: ``raw`` with just those messages serialised again, every
+        other byte as the client sent it. ``None`` when that does not apply (serialise it all)."""
+        state = self.state  # one read: the event loop may parse the session's next body meanwhile
+        if state is None:
+            return None
+        known, start, ends, messages = state
+        old, new = body.get("messages"), new_body.get("messages")
+        if known is not raw or old is not messages or not isinstance(new, list) or len(new) != len(old):
+            return None
+        if new_body.keys() != body.keys():
+            return None
+        edits: list[tuple[int, int, Any]] = []
+        spans = self.before  # keys before the array: the same bytes in every body that reuses it
+        for key in body:
+            if key != "messages" and new_body[key] is not body[key]:
+                if key not in spans:
+                    return None
+                edits.append((*spans[key], new_body[key]))
+        for i, (a, b) in enumerate(zip(old, new, strict=True)):
+            if a is b:
+                continue
+            j = _skip_bytes(raw, ends[i - 1] if i else start + 1)
+            if i:
+                if raw[j : j + 1] != b",":
+                    return None
+                j = _skip_bytes(raw, j + 1)
+            edits.append((j, ends[i], b))
+        parts: list[bytes] = []
+        pos = 0
+        view = memoryview(raw)
+        for j, end, value in sorted(edits, key=lambda e: e[0]):
+            parts += [view[pos:j].tobytes(), orjson.dumps(value)]
+            pos = end
+        parts.append(view[pos:].tobytes())
+        return b"".join(parts)
+
+
+def _skip_bytes(raw: bytes, i: int) -> int:
+    n = len(raw)
+    while i < n and raw[i] in b" \t\n\r":
+        i += 1
+    return i

@@ -1,0 +1,92 @@
+"""The incremental body parser gives exactly what a full parse gives, reusing last turn's messages."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+import pytest
+
+from ctxengine.proxy.rawbody import BodyCache
+
+
+def body(n: int, **extra: Any) -> dict[str, Any]:
+    msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i} " + "x" * i} for i in range(n)]
+    return {"model": "gpt-4o", "messages": msgs, **extra}
+
+
+@pytest.mark.parametrize("dumps", [lambda b: json.dumps(b).encode(), lambda b: json.dumps(b, indent=2).encode(), orjson.dumps])
+def test_a_resent_history_reuses_the_messages_already_seen(dumps: Any) -> None:
+    cache = BodyCache()
+    first = cache.parse(dumps(body(5)))
+    assert first == body(5)
+    second = cache.parse(dumps(body(7, stream=True, tools=[{"type": "function"}])))
+    assert second == body(7, stream=True, tools=[{"type": "function"}])
+    assert list(second) == ["model", "messages", "stream", "tools"]  # key order kept
+    assert all(a is b for a, b in zip(first["messages"], second["messages"][:5], strict=True))
+    third = cache.parse(dumps(body(7)))  # the same history again, other keys changed
+    assert third == body(7) and third["messages"][6] is second["messages"][6]
+
+
+def test_an_edited_history_keeps_only_the_unchanged_prefix() -> None:
+    cache = BodyCache()
+    first = cache.parse(json.dumps(body(6)).encode())
+    edited = body(6)
+    edited["messages"][3] = {"role": "assistant", "content": "rewritten"}
+    out = cache.parse(json.dumps(edited).encode())
+    assert out == edited
+    assert out["messages"][2] is first["messages"][2] and out["messages"][3] is not first["messages"][3]
+    shorter = cache.parse(json.dumps(body(2)).encode())
+    assert shorter == body(2)
+    assert cache.parse(json.dumps(body(0)).encode()) == body(0)
+
+
+def test_unusual_bodies_fall_back_to_a_full_parse() -> None:
+    cache = BodyCache()
+    cache.parse(json.dumps(body(3)).encode())
+    unicode = body(4)
+    unicode["messages"][3]["content"] = "héllo ✓"
+    raw = json.dumps(unicode, ensure_ascii=False).encode()
+    assert cache.parse(raw) == orjson.loads(raw)
+    cache.parse(json.dumps(body(3)).encode())
+    dup = json.dumps(body(3)).encode()[:-1] + b', "messages": []}'
+    assert cache.parse(dup) == orjson.loads(dup)
+    other = json.dumps({"messages": [{"role": "user", "content": "a"}], "model": "m"}).encode()
+    assert cache.parse(other) == orjson.loads(other)
+    with pytest.raises(orjson.JSONDecodeError):
+        cache.parse(b'{"model": "m", "messages": [')
+    assert cache.parse(b"[1, 2]") == [1, 2]
+
+
+def test_splice_rewrites_only_the_replaced_messages() -> None:
+    cache = BodyCache()
+    cache.parse(json.dumps(body(4)).encode())
+    raw = json.dumps(body(6, stream=True), indent=1).encode()
+    parsed = cache.parse(raw)
+    new = dict(parsed)
+    new["messages"] = list(parsed["messages"])
+    new["messages"][0] = {"role": "user", "content": [{"type": "text", "text": "m0", "cache_control": {"type": "ephemeral"}}]}
+    new["messages"][5] = {"role": "assistant", "content": "marked é"}
+    out = cache.splice(raw, parsed, new)
+    assert out is not None and orjson.loads(out) == new
+    assert json.dumps(parsed["messages"][2], indent=1).replace("\n", "\n  ").encode() in out  # untouched bytes as sent
+    assert cache.splice(raw, parsed, parsed) == raw
+    other = dict(new, model="other")  # a key before the array is rewritten in place
+    assert orjson.loads(cache.splice(raw, parsed, other) or b"null") == other
+    assert cache.splice(raw, parsed, dict(new, stream=False)) is None  # after the array: serialise it all
+    assert cache.splice(json.dumps(body(6)).encode(), parsed, new) is None  # not the body remembered
+
+
+def test_splice_rewrites_a_key_before_the_messages_too() -> None:
+    cache = BodyCache()
+    first = {"model": "claude", "system": "be brief", "messages": [{"role": "user", "content": "a"}], "max_tokens": 5}
+    cache.parse(json.dumps(first).encode())
+    second = dict(first, messages=[*first["messages"], {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}])
+    raw = json.dumps(second).encode()
+    parsed = cache.parse(raw)
+    new = dict(parsed, system=[{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}])
+    new["messages"] = [*parsed["messages"][:2], {"role": "user", "content": [{"type": "text", "text": "c", "cache_control": {"type": "ephemeral"}}]}]
+    out = cache.splice(raw, parsed, new)
+    assert out is not None and orjson.loads(out) == new
+    assert cache.splice(raw, parsed, dict(parsed, max_tokens=9)) is None  # after the array: not remembered
