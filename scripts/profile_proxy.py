@@ -77,7 +77,7 @@ def main() -> None:
                 prof.disable()
             times.append((time.perf_counter() - t0) * 1000)
         times.sort()
-        print(f"{args.api}: {len(bodies[-1])} bytes, mean {sum(times) / len(times):.2f} ms, p50 {times[len(times) // 2]:.2f} ms, min {times[0]:.2f} ms")
+        print(f"{args.api}: {len(bodies[-1])} bytes, mean {sum(times) / len(times):.2f} ms, p50 {times[len(times) // 2]:.2f} ms, min {times[0]:.2f} ms, max {times[-1]:.2f} ms")
         if prof:
             s = io.StringIO()
             pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(args.profile)
