@@ -10,7 +10,8 @@ Everything runs on 127.0.0.1. The stub upstream (``ctxengine.testing.StubServer`
 with the client that measures them.
 
 **latency** — request bodies of about 100K tokens (chained real trajectories from
-``../shared/data``) with a window large enough that nothing compacts. Each timed request
+``../shared/data``) with a window large enough that nothing compacts (and compression off: the
+default engine may cut old outputs of a 100K-token session in any window). Each timed request
 resends the whole history plus one new user message (what an agent sends every turn), once
 straight to the stub and once through the proxy, alternating. Per run: p50 and p99 of each
 path; the added latency is proxy minus direct. Figures are medians over ``--runs`` runs.
@@ -178,7 +179,7 @@ def bench_latency(runs: int, requests: int, tokens: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         stub, stub_port = start_stub()
-        proxy, port = start_proxy(tmp, stub_port, "model:\n  context_length: 2000000\n")
+        proxy, port = start_proxy(tmp, stub_port, "model:\n  context_length: 2000000\ncompression:\n  enabled: false\n")
         try:
             for api in ("openai", "anthropic"):
                 per_run: dict[str, list[float]] = {"direct_p50": [], "direct_p99": [], "proxy_p50": [], "proxy_p99": [], "added_p50": [], "added_p99": [], "body_bytes": []}

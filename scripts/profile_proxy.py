@@ -42,7 +42,7 @@ def main() -> None:
     api = OPENAI if args.api == "openai" else ANTHROPIC
     model = "gpt-4o" if api is OPENAI else "claude-sonnet-4.5"
     with tempfile.TemporaryDirectory() as d:
-        cfg = Config().with_overrides(store={"path": str(Path(d) / "s.db")}, model={"context_length": 2_000_000})
+        cfg = Config().with_overrides(store={"path": str(Path(d) / "s.db")}, model={"context_length": 2_000_000}, compression={"enabled": False})
         proxy = Proxy(cfg)
         history = list(base)
         bodies = []
@@ -60,7 +60,9 @@ def main() -> None:
             body = proxy._body_cache(api, "profile").parse(raw)  # as the proxy does for a named session
             assert not api.problem(body)
             plan = proxy._plan(api, "profile", body, raw)
-            assert plan.content
+            assert plan.content and plan.manager is not None
+            # what the proxy does with the response's usage (off the response path)
+            plan.manager.update_from_response({"prompt_tokens": 100_000, "completion_tokens": 5}, session_id="profile")
 
         for raw in bodies[:3]:
             one(raw)
@@ -75,11 +77,12 @@ def main() -> None:
                 prof.disable()
             times.append((time.perf_counter() - t0) * 1000)
         times.sort()
-        print(f"{args.api}: {len(bodies[-1])} bytes, mean {sum(times) / len(times):.2f} ms, p50 {times[len(times) // 2]:.2f} ms, min {times[0]:.2f} ms")
+        print(f"{args.api}: {len(bodies[-1])} bytes, mean {sum(times) / len(times):.2f} ms, p50 {times[len(times) // 2]:.2f} ms, min {times[0]:.2f} ms, max {times[-1]:.2f} ms")
         if prof:
             s = io.StringIO()
             pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(args.profile)
             print(s.getvalue())
+        print({k: v for k, v in proxy.manager(api, model).status("profile").items() if k in ("compactions", "last_compaction", "hygiene_fired", "last_tokens")})
         proxy.close()
 
 
