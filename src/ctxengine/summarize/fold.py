@@ -9,7 +9,8 @@ middle span with a structured summary:
   update, tool results pruned: :func:`~ctxengine.summarize.assembly.summary_span`); a failed,
   over-long or not-shrinking summary falls back to the deterministic extractive one; the fact
   ledger then appends what the summary and the kept messages miss (older user messages
-  verbatim first), within the room the hard limit leaves.
+  verbatim first, the summary shrunk to make room for them), within the room the hard limit
+  leaves.
 
 The engine keeps the state between compactions (the previous summary, the facts carried) and
 decides what to do with the result.
@@ -23,8 +24,15 @@ from dataclasses import dataclass, field
 
 from ctxengine.facts import Facts, extract_facts
 from ctxengine.messages import Message
-from ctxengine.summarize.assembly import bounded, fit_ledger, run_summarizer, summary_span
+from ctxengine.summarize.assembly import (
+    MIN_SHRUNK_SUMMARY,
+    bounded,
+    fit_ledger,
+    run_summarizer,
+    summary_span,
+)
 from ctxengine.summarize.base import Summarizer
+from ctxengine.summarize.ledger import LedgerResult
 from ctxengine.tokens import estimate
 
 __all__ = [
@@ -132,17 +140,30 @@ def fold_span(
         notes.append(f"summary of {estimate(summary):,} tokens does not shrink the {content_tokens:,} it replaces: extractive summary used")
         summary = extractive(budget)
         used = "extractive"
-    ledger = fit_ledger(
-        summary,
-        required,
-        kept,
-        tokens_of=tokens_of,
-        facts_of=facts_of,
-        hard_limit=hard_limit,
-        context_length=context_length,
-        min_output_tokens=min_output_tokens,
-        shrink=shrink,
-    )
+    def ledger_of(text: str) -> LedgerResult:
+        return fit_ledger(
+            text,
+            required,
+            kept,
+            tokens_of=tokens_of,
+            facts_of=facts_of,
+            hard_limit=hard_limit,
+            context_length=context_length,
+            min_output_tokens=min_output_tokens,
+            shrink=shrink,
+        )
+
+    ledger = ledger_of(summary)
+    if ledger.unquoted_users and estimate(summary) > MIN_SHRUNK_SUMMARY:
+        # the ledger shrinks the summary by what the quotes need, which is not enough when the
+        # kept messages alone already left less than no room: the user's words come before
+        # the summary's prose, so it shrinks to its floor (kept only if more users fit)
+        mark = len(notes)
+        floor = ledger_of(shrink(summary, MIN_SHRUNK_SUMMARY))
+        if len(floor.unquoted_users) < len(ledger.unquoted_users):
+            ledger = floor
+        else:
+            del notes[mark:]
     if ledger.unquoted_users:
         notes.append(
             f"{len(ledger.unquoted_users)} older user message(s) do not fit the window verbatim: "
