@@ -22,11 +22,13 @@
 
 Cache-aware (DESIGN §3.8, §3.11): before any summary, tool outputs are **cut** in batches
 that pay for the cache they invalidate, giant outputs wherever they sit, before they are sent
-(:mod:`ctxengine.engines.kit.cutpolicy`); compaction never runs on more than
-``max_consecutive`` calls in a row unless the window requires it. Everything removed stays
-retrievable (:meth:`ContextCompressor.retrievable`, and the session store's recall tools).
-Phases 1, 3 and 4 are built with :mod:`ctxengine.summarize.assembly`; the head/tail plan is
-:func:`ctxengine.engines.kit.tail.plan_head_tail`.
+(:mod:`ctxengine.engines.kit.cutpolicy`, which also runs the cut-first trial); compaction never
+runs on more than ``max_consecutive`` calls in a row unless the window requires it (the
+trigger, back-off included, is :class:`ctxengine.engines.kit.trigger.SummaryTrigger`).
+Everything removed stays retrievable (:meth:`ContextCompressor.retrievable`, and the session
+store's recall tools). Phases 1 and 4 are built with :mod:`ctxengine.summarize.assembly`,
+phase 3 (summary span to fact ledger, the summary budget) with :mod:`ctxengine.summarize.fold`;
+the head/tail plan is :func:`ctxengine.engines.kit.tail.plan_head_tail`.
 
 Failure never loses context: a summarizer error falls back to the deterministic extractive
 summary; an authentication error keeps the messages unchanged (reported in :meth:`get_status`

@@ -33,7 +33,8 @@ names for the shared store-backed recall (:class:`ctxengine.recall.Recall`, ``ct
 The digest and the cut of giant outputs are the kit's (:mod:`ctxengine.engines.kit`).
 
 The engine never imports the store: it receives an object with the methods of
-:class:`LcmStore` (``ctxengine.store`` backends have them).
+:class:`LcmStore` (:class:`ctxengine.engines.kit.nodes.NodeStore`; ``ctxengine.store``
+backends have them). Node headers are :func:`ctxengine.engines.kit.nodes.node_text_header`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ Six rules, in the seed's priority order, as a policy over the shared kit
 1. **Collapse succeeded tool pairs.** A tool result that reports no failure becomes a one-line
    record, ``[ctxengine:tool: read_file("config.yaml") → ok, 347 chars]``; the assistant's call
    stays (so the pair stays a valid, shorter pair, never an orphan) and call arguments longer
-   than ``max_tool_output_chars`` are elided to a small JSON object.
+   than ``max_tool_output_chars`` are elided to a small JSON object (previews and elision:
+   :mod:`~.kit.calls`).
 2. **Truncate large tool outputs.** A result that reports a failure (or every result when
    ``keep_tool_summary`` is off) and is longer than ``max_tool_output_chars`` keeps its first
    ``head_lines`` and last ``tail_lines`` lines (the kit's one cut, :func:`~.kit.cut_output`).
