@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from ctxengine.engines.compressor import ContextCompressor
 from ctxengine.errors import ConfigError
 from ctxengine.facts import Facts
-from ctxengine.messages import Message, content_text, validate
+from ctxengine.messages import Message, content_text, is_summary, validate
 from ctxengine.summarize.ledger import TextIndex, apply_ledger
 from ctxengine.tokens import EstimateCounter
 
@@ -151,6 +151,69 @@ def test_a_20000_message_session_keeps_every_user_message_or_says_where_it_is() 
     assert len(kept) + sum(e.retrievable(u) for u in users if u not in text) == len(users)
     assert estimate_messages_tokens(out) <= 128_000
     assert len(kept) > 1_000  # most fit verbatim: only what cannot fit moves to recall
+
+
+def _crowded() -> list[Message]:
+    """An older user message between a large first one and a large latest one (a shape the
+    contract kit found): the kept messages leave less than no room beside the summary."""
+
+    def call(cid: str, name: str, path: str) -> dict[str, Any]:
+        return {"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps({"path": path})}}
+
+    notes = "\n".join(f"note {i}: the parser in src/app/main.py rejects input {i} with ValueError" for i in range(65))
+    msgs: list[Message] = [
+        {"role": "user", "content": "Fix the parser in src/app/main.py"},
+        {"role": "user", "content": notes},
+        {"role": "assistant", "content": "Looking.", "tool_calls": [call("c1", "read_file", "src/app/main.py")]},
+        {"role": "tool", "tool_call_id": "c1", "content": "\n".join(f"{i:6d}  x = compute(a, b) + {i}" for i in range(1, 70))},
+        {"role": "assistant", "content": "", "tool_calls": [call("c2", "bash", "deploy.sh")]},
+        {"role": "tool", "tool_call_id": "c2", "content": "\n".join(f"{i}  bash: deploy.sh: Permission denied" for i in range(25))},
+    ]
+    for k in range(4, 10):
+        msgs.append({"role": "assistant", "content": f"Checking lib/module_{k}.py next.", "tool_calls": [call(f"c{k}", "read_file", f"lib/module_{k}.py")]})
+        msgs.append({"role": "tool", "tool_call_id": f"c{k}", "content": f"def handler_{k}():\n    raise KeyError('missing key {k}')"})
+    msgs.append({"role": "assistant", "content": "", "tool_calls": [call("c3", "search", "src/app/main.py")]})
+    msgs.append({"role": "tool", "tool_call_id": "c3", "content": "import os"})
+    msgs.append({"role": "user", "content": "next: keep /etc/hosts.conf as it is\ndo not touch file:///tmp/report.html\nthe deploy script fails with: bash: deploy.sh: Permission denied\nand java.lang.NullPointerException: null shows up in the log\nplease rerun the tests afterwards"})
+    msgs.append({"role": "user", "content": "\n".join(f"step {i}: rerun tests/test_api.py against http://localhost:8080/health and report" for i in range(100))})
+    return msgs
+
+
+def test_an_older_user_message_is_quoted_when_the_kept_messages_leave_no_room() -> None:
+    msgs = _crowded()
+    e = ContextCompressor(context_length=4_000, quiet_mode=True)
+    out = e.compress(msgs, current_tokens=estimate_messages_tokens(msgs))
+    older, latest = msgs[-2], msgs[-1]
+    summaries = "\n".join(content_text(m.get("content")) for m in out if is_summary(m))
+    assert older in out or content_text(older["content"]) in summaries
+    assert latest in out
+    assert not [v for v in validate(out) if v.severity == "error"]
+
+
+def test_the_same_compression_in_a_fresh_process(tmp_path: Any) -> None:
+    """Nothing process-wide (memo, cooldown, cache) changes what the engine writes: this
+    process, warmed by other compressions, gives what a fresh interpreter gives."""
+    import subprocess
+    import sys
+
+    from ctxengine.loop import fingerprint
+
+    for window in (4_000, 8_000):  # warm whatever a compression could leave behind
+        ContextCompressor(context_length=window, quiet_mode=True).compress(_session(30, 20), current_tokens=window)
+    msgs = _crowded()
+    here = fingerprint(ContextCompressor(context_length=4_000, quiet_mode=True).compress(msgs, current_tokens=estimate_messages_tokens(msgs)))
+    (tmp_path / "msgs.json").write_text(json.dumps(msgs), encoding="utf-8")
+    script = (
+        "import json, sys\n"
+        "from ctxengine.engines.compressor import ContextCompressor\n"
+        "from ctxengine.loop import fingerprint\n"
+        "from ctxengine.tokens import estimate_messages_tokens\n"
+        "msgs = json.load(open(sys.argv[1], encoding='utf-8'))\n"
+        "out = ContextCompressor(context_length=4_000, quiet_mode=True).compress(msgs, current_tokens=estimate_messages_tokens(msgs))\n"
+        "print(fingerprint(out))\n"
+    )
+    fresh = subprocess.run([sys.executable, "-c", script, str(tmp_path / "msgs.json")], capture_output=True, text=True, check=True, timeout=120)
+    assert fresh.stdout.strip() == here
 
 
 def test_text_index_answers_like_in() -> None:

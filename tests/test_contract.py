@@ -337,3 +337,40 @@ def test_kernel_checks_are_counted() -> None:
     report = check_engine_contract(lambda: Identity(context_length=4000), examples=3)
     assert report.checks[10] > 0 and report.checks[11] > 0 and report.checks[12] == 1
     assert report.max_consecutive_compactions <= 3
+
+
+def _drawn(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Fingerprints of the conversations the kit generates for one fixed-seed run."""
+    from ctxengine.loop import fingerprint
+    from ctxengine.testing import contract
+
+    seen: list[str] = []
+    run = contract._Harness.run
+
+    def record(self: Any, conv: list[Message]) -> None:
+        seen.append(fingerprint(conv))
+        run(self, conv)
+
+    with monkeypatch.context() as m:
+        m.setattr(contract._Harness, "run", record)
+        check_engine_contract(factory(Identity), examples=15, kernel=False, shrink_seconds=1.0)
+    return seen
+
+
+def test_a_fixed_seed_draws_the_same_conversations_whatever_ran_before(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same seed gave other conversations run alone than after other tests: hypothesis
+    mixes the literals of every module of the user's code imported so far into what it draws
+    (a process-wide pool). Here an "earlier test" imports a module full of new literals."""
+    import importlib
+    import sys
+
+    fresh = _drawn(monkeypatch)
+    literals = "\n".join(f"V{i} = ({i * 7919}, {f'probe-{i}-/src/probe/file_{i}.py'!r}, {i / 3!r})" for i in range(200))
+    (tmp_path / "ctxengine_order_probe.py").write_text(literals + "\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        importlib.import_module("ctxengine_order_probe")
+        warmed = _drawn(monkeypatch)
+    finally:
+        sys.modules.pop("ctxengine_order_probe", None)
+    assert fresh == warmed

@@ -22,11 +22,13 @@
 
 Cache-aware (DESIGN §3.8, §3.11): before any summary, tool outputs are **cut** in batches
 that pay for the cache they invalidate, giant outputs wherever they sit, before they are sent
-(:mod:`ctxengine.engines.kit.cutpolicy`); compaction never runs on more than
-``max_consecutive`` calls in a row unless the window requires it. Everything removed stays
-retrievable (:meth:`ContextCompressor.retrievable`, and the session store's recall tools).
-Phases 1, 3 and 4 are built with :mod:`ctxengine.summarize.assembly`; the head/tail plan is
-:func:`ctxengine.engines.kit.tail.plan_head_tail`.
+(:mod:`ctxengine.engines.kit.cutpolicy`, which also runs the cut-first trial); compaction never
+runs on more than ``max_consecutive`` calls in a row unless the window requires it (the
+trigger, back-off included, is :class:`ctxengine.engines.kit.trigger.SummaryTrigger`).
+Everything removed stays retrievable (:meth:`ContextCompressor.retrievable`, and the session
+store's recall tools). Phases 1 and 4 are built with :mod:`ctxengine.summarize.assembly`,
+phase 3 (summary span to fact ledger, the summary budget) with :mod:`ctxengine.summarize.fold`;
+the head/tail plan is :func:`ctxengine.engines.kit.tail.plan_head_tail`.
 
 Failure never loses context: a summarizer error falls back to the deterministic extractive
 summary; an authentication error keeps the messages unchanged (reported in :meth:`get_status`
@@ -42,7 +44,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from ctxengine.boundaries import sanitize_tool_pairs
-from ctxengine.engine import CompactionReport, ContextEngine
+from ctxengine.engine import CompactionReport
 from ctxengine.engines.compressor_compat import (
     check_keywords,
     hermes_summarizer,
@@ -50,70 +52,55 @@ from ctxengine.engines.compressor_compat import (
     target_ratio_for,
     window_for,
 )
+from ctxengine.engines.kit.build import configured_summarizer
 from ctxengine.engines.kit.cutpolicy import (
     BATCH,
     BATCH_TOKENS,
     CUT_MIN_TOKENS,
     CUT_TOKENS,
+    CUTS_SUFFICED,
     GIANT_RATIO,
     KEEP_RECENT,
     MIN_CUT_TOKENS,
-    CachedCuts,
 )
 from ctxengine.engines.kit.tail import HeadTailPlan, plan_head_tail
+from ctxengine.engines.kit.trigger import HARD_LIMIT_RATIO, SummaryTrigger
 from ctxengine.errors import ConfigError
-from ctxengine.facts import Facts, extract_facts
-from ctxengine.messages import (
-    Message,
-)
+from ctxengine.facts import Facts
+from ctxengine.messages import Message
 from ctxengine.summarize.assembly import (
     SUMMARY_END,
     SUMMARY_PREFIX,
-    bounded,
-    fit_ledger,
     own_summary,
     place_summary,
-    run_summarizer,
-    summary_span,
     with_note,
 )
 from ctxengine.summarize.base import Summarizer
 from ctxengine.summarize.extractive import ExtractiveSummarizer
-from ctxengine.tokens import AnchoredCounter, EstimateCounter, TokenCounter, estimate, get_counter
+from ctxengine.summarize.fold import fold_span, max_summary_tokens, summary_budget
+from ctxengine.tokens import EstimateCounter, TokenCounter, get_counter
 
 if TYPE_CHECKING:
     from ctxengine.config import Config
 
-__all__ = ["SUMMARY_END", "SUMMARY_PREFIX", "ContextCompressor"]
+__all__ = ["CUTS_SUFFICED", "HARD_LIMIT_RATIO", "SUMMARY_END", "SUMMARY_PREFIX", "ContextCompressor"]
 
 log = logging.getLogger("ctxengine.compressor")
-
-SUMMARY_RATIO = 0.20
-MIN_SUMMARY_TOKENS = 2_000
-MAX_SUMMARY_TOKENS = 12_000
-SUMMARY_WINDOW_RATIO = 0.05
 
 TARGET_AFTER_RATIO = 0.75
 """A compression aims to land at or below this fraction of the threshold, so the next one is
 several turns away (compactions in batches keep prompt caches warm); the tail may exceed its
 token budget to keep ``protect_last_n`` messages only up to that level."""
 
-HARD_LIMIT_RATIO = 0.90
-"""Above this fraction of the window a request has no room left for the reply: compression
-runs even while backing off, and an authentication failure no longer keeps messages as they
-are (the deterministic summary is used instead). Compressed output never exceeds it."""
-
-
 def _prompt(name: str) -> str:
     return resources.files("ctxengine.summarize").joinpath(f"prompts/{name}").read_text(encoding="utf-8").strip()
 
 
-CUTS_SUFFICED = "cutting the older outputs was enough: no summary needed"
 MAX_CONSECUTIVE = 3
 """Compaction never runs on more calls in a row than this unless the window requires it."""
 
 
-class ContextCompressor(CachedCuts, ContextEngine):
+class ContextCompressor(SummaryTrigger):
     """The default engine (see the module docstring).
 
     ``summarizer`` writes summaries; ``None`` uses the deterministic
@@ -198,8 +185,6 @@ class ContextCompressor(CachedCuts, ContextEngine):
         self.protect_last_n = int(protect_last_n)
         self.protect_first_n = int(protect_first_n)
         self.user_quote_budget_tokens = int(user_quote_budget_tokens)
-        self.backoff_turns = int(backoff_turns)
-        self.enabled = bool(enabled)
         self._init_cuts(
             keep_recent=keep_recent,
             batch=batch,
@@ -209,7 +194,6 @@ class ContextCompressor(CachedCuts, ContextEngine):
             giant_ratio=giant_ratio,
             cost_aware=cost_aware,
         )
-        self.max_consecutive = max(1, int(max_consecutive))
         self.cut_before_summary = bool(cut_before_summary)
         if summarizer is None and self.summary_model:
             summarizer = hermes_summarizer(self.summary_model, self.base_url, self.api_key, self.provider)
@@ -217,11 +201,9 @@ class ContextCompressor(CachedCuts, ContextEngine):
         self._fallback = ExtractiveSummarizer()
         self.counter: TokenCounter = counter or EstimateCounter()
         self.recall = recall
-        self._anchor = AnchoredCounter(self.counter)
-        self._sent: list[Message] | None = None
+        self._init_trigger(backoff_turns=backoff_turns, max_consecutive=max_consecutive, enabled=enabled)
         self._previous_summary: str | None = None
         self._carried = Facts()
-        self._backoff = 0
         self._last_error: str | None = None
         # (length, last message) of the prefix the last compaction left stable: later ones never
         # cut inside it, so it stays byte-identical and is read from the prompt cache
@@ -230,9 +212,6 @@ class ContextCompressor(CachedCuts, ContextEngine):
         self._header = _prompt("summary_header.md")
         self._recallable: set[str] = set()
         self._summaries = 0
-        self._streak = 0
-        self._compacted = False
-        self._expected_stable: int | None = None
         if not self.quiet_mode:
             log.info(
                 "compressor: context_length=%d threshold=%d (%.0f%%) tail budget=%d summarizer=%s",
@@ -271,10 +250,7 @@ class ContextCompressor(CachedCuts, ContextEngine):
         also answers :meth:`retrievable`.
         """
         c = config.compression
-        if summarizer is None and config.auxiliary.compression.model:
-            from ctxengine.summarize.llm import LlmSummarizer
-
-            summarizer = LlmSummarizer.from_config(config.auxiliary.compression)
+        summarizer = configured_summarizer(config, summarizer)
         counter = services.get("counter")
         return cls(
             context_length=context_length,
@@ -300,77 +276,12 @@ class ContextCompressor(CachedCuts, ContextEngine):
     @property
     def max_summary_tokens(self) -> int:
         """``min(context_length × 0.05, 12,000)``: the ceiling of a summary's budget."""
-        return int(min(self.context_length * SUMMARY_WINDOW_RATIO, MAX_SUMMARY_TOKENS))
-
-    @property
-    def hard_limit_tokens(self) -> int:
-        return int(self.context_length * HARD_LIMIT_RATIO)
+        return max_summary_tokens(self.context_length)
 
     def summary_budget(self, content_tokens: int) -> int:
-        """``content_tokens × 0.20`` clamped to ``[2,000, max_summary_tokens]``.
-
-        When the window is so small that the ceiling is under 2,000, the floor wins: a summary
-        shorter than that cannot hold the template.
-        """
-        return max(MIN_SUMMARY_TOKENS, min(int(content_tokens * SUMMARY_RATIO), self.max_summary_tokens))
-
-    # -- accounting ------------------------------------------------------------------------------
-    def update_from_response(self, usage: Any) -> None:
-        """Record the real token counts; they also anchor the estimate of the next request
-        (the messages last seen by :meth:`should_compress_preflight` or returned by
-        :meth:`compress` are taken as what was sent). Counts the calls in a row that compacted,
-        and learns from the cache fields how much of a kept prefix the provider really reads."""
-        u = self._record_usage(usage)
-        if self._sent is not None and u.prompt_tokens > 0:
-            self._anchor.anchor(self._sent, u.prompt_tokens)
-        self._calls += 1
-        self._streak = self._streak + 1 if self._compacted else 0
-        self._compacted = False
-        if self._expected_stable is not None and (u.cache_read_tokens or u.cache_write_tokens):
-            if self._expected_stable > 0:
-                self._stable_ratio = min(1.0, u.cache_read_tokens / self._expected_stable)
-            self._expected_stable = None
-
-    def _thrashing(self, tokens: int) -> bool:
-        """True when the last ``max_consecutive`` calls all compacted and the window does not
-        require another one now."""
-        return self._streak >= self.max_consecutive and tokens < self.hard_limit_tokens
-
-    def should_compress(self, prompt_tokens: int | None = None) -> bool:
-        """True when the prompt reaches ``threshold × context_length``.
-
-        Uses ``prompt_tokens`` when given, else the last provider-reported prompt tokens.
-        While backing off after a compression that could not get under the threshold, turns
-        are skipped (each call counts one) unless the hard limit is reached; so are calls after
-        ``max_consecutive`` compacting calls in a row.
-        """
-        if not self.enabled:
-            return False
-        tokens = self.last_prompt_tokens if prompt_tokens is None else int(prompt_tokens)
-        if tokens < self.threshold_tokens:
-            return False
-        if self._backoff > 0 and tokens < self.hard_limit_tokens:
-            self._backoff -= 1
-            return False
-        return not self._thrashing(tokens)
-
-    def should_compress_preflight(self, messages: list[Message]) -> bool:
-        """Before the API call: True when a giant output waits to be cut (it was never sent:
-        cutting it costs nothing), when a batch of older outputs is due and pays for itself, or
-        when the last real prompt tokens plus an estimate of the messages appended since
-        (anchored counting) reach the threshold."""
-        self._sent = messages
-        if not self.enabled:
-            return False
-        scan = self._scan(messages)
-        if self._giant_waits(scan):
-            return True
-        tokens = self._anchor.count(messages)
-        if self._thrashing(tokens):
-            return False
-        if tokens >= self.threshold_tokens:
-            return self._backoff == 0 or tokens >= self.hard_limit_tokens
-        return self._scan_batch_due(messages, scan)
+        """``content_tokens × 0.20`` clamped to ``[2,000, max_summary_tokens]``
+        (:func:`ctxengine.summarize.fold.summary_budget`)."""
+        return summary_budget(content_tokens, self.context_length)
 
     def update_model(self, model: str, context_length: int, **kwargs: Any) -> None:
         """Switch window: ``threshold_tokens`` and every budget follow the new length."""
@@ -382,17 +293,12 @@ class ContextCompressor(CachedCuts, ContextEngine):
         super().on_session_reset()
         self._previous_summary = None
         self._carried = Facts()
-        self._backoff = 0
         self._last_error = None
         self._frozen = None
-        self._sent = None
-        self._anchor.reset()
+        self._reset_trigger()
         self._reset_cuts()
         self._recallable = set()
         self._summaries = 0
-        self._streak = 0
-        self._compacted = False
-        self._expected_stable = None
 
     def retrievable(self, text: str) -> bool:
         """True when ``text`` occurs verbatim in what this engine removed from the context (cut
@@ -457,17 +363,10 @@ class ContextCompressor(CachedCuts, ContextEngine):
         msgs, cut = self._cut_stage(msgs, toks, batch=not over and focus_topic is None, report=report)
         if over and focus_topic is None and self.cut_before_summary:
             # every older whole output cut may be enough: a cheaper rewrite than a summary
-            trial_toks = list(toks)
-            trial_notes = len(report.notes)
-            trial, more = self._cut_stage(msgs, trial_toks, batch=True, report=report, everything=True)
-            both = sorted(set(cut) | set(more))
-            if both and before - (total - sum(trial_toks)) <= int(self.threshold_tokens * TARGET_AFTER_RATIO):
-                report.replaced = both
-                report.notes.append(CUTS_SUFFICED)
-                return self._finish(report, trial, t0, changed=True, first_changed=both[0])
-            # not enough: the summary folds those outputs anyway, and cutting them first would
-            # only rewrite the head; the trial is dropped (its originals stay retrievable)
-            del report.notes[trial_notes:]
+            target = int(self.threshold_tokens * TARGET_AFTER_RATIO)
+            trial = self._cuts_suffice(msgs, toks, cut, before=before, total=total, target=target, report=report)
+            if trial is not None:
+                return self._finish(report, trial, t0, changed=True, first_changed=report.replaced[0])
         report.replaced = list(cut)
         if not over and focus_topic is None:
             # under the threshold only cuts happen (giant outputs, a due batch): no summary
@@ -498,63 +397,37 @@ class ContextCompressor(CachedCuts, ContextEngine):
 
         # previous summaries in the middle become the text to update, not content to summarize
         self._remember(middle)
-        span, previous, facts = summary_span(middle, self._previous_summary, self._facts)
-        required = facts.merge(self._carried)
-        if previous is not None and not self._carried.all():
-            required = required.merge(extract_facts([{"role": "assistant", "content": previous}], include_users=False))
-
         content_tokens = sum(toks[i] for i in plan.middle)
-        budget = self.summary_budget(content_tokens)
-        # the hard-limit decisions go by the size the caller reported (before any cut)
-        summary, fallback, self._last_error = run_summarizer(
-            self.summarizer,
-            self._fallback,
-            span,
-            previous,
-            focus_topic,
-            budget,
-            over_hard_limit=reported >= self.hard_limit_tokens,
-            abort_on_failure=self.abort_on_summary_failure,
-            notes=report.notes,
-            log=log,
-        )
-        if summary is None:  # authentication failed below the hard limit (or abort): keep all
-            report.fallback = fallback
-            self._backoff = self.backoff_turns
-            if cut:
-                return self._finish(report, msgs, t0, changed=True, first_changed=cut[0])
-            return self._finish(report, list(messages), t0, changed=False)
-
-        def shrink(text: str, tokens: int) -> str:
-            return bounded(text, tokens, lambda b: self._fallback.summarize(span, previous_summary=previous, focus_topic=focus_topic, budget_tokens=b), report.notes)
-
-        summary = shrink(summary, budget)
-        if fallback is None and estimate(summary) >= content_tokens > 0:
-            # a summary that does not shrink what it replaces is no summary: extractive instead
-            report.notes.append(f"summary of {estimate(summary):,} tokens does not shrink the {content_tokens:,} it replaces: extractive summary used")
-            summary = self._fallback.summarize(span, previous_summary=previous, focus_topic=focus_topic, budget_tokens=budget)
-            fallback = "extractive"
-        ledger = fit_ledger(
-            summary,
-            required,
+        folded = fold_span(
+            middle,
             (*head, *pulled, *tail),
+            previous=self._previous_summary,
+            carried=self._carried,
+            summarizer=self.summarizer,
+            fallback=self._fallback,
+            focus_topic=focus_topic,
+            budget=self.summary_budget(content_tokens),
+            content_tokens=content_tokens,
             tokens_of=self._tokens,
             facts_of=self._facts,
             hard_limit=self.hard_limit_tokens,
             context_length=self.context_length,
             min_output_tokens=MIN_CUT_TOKENS,
-            shrink=shrink,
+            # the hard-limit decisions go by the size the caller reported (before any cut)
+            over_hard_limit=reported >= self.hard_limit_tokens,
+            abort_on_failure=self.abort_on_summary_failure,
+            notes=report.notes,
+            log=log,
         )
-        if ledger.unquoted_users:
-            self._recallable.update(ledger.unquoted_users)
-            report.notes.append(
-                f"{len(ledger.unquoted_users)} older user message(s) do not fit the window verbatim: "
-                "kept in the store, retrievable verbatim with ctx_grep"
-            )
-        if not ledger.complete:
-            detail = ", ".join(f"{n} {k}" for k, n in ledger.dropped.items() if n)
-            report.notes.append(f"fact ledger out of space: {detail} not in the summary (retrievable with ctx_grep)")
-        summary_text = ledger.text.strip()
+        self._last_error = folded.error
+        if folded.text is None:  # authentication failed below the hard limit (or abort): keep all
+            report.fallback = folded.fallback
+            self._backoff = self.backoff_turns
+            if cut:
+                return self._finish(report, msgs, t0, changed=True, first_changed=cut[0])
+            return self._finish(report, list(messages), t0, changed=False)
+        self._recallable.update(folded.unquoted_users)
+        summary_text = folded.text
 
         out = self._assemble(head, summary_text, pulled, tail)
         out = sanitize_tool_pairs(out)
@@ -562,9 +435,9 @@ class ContextCompressor(CachedCuts, ContextEngine):
             self._frozen = (len(head), out[len(head) - 1])
         out = self._clip_to_limit(out, report, self.hard_limit_tokens, len(head) + 1)
         self._previous_summary = summary_text
-        self._carried = required
+        self._carried = folded.required
         self._summaries += 1
-        report.fallback = fallback
+        report.fallback = folded.fallback
         report.replaced = sorted(set(cut) | set(plan.middle))
         first = 0 if out and messages and out[0] is not messages[0] else len(head)
         return self._finish(report, out, t0, changed=True, first_changed=first)
@@ -585,18 +458,10 @@ class ContextCompressor(CachedCuts, ContextEngine):
         report.messages_after = len(out)
         report.tokens_after = after
         if changed:
-            self._sent = out
-            self._scan_state = None  # earlier messages changed: the next check scans anew
-            self._anchor.reset()
-            self.last_prompt_tokens = after
             self.compression_count += 1
-            self._compacted = True
-            self._expected_stable = sum(self._tokens(m) for m in out[:first_changed])
-            if after >= self.threshold_tokens and self._backoff == 0:
-                self._backoff = self.backoff_turns
-                report.notes.append(f"still at {after:,} tokens (threshold {self.threshold_tokens:,}): backing off {self.backoff_turns} turns")
-        elif report.tokens_before >= self.threshold_tokens and self._backoff == 0:
-            self._backoff = self.backoff_turns
+            self._compacted_to(out, after, first_changed, report.notes)
+        elif report.tokens_before >= self.threshold_tokens:
+            self._back_off()
         report.elapsed_ms = (time.perf_counter() - t0) * 1000.0
         return out
 

@@ -33,7 +33,8 @@ names for the shared store-backed recall (:class:`ctxengine.recall.Recall`, ``ct
 The digest and the cut of giant outputs are the kit's (:mod:`ctxengine.engines.kit`).
 
 The engine never imports the store: it receives an object with the methods of
-:class:`LcmStore` (``ctxengine.store`` backends have them).
+:class:`LcmStore` (:class:`ctxengine.engines.kit.nodes.NodeStore`; ``ctxengine.store``
+backends have them). Node headers are :func:`ctxengine.engines.kit.nodes.node_text_header`.
 """
 
 from __future__ import annotations
@@ -43,16 +44,17 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, cast, runtime_checkable
+from typing import Any, ClassVar, cast
 
 from ctxengine.boundaries import group_spans
 from ctxengine.config import LcmConfig
 from ctxengine.engine import CompactionReport, ContextEngine
 from ctxengine.engines.kit import cut_output
-from ctxengine.engines.kit.build import settings_and_services
+from ctxengine.engines.kit.build import configured_summarizer, settings_and_services
 from ctxengine.engines.kit.digest import digest
+from ctxengine.engines.kit.nodes import NodeStore, node_text_header
 from ctxengine.engines.kit.originals import node_id
-from ctxengine.engines.kit.records import NODE_RE, node_header
+from ctxengine.engines.kit.records import NODE_RE
 from ctxengine.engines.kit.tail import tail_by_budget
 from ctxengine.errors import ConfigError, NotFoundError, SummarizerError
 from ctxengine.facts import FACT_KINDS, Facts, extract_facts
@@ -75,30 +77,8 @@ __all__ = ["NODE_RE", "LcmEngine", "LcmStore", "digest"]
 log = logging.getLogger("ctxengine.engines.lcm")
 
 
-@runtime_checkable
-class LcmStore(Protocol):
-    """What the engine needs from a session store (``ctxengine.store`` backends provide it)."""
-
-    def record_messages(self, session_id: str, messages: Sequence[Message]) -> list[str]: ...
-
-    def add_node(
-        self,
-        session_id: str,
-        node_id: str,
-        *,
-        depth: int,
-        text: str,
-        children: Sequence[tuple[str, str]],
-        meta: Mapping[str, Any] | None = None,
-    ) -> bool: ...
-
-    def get_node(self, node_id: str) -> Any: ...
-
-    def node_messages(self, node_id: str) -> list[tuple[str, Message]]: ...
-
-    def get_messages(self, ids: Sequence[str]) -> list[Message]: ...
-
-    def search(self, query: str, *, session_id: str | None = None, mode: Any = "text", limit: int = 20, nodes: bool = True) -> Sequence[Any]: ...
+LcmStore = NodeStore
+"""What the engine needs from a session store (``ctxengine.store`` backends provide it)."""
 
 
 @dataclass(slots=True)
@@ -115,15 +95,6 @@ class _Item:
     @property
     def is_node(self) -> bool:
         return self.node_id is not None
-
-
-def _header(nid: str, depth: int, n_messages: int, n_children: int) -> str:
-    what = f"{n_messages} earlier messages" if depth == 0 else f"{n_children} summaries of {n_messages} earlier messages"
-    return (
-        f"{node_header(nid, depth)} Summary of {what}; the originals are kept verbatim. "
-        f'Expand for details: lcm_expand(node_id="{nid}") returns them, lcm_describe shows the node, '
-        "lcm_grep searches every original."
-    )
 
 
 class LcmEngine(ContextEngine):
@@ -188,12 +159,7 @@ class LcmEngine(ContextEngine):
                 "the lcm engine needs a session store: build it through ContextManager or pass "
                 "store=ctxengine.store.open_store(config.store) (store.enabled must not be false)"
             )
-        summarizer = services.summarizer
-        config = services.config
-        if summarizer is None and config is not None and config.auxiliary.compression.model:
-            from ctxengine.summarize.llm import LlmSummarizer
-
-            summarizer = LlmSummarizer.from_config(config.auxiliary.compression)
+        summarizer = configured_summarizer(services.config, services.summarizer)
         return cls(store=cast(LcmStore, services.store), context_length=services.context_length, summarizer=summarizer, counter=services.counter, session_id=services.session_id, **settings.model_dump())
 
     @property
@@ -370,7 +336,7 @@ class LcmEngine(ContextEngine):
         text = self._existing(nid)
         span_tokens = self.counter.count_messages(span)
         if text is None:
-            header = _header(nid, 0, len(span), len(span))
+            header = node_text_header(nid, 0, len(span), len(span))
             body, how = self._summarize(span, span_tokens, focus_topic)
             self._hows.append(how)
             text = f"{header}\n{body}" if body else header
@@ -468,7 +434,7 @@ class LcmEngine(ContextEngine):
             originals: list[Message] = []
             for it in group:
                 originals.extend(m for _, m in self.store.node_messages(str(it.node_id)))
-            header = _header(nid, depth, len(originals), len(group))
+            header = node_text_header(nid, depth, len(originals), len(group))
             body, how = self._summarize(originals, self.counter.count_messages(originals), focus_topic)
             self._hows.append(how)
             text = f"{header}\n{body}" if body else header

@@ -6,7 +6,8 @@ Six rules, in the seed's priority order, as a policy over the shared kit
 1. **Collapse succeeded tool pairs.** A tool result that reports no failure becomes a one-line
    record, ``[ctxengine:tool: read_file("config.yaml") → ok, 347 chars]``; the assistant's call
    stays (so the pair stays a valid, shorter pair, never an orphan) and call arguments longer
-   than ``max_tool_output_chars`` are elided to a small JSON object.
+   than ``max_tool_output_chars`` are elided to a small JSON object (previews and elision:
+   :mod:`~.kit.calls`).
 2. **Truncate large tool outputs.** A result that reports a failure (or every result when
    ``keep_tool_summary`` is off) and is longer than ``max_tool_output_chars`` keeps its first
    ``head_lines`` and last ``tail_lines`` lines (the kit's one cut, :func:`~.kit.cut_output`).
@@ -62,6 +63,7 @@ from ctxengine.engines.kit import (
     unseen,
 )
 from ctxengine.engines.kit.build import settings_and_services, with_overrides
+from ctxengine.engines.kit.calls import call_preview, elide_args
 from ctxengine.engines.kit.originals import Originals, Refs
 from ctxengine.engines.kit.pacing import Pacing, settled_end
 from ctxengine.engines.kit.tail import tail_by_turns
@@ -71,9 +73,7 @@ from ctxengine.messages import (
     check,
     content_text,
     message_text,
-    tool_call_args,
     tool_call_id,
-    tool_call_name,
     tool_calls,
 )
 from ctxengine.models import DEFAULT_CONTEXT_LENGTH
@@ -83,11 +83,6 @@ __all__ = ["MARK", "RulesEngine", "RulesSettings"]
 
 RulesSettings = CompactionConfig
 """The engine's settings model: seed 004's ``compaction:`` block."""
-
-ELIDED_KEY = "_ctxengine_elided_chars"
-"""Key of the JSON object that replaces over-long tool-call arguments."""
-ARGS_HEAD = 160
-CALL_PREVIEW = 60
 
 _FAILURE_RE = re.compile(
     r"(?i)\b(?:errors?|exception|traceback|failed|failure|fatal|panic)\b"
@@ -102,24 +97,6 @@ def _facts_of(message: Mapping[str, Any]) -> Facts:
     if not text:
         return Facts()
     return Facts([], paths_in(text), urls_in(text), [], error_lines(content_text(message.get("content"))))
-
-
-def _call_preview(call: Mapping[str, Any] | None) -> str:
-    """``name("first argument")``, the first argument cut to CALL_PREVIEW characters."""
-    if call is None:
-        return "tool"
-    args = tool_call_args(call)
-    if isinstance(args, dict):
-        first: Any = args.get("head", "") if ELIDED_KEY in args else next(iter(args.values()), "") if args else ""
-        more = len(args) > 1 and ELIDED_KEY not in args
-    else:
-        first, more = args, False
-    if not isinstance(first, str):
-        first = json.dumps(first, ensure_ascii=False, sort_keys=True)
-    if len(first) > CALL_PREVIEW:
-        first = first[:CALL_PREVIEW] + "…"
-    shown = json.dumps(first, ensure_ascii=False) if first or args else ""
-    return f"{tool_call_name(call)}({shown}{', …' if more else ''})"
 
 
 class RulesEngine(ContextEngine):
@@ -373,30 +350,8 @@ class _Pass:
                 self._set(i, new_r)
 
     def _elide_args(self, a: Message) -> Message | None:
-        """Arguments longer than ``max_tool_output_chars`` become
-        ``{"_ctxengine_elided_chars": N, "head": "…", "facts": "…"}`` (still JSON)."""
-        raw = a.get("tool_calls")
-        if not self.s.keep_tool_summary or not isinstance(raw, list):
-            return None
-        changed = False
-        calls: list[Any] = []
-        for c in raw:
-            fn = c.get("function") if isinstance(c, dict) else None
-            args = fn.get("arguments") if isinstance(fn, dict) else None
-            if not isinstance(fn, dict) or not isinstance(args, str) or len(args) <= self.s.max_tool_output_chars or args.startswith('{"' + ELIDED_KEY):
-                calls.append(c)
-                continue
-            kept: dict[str, Any] = {ELIDED_KEY: len(args), "head": args[:ARGS_HEAD]}
-            missing = unseen(Facts([], paths_in(args), urls_in(args), [], []), json.dumps(kept, ensure_ascii=False))
-            if len(missing):
-                kept["facts"] = "\n".join(render_facts(missing))
-            new_args = json.dumps(kept, ensure_ascii=False)
-            if len(new_args) >= len(args):
-                calls.append(c)
-                continue
-            calls.append({**c, "function": {**fn, "arguments": new_args}})
-            changed = True
-        return {**a, "tool_calls": calls} if changed else None
+        """Arguments longer than ``max_tool_output_chars`` elided (:func:`~.kit.calls.elide_args`)."""
+        return elide_args(a, self.s.max_tool_output_chars) if self.s.keep_tool_summary else None
 
     def _result(self, i: int, call: Mapping[str, Any] | None, call_text: str) -> Message | None:
         """Rule 1's record or rule 2's cut of tool result ``i`` (None: keep it)."""
@@ -419,7 +374,7 @@ class _Pass:
         r = self.src[i]
         text = content_text(r.get("content"))
         ref = self.refs.node([i], kind="tool", text=None)
-        head = header("tool", f"{_call_preview(call)} → ok, {len(text)} chars", ref=ref)
+        head = header("tool", f"{call_preview(call)} → ok, {len(text)} chars", ref=ref)
         own = unseen(facts, head, call_text)
         if len(head) + sum(len(f) + 1 for f in own.all()) + 8 >= len(text):
             # not shorter on its own: keep the original (decided without the facts known from
@@ -450,7 +405,7 @@ class _Pass:
         if cut == text or len(cut) >= len(text):
             return None
         first, _, rest = cut.partition("\n")
-        preview = _call_preview(call if call is not None else call_of(self.src, i))
+        preview = call_preview(call if call is not None else call_of(self.src, i))
         cut = f"{first[:-1]}; {preview}]" + (f"\n{rest}" if rest else "")
         self.refs.text(ref, cut)
         return {**r, "content": cut}

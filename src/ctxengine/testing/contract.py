@@ -91,11 +91,12 @@ import json
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import hypothesis.internal.conjecture.engine as _hypothesis_engine
+import hypothesis.internal.conjecture.providers as _hypothesis_providers
 from hypothesis import HealthCheck, Phase, Verbosity, given
 from hypothesis import seed as hypothesis_seed
 from hypothesis import settings as hypothesis_settings
@@ -597,6 +598,33 @@ def _shrink_limit(seconds: float) -> Iterator[None]:
         setattr(_hypothesis_engine, name, old)
 
 
+@contextmanager
+def _no_local_constants() -> Iterator[None]:
+    """Draw with no "local constants" while the kit runs, so a fixed seed gives the same
+    conversations whatever ran before in the process.
+
+    Hypothesis mixes into what it draws the literals of every module it counts as the user's
+    own code that is imported so far (ctxengine's, a plugin's): a process-wide pool that grows
+    as tests import more of the code, so the same seed gave other conversations alone than
+    after other tests. The pool and its cache are hypothesis internals; when a version lacks
+    them, its default applies.
+    """
+    get = getattr(_hypothesis_providers, "_get_local_constants", None)
+    make = getattr(_hypothesis_providers, "Constants", None)
+    cache = getattr(getattr(_hypothesis_providers, "CONSTANTS_CACHE", None), "cache", None)
+    if get is None or make is None or cache is None or not hasattr(cache, "clear"):
+        yield
+        return
+    empty = make()
+    cache.clear()  # drawable constants computed with the pool as it was
+    setattr(_hypothesis_providers, "_get_local_constants", lambda: empty)  # noqa: B010
+    try:
+        yield
+    finally:
+        setattr(_hypothesis_providers, "_get_local_constants", get)  # noqa: B010
+        cache.clear()
+
+
 def check_engine_contract(
     engine: EngineSource,
     *,
@@ -612,7 +640,8 @@ def check_engine_contract(
     ``engine``: a factory returning a fresh engine (preferred; give it a small
     ``context_length`` such as 4,000 so compaction fires), or an engine instance (reset with
     ``on_session_reset()`` between examples). ``examples``: conversations to generate.
-    ``seed``: fixed by default so runs are reproducible; ``None`` for a fresh random run.
+    ``seed``: fixed by default so runs are reproducible (the same conversations in any process,
+    whatever ran before); ``None`` for a fresh random run.
     ``max_turns``: user turns per conversation. ``huge_tokens``: size bound of the occasional
     huge tool output; default twice the engine's threshold (at least 500, at most 100,000), so
     a single output can cross the threshold as in real sessions. ``shrink_seconds``: time
@@ -647,7 +676,8 @@ def check_engine_contract(
 
     if seed is not None:
         prop = hypothesis_seed(seed)(prop)
-    with _shrink_limit(shrink_seconds), warnings.catch_warnings():
+    pinned = _no_local_constants() if seed is not None else nullcontext()
+    with _shrink_limit(shrink_seconds), pinned, warnings.catch_warnings():
         # hypothesis renders the failing conversation (tens of KB) for its own report, which
         # the kit replaces with a bounded rendering: its size warning is noise here
         warnings.filterwarnings("ignore", message="Generating overly large repr")

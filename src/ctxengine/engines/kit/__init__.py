@@ -6,7 +6,13 @@ the mechanics once.
 * :mod:`~ctxengine.engines.kit.blocks` — fact blocks: render, parse, fit to a budget;
 * :mod:`~ctxengine.engines.kit.records` — the ``[ctxengine:`` record namespace (one owner);
 * :mod:`~ctxengine.engines.kit.cutpolicy` — the cache-aware cut policy (giant outputs, batches
-  that pay for the cache they invalidate), a mixin for an engine.
+  that pay for the cache they invalidate, the cut-first trial), a mixin for an engine;
+* :mod:`~ctxengine.engines.kit.trigger` — when a summarizing engine on that policy compacts
+  (threshold, back-off, no thrash, what the cache reads);
+* :mod:`~ctxengine.engines.kit.calls` — tool calls in records: previews, elided arguments;
+* :mod:`~ctxengine.engines.kit.nodes` — summary nodes over the store: the store protocol,
+  node headers;
+* also :mod:`~.digest`, :mod:`~.tail`, :mod:`~.pacing`, :mod:`~.originals`, :mod:`~.build`.
 """
 
 from __future__ import annotations

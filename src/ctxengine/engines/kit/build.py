@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 
 from ctxengine.engine import Services
 from ctxengine.errors import ConfigError
+from ctxengine.summarize.base import Summarizer
 from ctxengine.tokens import get_counter
 
-__all__ = ["settings_and_services", "with_overrides"]
+if TYPE_CHECKING:
+    from ctxengine.config import Config
+
+__all__ = ["configured_summarizer", "settings_and_services", "with_overrides"]
 
 S = TypeVar("S", bound=BaseModel)
 
@@ -77,3 +81,13 @@ def with_overrides(model: type[S], settings: S | None, overrides: Mapping[str, A
         return model.model_validate({**s.model_dump(), **overrides})
     except ValueError as exc:
         raise ConfigError(f"{model.__name__}: {exc}") from exc
+
+
+def configured_summarizer(config: Config | None, given: Summarizer | None = None) -> Summarizer | None:
+    """``given``, else the LLM summarizer ``auxiliary.compression.model`` configures, else
+    ``None`` (the engine's deterministic default)."""
+    if given is not None or config is None or not config.auxiliary.compression.model:
+        return given
+    from ctxengine.summarize.llm import LlmSummarizer  # imported only when an LLM is configured
+
+    return LlmSummarizer.from_config(config.auxiliary.compression)

@@ -31,6 +31,7 @@ from ctxengine.tokens import TokenCounter
 __all__ = [
     "BATCH",
     "BATCH_TOKENS",
+    "CUTS_SUFFICED",
     "CUT_MIN_TOKENS",
     "CUT_TOKENS",
     "GIANT_RATIO",
@@ -62,6 +63,7 @@ MIN_CUT_TOKENS = 64
 """The least a tool output is cut to when the window requires it (the marker and a line)."""
 MIN_HORIZON = 8
 """A batch cut must pay for its cache rewrite within max(MIN_HORIZON, calls so far) calls."""
+CUTS_SUFFICED = "cutting the older outputs was enough: no summary needed"
 
 
 def is_settled_text(text: str) -> bool:
@@ -313,6 +315,27 @@ class CachedCuts:
         if done:
             report.notes.append(f"cut {len(done)} tool output(s) to head and tail lines with their facts (originals retrievable)")
         return out, done
+
+    def _cuts_suffice(
+        self, msgs: list[Message], toks: list[int], cut: list[int], *, before: int, total: int, target: int, report: CompactionReport
+    ) -> list[Message] | None:
+        """The cut-first trial of a summarizing engine at its threshold: every older whole
+        output cut too (``cut``: the indices already cut in ``msgs``). When that brings the
+        context of ``before`` tokens (``total`` of them counted in ``toks`` before any cut) to
+        ``target`` or under, the new list, with ``report.replaced`` and a note saying so; else
+        ``None``, and the trial leaves no note behind (``toks`` is left as it was)."""
+        trial_toks = list(toks)
+        trial_notes = len(report.notes)
+        trial, more = self._cut_stage(msgs, trial_toks, batch=True, report=report, everything=True)
+        both = sorted(set(cut) | set(more))
+        if both and before - (total - sum(trial_toks)) <= target:
+            report.replaced = both
+            report.notes.append(CUTS_SUFFICED)
+            return trial
+        # not enough: the summary folds those outputs anyway, and cutting them first would
+        # only rewrite the head; the trial is dropped (its originals stay retrievable)
+        del report.notes[trial_notes:]
+        return None
 
     def _clip_to_limit(self, msgs: list[Message], report: CompactionReport, limit: int, start: int = 0) -> list[Message]:
         """Last resort: cut the largest tool outputs from ``start`` on (head + tail lines + their

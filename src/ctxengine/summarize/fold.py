@@ -1,0 +1,175 @@
+"""Folding a span of messages into one summary: the budget, the summary, the fact ledger.
+
+Phase 3 of the ``compressor`` engine (its module docstring), for any engine that replaces a
+middle span with a structured summary:
+
+* :func:`summary_budget` — ``content_tokens × 0.20`` clamped to ``[2,000, min(window × 0.05,
+  12,000)]``;
+* :func:`fold_span` — the summarizer reads the span (earlier summaries become the text to
+  update, tool results pruned: :func:`~ctxengine.summarize.assembly.summary_span`); a failed,
+  over-long or not-shrinking summary falls back to the deterministic extractive one; the fact
+  ledger then appends what the summary and the kept messages miss (older user messages
+  verbatim first, the summary shrunk to make room for them), within the room the hard limit
+  leaves.
+
+The engine keeps the state between compactions (the previous summary, the facts carried) and
+decides what to do with the result.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ctxengine.facts import Facts, extract_facts
+from ctxengine.messages import Message
+from ctxengine.summarize.assembly import (
+    MIN_SHRUNK_SUMMARY,
+    bounded,
+    fit_ledger,
+    run_summarizer,
+    summary_span,
+)
+from ctxengine.summarize.base import Summarizer
+from ctxengine.summarize.ledger import LedgerResult
+from ctxengine.tokens import estimate
+
+__all__ = [
+    "MAX_SUMMARY_TOKENS",
+    "MIN_SUMMARY_TOKENS",
+    "SUMMARY_RATIO",
+    "SUMMARY_WINDOW_RATIO",
+    "Folded",
+    "fold_span",
+    "max_summary_tokens",
+    "summary_budget",
+]
+
+SUMMARY_RATIO = 0.20
+MIN_SUMMARY_TOKENS = 2_000
+MAX_SUMMARY_TOKENS = 12_000
+SUMMARY_WINDOW_RATIO = 0.05
+
+
+def max_summary_tokens(context_length: int) -> int:
+    """``min(context_length × 0.05, 12,000)``: the ceiling of a summary's budget."""
+    return int(min(context_length * SUMMARY_WINDOW_RATIO, MAX_SUMMARY_TOKENS))
+
+
+def summary_budget(content_tokens: int, context_length: int) -> int:
+    """``content_tokens × 0.20`` clamped to ``[2,000, max_summary_tokens]``.
+
+    When the window is so small that the ceiling is under 2,000, the floor wins: a summary
+    shorter than that cannot hold the template.
+    """
+    return max(MIN_SUMMARY_TOKENS, min(int(content_tokens * SUMMARY_RATIO), max_summary_tokens(context_length)))
+
+
+@dataclass(slots=True)
+class Folded:
+    """What :func:`fold_span` gave: the summary text with its ledger (``None`` when the
+    messages are to be kept unchanged), the fallback used, the summarizer's error, the facts
+    the summary must keep from now on, and the user messages it could not quote."""
+
+    text: str | None
+    fallback: str | None
+    error: str | None
+    required: Facts
+    unquoted_users: list[str] = field(default_factory=list)
+
+
+def fold_span(
+    middle: list[Message],
+    kept: Sequence[Message],
+    *,
+    previous: str | None,
+    carried: Facts,
+    summarizer: Summarizer,
+    fallback: Summarizer,
+    focus_topic: str | None,
+    budget: int,
+    content_tokens: int,
+    tokens_of: Callable[[Message], int],
+    facts_of: Callable[[Message], Facts],
+    hard_limit: int,
+    context_length: int,
+    min_output_tokens: int,
+    over_hard_limit: bool,
+    abort_on_failure: bool,
+    notes: list[str],
+    log: logging.Logger,
+) -> Folded:
+    """Summarize ``middle`` (``content_tokens`` of it) next to the ``kept`` messages.
+
+    ``previous`` is the last summary (an earlier summary found in ``middle`` is used when it
+    is ``None``); ``carried`` the facts it had to keep. The summary is bounded to ``budget``;
+    ``over_hard_limit`` and ``abort_on_failure`` decide what a failure does
+    (:func:`~ctxengine.summarize.assembly.run_summarizer`); the ledger fits the hard limit and
+    the window, tool outputs in ``kept`` counted at ``min_output_tokens`` at least. What
+    happened goes to ``notes``.
+    """
+    span, previous, facts = summary_span(middle, previous, facts_of)
+    required = facts.merge(carried)
+    if previous is not None and not carried.all():
+        required = required.merge(extract_facts([{"role": "assistant", "content": previous}], include_users=False))
+    summary, used, error = run_summarizer(
+        summarizer,
+        fallback,
+        span,
+        previous,
+        focus_topic,
+        budget,
+        over_hard_limit=over_hard_limit,
+        abort_on_failure=abort_on_failure,
+        notes=notes,
+        log=log,
+    )
+    if summary is None:  # authentication failed below the hard limit (or abort): keep all
+        return Folded(None, used, error, required)
+
+    def extractive(tokens: int) -> str:
+        return fallback.summarize(span, previous_summary=previous, focus_topic=focus_topic, budget_tokens=tokens)
+
+    def shrink(text: str, tokens: int) -> str:
+        return bounded(text, tokens, extractive, notes)
+
+    summary = shrink(summary, budget)
+    if used is None and estimate(summary) >= content_tokens > 0:
+        # a summary that does not shrink what it replaces is no summary: extractive instead
+        notes.append(f"summary of {estimate(summary):,} tokens does not shrink the {content_tokens:,} it replaces: extractive summary used")
+        summary = extractive(budget)
+        used = "extractive"
+    def ledger_of(text: str) -> LedgerResult:
+        return fit_ledger(
+            text,
+            required,
+            kept,
+            tokens_of=tokens_of,
+            facts_of=facts_of,
+            hard_limit=hard_limit,
+            context_length=context_length,
+            min_output_tokens=min_output_tokens,
+            shrink=shrink,
+        )
+
+    ledger = ledger_of(summary)
+    if ledger.unquoted_users and estimate(summary) > MIN_SHRUNK_SUMMARY:
+        # the ledger shrinks the summary by what the quotes need, which is not enough when the
+        # kept messages alone already left less than no room: the user's words come before
+        # the summary's prose, so it shrinks to its floor (kept only if more users fit)
+        mark = len(notes)
+        floor = ledger_of(shrink(summary, MIN_SHRUNK_SUMMARY))
+        if len(floor.unquoted_users) < len(ledger.unquoted_users):
+            ledger = floor
+        else:
+            del notes[mark:]
+    if ledger.unquoted_users:
+        notes.append(
+            f"{len(ledger.unquoted_users)} older user message(s) do not fit the window verbatim: "
+            "kept in the store, retrievable verbatim with ctx_grep"
+        )
+    if not ledger.complete:
+        detail = ", ".join(f"{n} {k}" for k, n in ledger.dropped.items() if n)
+        notes.append(f"fact ledger out of space: {detail} not in the summary (retrievable with ctx_grep)")
+    return Folded(ledger.text.strip(), used, error, required, list(ledger.unquoted_users))
