@@ -459,9 +459,11 @@ class ContextCompressor(CachedCuts, ContextEngine):
             # every older whole output cut may be enough: a cheaper rewrite than a summary
             trial_toks = list(toks)
             trial_notes = len(report.notes)
-            trial, more = self._cut_stage(msgs, trial_toks, batch=True, report=report, everything=True)
+            target = int(self.threshold_tokens * TARGET_AFTER_RATIO)
+            need = before - (total - sum(toks)) - target
+            trial, more = self._cut_stage(msgs, trial_toks, batch=True, report=report, everything=True, need=need)
             both = sorted(set(cut) | set(more))
-            if both and before - (total - sum(trial_toks)) <= int(self.threshold_tokens * TARGET_AFTER_RATIO):
+            if both and before - (total - sum(trial_toks)) <= target:
                 report.replaced = both
                 report.notes.append(CUTS_SUFFICED)
                 return self._finish(report, trial, t0, changed=True, first_changed=both[0])
