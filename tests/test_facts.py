@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ctxengine.facts import (
     _ERROR_NOISE_RE,
@@ -68,6 +70,17 @@ def test_long_error_lines_are_cut() -> None:
     ["a error\r\nb", "x\x0bfailed here\x0cq", "ünïcode ERROR\nok", "İ error", "0 errors", "Exception", "NullPointerException at x"],
 )
 def test_fast_error_scan_equals_the_definition_on_edge_cases(text: str) -> None:
+    assert error_lines(text) == _reference_error_lines(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(["error", "Error:", "not found", "no such", "file", " ", "\n", "x", "0 errors", "Failed", "panic\n", "IOException", "\r"]),
+        max_size=40,
+    ).map("".join)
+)
+def test_fast_error_scan_equals_the_definition_on_any_text(text: str) -> None:
     assert error_lines(text) == _reference_error_lines(text)
 
 

@@ -130,10 +130,21 @@ def _strip_urls(text: str, urls: Sequence[str]) -> str:
     return text
 
 
-_ERROR_WORDS = re.compile(
-    "error|exception|traceback|failed|failure|fatal|panic|denied|not found|no such file"
-    "|cannot find symbol|segmentation fault"
+_ERROR_WORD_LIST = (
+    "error",
+    "exception",
+    "traceback",
+    "failed",
+    "failure",
+    "fatal",
+    "panic",
+    "denied",
+    "not found",
+    "no such file",
+    "cannot find symbol",
+    "segmentation fault",
 )
+_ERROR_WORDS = re.compile("|".join(_ERROR_WORD_LIST))
 """Every line :data:`_ERROR_RE` matches holds one of these words once lowercased; a literal
 scan for them skips most lines without running the costlier case-insensitive pattern."""
 
@@ -156,17 +167,22 @@ def error_lines(text: str) -> list[str]:
             out[s[:MAX_ERROR_LINE].rstrip()] = None
 
     if text.isascii() and not any(c in text for c in _OTHER_BREAKS):
-        # lines split at "\n" only and lower() keeps offsets: visit just the keyword lines
+        # lines split at "\n" only and lower() keeps offsets: visit just the keyword lines,
+        # found by one C-level str.find pass per word (a regex alternation of the words runs
+        # several times slower), in the order of the text
         low = text.lower()
-        end = -1
-        for m in _ERROR_WORDS.finditer(low):
-            if m.start() < end:
-                continue
-            start = text.rfind("\n", 0, m.start()) + 1
-            end = text.find("\n", m.end())
-            if end < 0:
-                end = len(text)
-            keep(text[start:end])
+        starts: set[int] = set()
+        for word in _ERROR_WORD_LIST:
+            at = low.find(word)
+            while at >= 0:
+                starts.add(low.rfind("\n", 0, at) + 1)
+                end = low.find("\n", at + len(word))
+                if end < 0:
+                    break
+                at = low.find(word, end)
+        for start in sorted(starts):
+            end = text.find("\n", start)
+            keep(text[start:] if end < 0 else text[start:end])
         return list(out)
     for line in text.splitlines():
         if line.isascii() and _ERROR_WORDS.search(line.lower()) is None:
