@@ -200,3 +200,19 @@ def test_fact_memo_is_bounded_and_skips_short_texts() -> None:
     assert ("paths", "a/b.py is short") not in memo._memo
     memo.clear()
     assert not memo._memo and memo._held == 0
+
+
+def test_fact_memo_survives_deep_copy_and_pickle() -> None:
+    import copy
+    import pickle
+
+    from ctxengine.facts import FactMemo
+
+    memo = FactMemo()
+    text = _long("see src/app/main.py")
+    memo.paths(text)
+    for clone in (copy.deepcopy(memo), pickle.loads(pickle.dumps(memo))):
+        assert clone.paths(text) == ["src/app/main.py"] and ("paths", text) in clone._memo
+        clone.clear()
+        assert ("paths", text) in memo._memo  # each copy has its own dictionary
+        assert clone.errors(_long("Error: x")) == ["Error: x"]

@@ -207,12 +207,28 @@ class FactMemo:
 
     __slots__ = ("_held", "_lock", "_memo", "max_chars", "min_chars")
 
-    def __init__(self, *, min_chars: int = 512, max_chars: int = 8_000_000) -> None:
+    def __init__(self, *, min_chars: int = 512, max_chars: int = 2_000_000) -> None:
         self.min_chars = min_chars
         self.max_chars = max_chars
         self._memo: dict[tuple[str, str], tuple[str, ...]] = {}
         self._held = 0
         self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        with self._lock:
+            return {"min_chars": self.min_chars, "max_chars": self.max_chars, "memo": dict(self._memo), "held": self._held}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.min_chars, self.max_chars = state["min_chars"], state["max_chars"]
+        self._memo, self._held = dict(state["memo"]), state["held"]
+        self._lock = threading.Lock()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FactMemo:
+        # an engine is deep-copied (a registry prototype, a host's worker): the copy gets its
+        # own lock and dictionary; the remembered texts and answers are immutable, so shared
+        clone = FactMemo.__new__(FactMemo)
+        clone.__setstate__(self.__getstate__())
+        return clone
 
     def _get(self, kind: str, fn: Callable[[str], list[str]], text: str) -> list[str]:
         if len(text) < self.min_chars:
