@@ -324,3 +324,23 @@ def test_the_per_call_check_answers_as_a_fresh_scan_does() -> None:
         msgs = [*msgs, *new]
         fresh = ContextCompressor(context_length=128_000, batch=4, cost_aware=False)
         assert kept.should_compress_preflight(msgs) == fresh.should_compress_preflight(msgs)
+
+
+def test_a_cut_that_cannot_free_what_is_needed_is_not_made() -> None:
+    from ctxengine.engine import CompactionReport
+
+    engine = ContextCompressor(context_length=32_000)
+    msgs: list[Message] = [{"role": "system", "content": "sys"}, {"role": "user", "content": "go"}]
+    for i in range(6):
+        msgs += tool_turn(f"c{i}", listing(120, tag=f"t{i}"))
+    toks = [engine._tokens(m) for m in msgs]
+    report = CompactionReport(engine.name, len(msgs), len(msgs), 0, 0)
+    waiting = engine._waiting(msgs, toks)
+    assert waiting, "the older outputs are cuttable"
+    held = sum(toks[i] for i in waiting)
+    same, done = engine._cut_stage(msgs, list(toks), batch=True, report=report, everything=True, need=held + 1)
+    assert same is msgs and done == [] and not report.notes
+    trial = list(toks)
+    out, done = engine._cut_stage(msgs, trial, batch=True, report=report, everything=True, need=held)
+    assert done == waiting and sum(trial) < sum(toks)
+    assert all(out[i] is not msgs[i] for i in done)

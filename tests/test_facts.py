@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ctxengine.facts import (
     _ERROR_NOISE_RE,
@@ -68,6 +70,17 @@ def test_long_error_lines_are_cut() -> None:
     ["a error\r\nb", "x\x0bfailed here\x0cq", "ünïcode ERROR\nok", "İ error", "0 errors", "Exception", "NullPointerException at x"],
 )
 def test_fast_error_scan_equals_the_definition_on_edge_cases(text: str) -> None:
+    assert error_lines(text) == _reference_error_lines(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(["error", "Error:", "not found", "no such", "file", " ", "\n", "x", "0 errors", "Failed", "panic\n", "IOException", "\r"]),
+        max_size=40,
+    ).map("".join)
+)
+def test_fast_error_scan_equals_the_definition_on_any_text(text: str) -> None:
     assert error_lines(text) == _reference_error_lines(text)
 
 
@@ -151,3 +164,55 @@ def test_call_facts_are_name_and_command_line() -> None:
         lambda t: t == "open src/Foo.java",
     )
     assert kept == (2, 2, [])
+
+
+def _long(text: str) -> str:
+    return (text + "\n") + "filler line without facts\n" * 40
+
+
+def test_fact_memo_answers_as_the_functions_and_hands_out_new_lists() -> None:
+    from ctxengine.facts import FactMemo
+
+    memo = FactMemo()
+    text = _long("see src/app/main.py and https://h.io/x.html\nValueError: bad input")
+    for _ in range(2):  # the second round comes from the memo
+        assert memo.paths(text) == paths_in(text) == ["src/app/main.py"]
+        assert memo.urls(text) == urls_in(text) == ["https://h.io/x.html"]
+        assert memo.errors(text) == error_lines(text) == ["ValueError: bad input"]
+    memo.paths(text).append("edited by a caller")
+    assert memo.paths(text) == ["src/app/main.py"]
+    assert extract_facts([{"role": "tool", "tool_call_id": "a", "content": text}], memo=memo) == extract_facts(
+        [{"role": "tool", "tool_call_id": "a", "content": text}]
+    )
+
+
+def test_fact_memo_is_bounded_and_skips_short_texts() -> None:
+    from ctxengine.facts import FactMemo
+
+    memo = FactMemo(min_chars=100, max_chars=3_000)
+    texts = [_long(f"file{i}/part.py") for i in range(6)]  # ~1,050 characters each
+    for t in texts:
+        assert memo.paths(t) == [t.split("\n")[0]]
+    assert 0 < len(memo._memo) <= 2  # the oldest were dropped to stay under max_chars
+    assert ("paths", texts[-1]) in memo._memo and ("paths", texts[0]) not in memo._memo
+    assert memo._held == sum(len(t) for _, t in memo._memo)
+    memo.paths("a/b.py is short")
+    assert ("paths", "a/b.py is short") not in memo._memo
+    memo.clear()
+    assert not memo._memo and memo._held == 0
+
+
+def test_fact_memo_survives_deep_copy_and_pickle() -> None:
+    import copy
+    import pickle
+
+    from ctxengine.facts import FactMemo
+
+    memo = FactMemo()
+    text = _long("see src/app/main.py")
+    memo.paths(text)
+    for clone in (copy.deepcopy(memo), pickle.loads(pickle.dumps(memo))):
+        assert clone.paths(text) == ["src/app/main.py"] and ("paths", text) in clone._memo
+        clone.clear()
+        assert ("paths", text) in memo._memo  # each copy has its own dictionary
+        assert clone.errors(_long("Error: x")) == ["Error: x"]

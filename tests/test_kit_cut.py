@@ -111,3 +111,13 @@ def test_budget_held_on_any_text(lines: list[str], budget: int) -> None:
         # within the budget, or (a budget below the marker) the shorter of marker and text
         assert estimate(out) <= budget or out == text or "\n" not in out
         assert out.startswith("[ctxengine:cut ref=p:") or out == text
+
+
+def test_a_memo_gives_the_same_cut() -> None:
+    from ctxengine.facts import FactMemo
+
+    text = "\n".join(f"line {i} src/mod{i}/file{i}.py Error: failed at step {i}" for i in range(300))
+    memo = FactMemo()
+    plain = cut_output(text, budget_tokens=200, ref="r1")
+    assert cut_output(text, budget_tokens=200, ref="r1", memo=memo) == plain
+    assert cut_output(text, budget_tokens=200, ref="r1", memo=memo) == plain  # from the memo

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,7 @@ __all__ = [
     "CALL_KIND",
     "FACT_KINDS",
     "MAX_ERROR_LINE",
+    "FactMemo",
     "Facts",
     "call_facts",
     "call_retention",
@@ -128,10 +130,21 @@ def _strip_urls(text: str, urls: Sequence[str]) -> str:
     return text
 
 
-_ERROR_WORDS = re.compile(
-    "error|exception|traceback|failed|failure|fatal|panic|denied|not found|no such file"
-    "|cannot find symbol|segmentation fault"
+_ERROR_WORD_LIST = (
+    "error",
+    "exception",
+    "traceback",
+    "failed",
+    "failure",
+    "fatal",
+    "panic",
+    "denied",
+    "not found",
+    "no such file",
+    "cannot find symbol",
+    "segmentation fault",
 )
+_ERROR_WORDS = re.compile("|".join(_ERROR_WORD_LIST))
 """Every line :data:`_ERROR_RE` matches holds one of these words once lowercased; a literal
 scan for them skips most lines without running the costlier case-insensitive pattern."""
 
@@ -154,23 +167,103 @@ def error_lines(text: str) -> list[str]:
             out[s[:MAX_ERROR_LINE].rstrip()] = None
 
     if text.isascii() and not any(c in text for c in _OTHER_BREAKS):
-        # lines split at "\n" only and lower() keeps offsets: visit just the keyword lines
+        # lines split at "\n" only and lower() keeps offsets: visit just the keyword lines,
+        # found by one C-level str.find pass per word (a regex alternation of the words runs
+        # several times slower), in the order of the text
         low = text.lower()
-        end = -1
-        for m in _ERROR_WORDS.finditer(low):
-            if m.start() < end:
-                continue
-            start = text.rfind("\n", 0, m.start()) + 1
-            end = text.find("\n", m.end())
-            if end < 0:
-                end = len(text)
-            keep(text[start:end])
+        starts: set[int] = set()
+        for word in _ERROR_WORD_LIST:
+            at = low.find(word)
+            while at >= 0:
+                starts.add(low.rfind("\n", 0, at) + 1)
+                end = low.find("\n", at + len(word))
+                if end < 0:
+                    break
+                at = low.find(word, end)
+        for start in sorted(starts):
+            end = text.find("\n", start)
+            keep(text[start:] if end < 0 else text[start:end])
         return list(out)
     for line in text.splitlines():
         if line.isascii() and _ERROR_WORDS.search(line.lower()) is None:
             continue
         keep(line)
     return list(out)
+
+
+class FactMemo:
+    """:func:`paths_in`, :func:`urls_in` and :func:`error_lines` remembered per text: an
+    engine's memo for the session it serves.
+
+    An engine scans the same tool output at many compactions: it receives a deep copy of the
+    messages on every call (so a memo keyed by the message object never hits), and cutting an
+    output, the fact ledger and the summarizer each scan it again. A deep copy shares its
+    strings, and a string caches its hash, so a lookup by text is a dictionary probe however
+    long the text is. Exact: the answers are those of the functions (each call gets a new
+    list). Texts shorter than ``min_chars`` are scanned again (about as cheap as a lookup);
+    the memo holds at most ``max_chars`` characters of text, dropping the oldest first.
+    Thread-safe: the lock is held only to update it.
+    """
+
+    __slots__ = ("_held", "_lock", "_memo", "max_chars", "min_chars")
+
+    def __init__(self, *, min_chars: int = 512, max_chars: int = 2_000_000) -> None:
+        self.min_chars = min_chars
+        self.max_chars = max_chars
+        self._memo: dict[tuple[str, str], tuple[str, ...]] = {}
+        self._held = 0
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        with self._lock:
+            return {"min_chars": self.min_chars, "max_chars": self.max_chars, "memo": dict(self._memo), "held": self._held}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.min_chars, self.max_chars = state["min_chars"], state["max_chars"]
+        self._memo, self._held = dict(state["memo"]), state["held"]
+        self._lock = threading.Lock()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FactMemo:
+        # an engine is deep-copied (a registry prototype, a host's worker): the copy gets its
+        # own lock and dictionary; the remembered texts and answers are immutable, so shared
+        clone = FactMemo.__new__(FactMemo)
+        clone.__setstate__(self.__getstate__())
+        return clone
+
+    def _get(self, kind: str, fn: Callable[[str], list[str]], text: str) -> list[str]:
+        if len(text) < self.min_chars:
+            return fn(text)
+        key = (kind, text)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return list(hit)
+        found = fn(text)
+        with self._lock:
+            if key not in self._memo:
+                self._memo[key] = tuple(found)
+                self._held += len(text)
+                while self._held > self.max_chars and self._memo:
+                    oldest = next(iter(self._memo))
+                    del self._memo[oldest]
+                    self._held -= len(oldest[1])
+        return found
+
+    def paths(self, text: str) -> list[str]:
+        """:func:`paths_in` of ``text``."""
+        return self._get("paths", paths_in, text)
+
+    def urls(self, text: str) -> list[str]:
+        """:func:`urls_in` of ``text``."""
+        return self._get("urls", urls_in, text)
+
+    def errors(self, text: str) -> list[str]:
+        """:func:`error_lines` of ``text``."""
+        return self._get("errors", error_lines, text)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._memo.clear()
+            self._held = 0
 
 
 @dataclass(slots=True)
@@ -201,12 +294,14 @@ class Facts:
         return merged
 
 
-def extract_facts(messages: Iterable[Mapping[str, Any]], *, include_users: bool = True) -> Facts:
+def extract_facts(messages: Iterable[Mapping[str, Any]], *, include_users: bool = True, memo: FactMemo | None = None) -> Facts:
     """Facts of ``messages``: paths and URLs from every text and tool argument, tool names from
     tool calls, error lines from tool results and assistant text, user texts verbatim.
 
-    System messages contribute nothing: they are configuration, not session facts.
+    System messages contribute nothing: they are configuration, not session facts. ``memo``
+    (an engine's :class:`FactMemo`) answers for texts scanned before.
     """
+    find_paths, find_urls, find_errors = (memo.paths, memo.urls, memo.errors) if memo is not None else (paths_in, urls_in, error_lines)
     users: dict[str, None] = {}
     paths: dict[str, None] = {}
     urls: dict[str, None] = {}
@@ -227,10 +322,10 @@ def extract_facts(messages: Iterable[Mapping[str, Any]], *, include_users: bool 
                 tools[tool_call_name(c)] = None
         if not text:
             continue
-        paths.update(dict.fromkeys(paths_in(text)))
-        urls.update(dict.fromkeys(urls_in(text)))
+        paths.update(dict.fromkeys(find_paths(text)))
+        urls.update(dict.fromkeys(find_urls(text)))
         if role in ("tool", "function", "assistant"):
-            errors.update(dict.fromkeys(error_lines(content_text(m.get("content")))))
+            errors.update(dict.fromkeys(find_errors(content_text(m.get("content")))))
     return Facts(list(users), list(paths), list(urls), list(tools), list(errors))
 
 

@@ -53,3 +53,38 @@ def test_a_history_recorded_again_keeps_its_ids_and_a_new_dict_is_hashed_anew(st
     again = store.record_messages("m", edited)
     assert again[:2] == first[:2] and again[2] != first[2]
     assert again[2] == message_id(first[1], blob_hash(canonical_json(edited[2])))
+
+
+def _chain_ids(msgs: list[dict[str, str]]) -> list[str]:
+    ids: list[str] = []
+    for m in msgs:
+        ids.append(message_id(ids[-1] if ids else None, blob_hash(canonical_json(m))))
+    return ids
+
+
+def test_a_history_recorded_again_after_a_compaction_gets_the_ids_of_a_fresh_recording(store: SessionStore) -> None:
+    before = [{"role": "user", "content": f"u{i}"} if i % 2 == 0 else {"role": "assistant", "content": f"a{i}"} for i in range(6)]
+    store.record_messages("s", before)
+    after = [before[0], {"role": "assistant", "content": "summary"}, *before[4:]]
+    store.record_compaction("s", {"engine": "x", "replaced": [1, 2, 3]}, before, after)
+    turn = [*after, {"role": "user", "content": "next"}]
+    ids = store.record_messages("s", turn)  # the prefix is the compaction's output, already stored
+    assert ids == _chain_ids(turn)
+    assert store.history_ids("s") == ids and store.history("s") == turn
+    more = store.append_messages("s", [{"role": "assistant", "content": "done"}], after=ids[-1])
+    assert store.history_ids("s") == [*ids, *more] == _chain_ids([*turn, {"role": "assistant", "content": "done"}])
+
+
+def test_another_writer_moving_the_tip_is_respected(store_factory: object) -> None:
+    one, two = store_factory(), store_factory()  # type: ignore[operator]
+    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    ids = one.record_messages("s", msgs)
+    two.append_messages("s", [{"role": "user", "content": "from elsewhere"}], after=ids[-1])
+    again = [*msgs, {"role": "user", "content": "c"}]
+    assert one.record_messages("s", again) == _chain_ids(again)
+    assert [m["content"] for m in two.history("s")] == ["a", "b", "c"]
+    # the other branch is kept, and the session holds the messages of both
+    assert [m["content"] for m in one.originals("s")][-1] == "c"
+    new = one.append_messages("s", [{"role": "assistant", "content": "d"}], after=_chain_ids(again)[-1])
+    assert [m["content"] for m in two.history("s")] == ["a", "b", "c", "d"]
+    assert new == _chain_ids([*again, {"role": "assistant", "content": "d"}])[-1:]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import re
 import threading
 import time
@@ -331,6 +332,8 @@ class _Prepared:
 
 
 _MEMO_SIZE = 16_384
+_CHAINS_MAX = 1_024
+"""Sessions whose last written history a store object remembers (see ``_known_chain``)."""
 _Memo = dict[int, "tuple[Message, _Prepared]"]
 """Prepared messages by message object (see :func:`_prepare`)."""
 
@@ -418,6 +421,8 @@ class SqlStore(SessionStore):
         self._local = threading.local()
         self._session_pks: dict[str, int] = {}  # committed sessions' keys (the append path skips the lookup)
         self._prepared: _Memo = {}  # each message object serialised and hashed once (see _prepare)
+        self._chains: dict[str, tuple[list[Message], list[tuple[int, str]]]] = {}  # see _known_chain
+        self._chains_lock = threading.Lock()
 
     # -- backend hooks --------------------------------------------------------------------------
     @abstractmethod
@@ -615,13 +620,57 @@ class SqlStore(SessionStore):
                 (session_pk, kind, new_tip, compaction_pk, now),
             )
 
+    # -- the chains last written, by session ----------------------------------------------------------
+    def _known_chain(self, session_id: str, messages: Sequence[Message]) -> list[tuple[int, str]]:
+        """``(pk, id)`` of the longest prefix of ``messages`` this store object wrote (or read)
+        last for ``session_id`` as a history from the root, matched by identity: the same
+        message objects chained from the root have the same ids, and stored rows are never
+        edited or deleted, so their keys need no lookup. A session recorded again in full
+        (after a compaction, a cap) then hashes and looks up only its new messages."""
+        hit = self._chains.get(session_id)
+        if hit is None or not messages:
+            return []
+        objs, chain = hit
+        n = min(len(objs), len(messages))
+        if n and messages[n - 1] is objs[n - 1] and all(map(operator.is_, messages[:n], objs[:n])):
+            return chain[:n]
+        k = 0
+        while k < n and messages[k] is objs[k]:
+            k += 1
+        return chain[:k]
+
+    def _remember_chain(self, session_id: str, messages: list[Message], chain: list[tuple[int, str]]) -> None:
+        """Remember a committed history of ``session_id`` (see :meth:`_known_chain`)."""
+        if self.redact_content or len(messages) != len(chain):
+            return
+        with self._chains_lock:
+            self._chains.pop(session_id, None)
+            self._chains[session_id] = (messages, chain)
+            while len(self._chains) > _CHAINS_MAX:
+                del self._chains[next(iter(self._chains))]
+
+    def _chain_from_root(self, cur: Any, session_id: str, messages: list[Message]) -> list[tuple[int, str]]:
+        """:meth:`_store_chain` of a whole history, skipping the prefix already known."""
+        known = self._known_chain(session_id, messages)
+        if not known:
+            return self._store_chain(cur, messages)
+        k = len(known)
+        if k == len(messages):
+            return list(known)
+        pk, mid = known[-1]
+        # a message's position in a chain from the root is its index
+        return [*known, *self._store_chain(cur, messages[k:], mid, stored_parent=(mid, pk, k - 1))]
+
     # -- SessionRecorder and writes -------------------------------------------------------------------
     def record_messages(self, session_id: str, messages: Sequence[Message], *, meta: Mapping[str, Any] | None = None) -> list[str]:
-        prepared_check = list(messages)
+        msgs = list(messages)
+        known_pk = self._session_pks.get(session_id) if meta is None else None
         with self._write() as cur:
-            spk = self._ensure_session(cur, session_id, meta)
-            chain = self._store_chain(cur, prepared_check)
+            spk = known_pk if known_pk is not None else self._ensure_session(cur, session_id, meta)
+            chain = self._chain_from_root(cur, session_id, msgs)
             self._move_tip(cur, spk, chain, "messages")
+        self._session_pks[session_id] = spk
+        self._remember_chain(session_id, msgs, chain)
         return [mid for _, mid in chain]
 
     def record_many(self, histories: Iterable[tuple[str, Sequence[Message]]]) -> dict[str, list[str]]:
@@ -642,7 +691,12 @@ class SqlStore(SessionStore):
         with self._write() as cur:
             spk = known_pk if known_pk is not None else self._ensure_session(cur, session_id)
             self._lock_session(cur, spk)
-            if after is not None:
+            hit = self._chains.get(session_id)
+            row: tuple[Any, ...] | None
+            if after is not None and hit is not None and hit[1] and hit[1][-1][1] == after:
+                # the message this store object wrote last for the session (rows are immutable)
+                row = (after, hit[1][-1][0], len(hit[1]) - 1)
+            elif after is not None:
                 row = self._one(cur, "SELECT id, pk, position FROM messages WHERE id = ?", (after,))
                 if row is None:
                     raise NotFoundError(f"cannot append to session {session_id!r} after message {after!r}: no such message in the store")
@@ -655,6 +709,8 @@ class SqlStore(SessionStore):
             self._move_tip(cur, spk, full, "append")
         # sessions are never deleted: the key stays valid once the row is committed
         self._session_pks[session_id] = spk
+        if hit is not None and hit[1] and parent is not None and hit[1][-1][1] == parent:
+            self._remember_chain(session_id, [*hit[0], *msgs], [*hit[1], *chain])
         return [mid for _, mid in chain]
 
     def record_compaction(self, session_id: str, report: Mapping[str, Any], before: Sequence[Message], after: Sequence[Message]) -> str:
@@ -662,8 +718,9 @@ class SqlStore(SessionStore):
         with self._write() as cur:
             spk = self._ensure_session(cur, session_id)
             self._lock_session(cur, spk)
-            before_chain = self._store_chain(cur, list(before))
-            after_chain = self._store_chain(cur, list(after))
+            before_list, after_list = list(before), list(after)
+            before_chain = self._chain_from_root(cur, session_id, before_list)
+            after_chain = self._chain_from_root(cur, session_id, after_list)
             before_ids = [mid for _, mid in before_chain]
             replaced_idx = report.get("replaced")
             if isinstance(replaced_idx, list) and all(isinstance(i, int) for i in replaced_idx):
@@ -697,6 +754,7 @@ class SqlStore(SessionStore):
             cpk = self._one(cur, "SELECT pk FROM compactions WHERE id = ?", (cid,))
             self._add_members(cur, spk, [pk for pk, _ in before_chain])
             self._move_tip(cur, spk, after_chain, "compaction", int(cpk[0]) if cpk else None, force_event=True)
+        self._remember_chain(session_id, after_list, after_chain)
         return cid
 
     def restore(self, session_id: str, at: str) -> list[Message]:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from ctxengine.engines.kit.blocks import fit_facts, render_facts, unseen
 from ctxengine.engines.kit.records import EXPAND_TOOL, header
-from ctxengine.facts import Facts, error_lines, paths_in, urls_in
+from ctxengine.facts import FactMemo, Facts, error_lines, paths_in, urls_in
 from ctxengine.tokens import TokenCounter, estimate
 
 __all__ = ["LINE_CHARS", "cut_output"]
@@ -62,12 +62,14 @@ def cut_output(
     tail_lines: int | None = None,
     line_chars: int = LINE_CHARS,
     known: set[str] | frozenset[str] | None = None,
+    memo: FactMemo | None = None,
 ) -> str:
     """``text`` cut to ``budget_tokens`` (see the module docstring); unchanged when it fits.
 
     ``counter`` measures tokens (default: :func:`ctxengine.tokens.estimate`). ``head_lines``
     and ``tail_lines`` cap how many lines each end keeps (default: as many as fit); facts in
-    ``known`` (shown elsewhere in the context, e.g. by an earlier record) are not listed again. The result
+    ``known`` (shown elsewhere in the context, e.g. by an earlier record) are not listed again;
+    ``memo`` (the engine's :class:`~ctxengine.facts.FactMemo`) answers for texts scanned before. The result
     never exceeds the budget, except when the budget cannot hold even the marker line: then
     the shorter of the marker alone and ``text`` is returned (the marker is the least a cut
     leaves). Raises ValueError for a
@@ -83,7 +85,11 @@ def cut_output(
         return text
     lines = text.split("\n")
     n = len(lines)
-    all_facts = unseen(Facts([], paths_in(text), urls_in(text), [], error_lines(text)), known=known)
+    if memo is not None:
+        found = Facts([], memo.paths(text), memo.urls(text), [], memo.errors(text))
+    else:
+        found = Facts([], paths_in(text), urls_in(text), [], error_lines(text))
+    all_facts = unseen(found, known=known)
     n_facts = len(all_facts)
     # the marker with the largest numbers it can show: the real one is never longer
     marker_cost = count(_marker(ref, n, n, n, total_tokens, n_facts)) + 1

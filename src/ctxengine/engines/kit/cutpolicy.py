@@ -22,7 +22,7 @@ from ctxengine.engine import CompactionReport
 from ctxengine.engines.kit.cut import cut_output
 from ctxengine.engines.kit.records import MARK
 from ctxengine.engines.kit.tail import tail_by_exchanges
-from ctxengine.facts import Facts, extract_facts
+from ctxengine.facts import FactMemo, Facts, extract_facts
 from ctxengine.messages import Message, content_text, message_text, tool_call_args, tool_calls
 from ctxengine.summarize.assembly import own_summary
 from ctxengine.summarize.extractive import PRUNED_MARKER
@@ -105,6 +105,7 @@ class CachedCuts:
     _originals: list[str]
     _tok_memo: dict[int, tuple[Message, int]]
     _fact_memo: dict[int, tuple[Message, Facts]]
+    _text_facts: FactMemo
     _scan_state: CutScan | None
 
     def _init_cuts(
@@ -128,6 +129,7 @@ class CachedCuts:
         self.cost_aware = bool(cost_aware)
         self._tok_memo = {}
         self._fact_memo = {}
+        self._text_facts = FactMemo()
         self._reset_cuts()
 
     def _reset_cuts(self) -> None:
@@ -153,7 +155,7 @@ class CachedCuts:
         hit = self._fact_memo.get(id(m))
         if hit is not None and hit[0] is m:
             return hit[1]
-        f = extract_facts([m])
+        f = extract_facts([m], memo=self._text_facts)
         if len(self._fact_memo) > 50_000:
             self._fact_memo.clear()
         self._fact_memo[id(m)] = (m, f)
@@ -264,7 +266,7 @@ class CachedCuts:
 
     def _cut(self, m: Message, budget: int) -> Message:
         text = content_text(m.get("content"))
-        cut = cut_output(text, budget_tokens=budget, counter=self.counter)
+        cut = cut_output(text, budget_tokens=budget, counter=self.counter, memo=self._text_facts)
         if cut == text:
             return m
         self._keep_original(text)
@@ -291,15 +293,26 @@ class CachedCuts:
                         self._keep_original(v)
 
     def _cut_stage(
-        self, msgs: list[Message], toks: list[int], *, batch: bool, report: CompactionReport, everything: bool = False
+        self,
+        msgs: list[Message],
+        toks: list[int],
+        *,
+        batch: bool,
+        report: CompactionReport,
+        everything: bool = False,
+        need: int = 0,
     ) -> tuple[list[Message], list[int]]:
         """Cut giant outputs anywhere and, with ``batch``, the batch of older whole outputs when
         it is due (``everything``: every older whole output). Returns the new list and the
-        indices cut (``toks`` is updated in place)."""
+        indices cut (``toks`` is updated in place).
+
+        ``need``: the cut is wanted only if it can free at least this many tokens; when the
+        outputs to cut hold fewer, nothing is cut (a cut frees at most an output's own tokens,
+        so the answer is known without cutting)."""
         giants = self._giants(msgs, toks)
         waiting = (self._waiting(msgs, toks) if everything else self._due_batch(msgs, toks)) if batch else []
         targets = sorted(set(giants) | set(waiting))
-        if not targets:
+        if not targets or sum(toks[i] for i in targets) < need:
             return msgs, []
         out = list(msgs)
         done: list[int] = []
@@ -326,7 +339,8 @@ class CachedCuts:
         ``None``, and the trial leaves no note behind (``toks`` is left as it was)."""
         trial_toks = list(toks)
         trial_notes = len(report.notes)
-        trial, more = self._cut_stage(msgs, trial_toks, batch=True, report=report, everything=True)
+        need = before - (total - sum(toks)) - target
+        trial, more = self._cut_stage(msgs, trial_toks, batch=True, report=report, everything=True, need=need)
         both = sorted(set(cut) | set(more))
         if both and before - (total - sum(trial_toks)) <= target:
             report.replaced = both
