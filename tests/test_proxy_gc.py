@@ -53,3 +53,20 @@ def test_the_proxy_command_freezes(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     monkeypatch.setattr(server.uvicorn, "Server", NoServer)
     server.serve(Config().with_overrides(store={"path": str(tmp_path / "s.db")}))
     assert made and made[0].get("freeze_gc") is True
+
+
+def test_collector_pauses_are_counted_by_generation() -> None:
+    proxy = Proxy(Config(), store=None, freeze_gc=True)
+
+    async def run() -> None:
+        async with proxy._lifespan(proxy.app):
+            gc.collect()
+        assert proxy._gc_timer not in gc.callbacks  # removed at shutdown
+
+    try:
+        anyio.run(run)
+    finally:
+        gc.unfreeze()
+    proxy._drain_gc_pauses()
+    text = proxy.metrics.render().decode()
+    assert 'ctxengine_proxy_gc_pause_seconds_count{generation="2"} 1.0' in text

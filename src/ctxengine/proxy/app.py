@@ -34,6 +34,7 @@ the session store records messages only, never headers. When a proxy token is se
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import gc
 import hmac
@@ -104,6 +105,8 @@ class _Plan:
     tokens_out: int = 0
     compactions: int = 0
     context: list[Message] = field(default_factory=list)
+    started: float = 0.0  # perf_counter when the worker thread began planning
+    finished: float = 0.0  # and when it was done
 
     @property
     def saved(self) -> int:
@@ -144,6 +147,8 @@ class Proxy:
     ) -> None:
         self.config = config or Config()
         self.freeze_gc = freeze_gc
+        self._gc_started = 0.0
+        self._gc_pauses: collections.deque[tuple[int, float]] = collections.deque(maxlen=10_000)
         self.settings = self.config.proxy
         self.auth_token = auth_token or None
         self.store: SessionRecorder | None = default_store(self.config) if store == "default" else store
@@ -178,9 +183,12 @@ class Proxy:
         if self.freeze_gc:
             gc.collect()  # garbage is not frozen: only what is still alive
             gc.freeze()
+            gc.callbacks.append(self._gc_timer)
         try:
             yield
         finally:
+            if self._gc_timer in gc.callbacks:
+                gc.callbacks.remove(self._gc_timer)
             client, self._client = self._client, None
             await client.aclose()
             self.close()
@@ -189,6 +197,22 @@ class Proxy:
         limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
         timeout = httpx.Timeout(self.settings.timeout, connect=min(30.0, self.settings.timeout))
         return httpx.AsyncClient(transport=self._transport, timeout=timeout, limits=limits, follow_redirects=False)
+
+    def _gc_timer(self, phase: str, info: dict[str, int]) -> None:
+        """``gc.callbacks`` hook: each collection's pause, queued for ``ctxengine_proxy_gc_pause_seconds``.
+
+        Queued rather than observed here: a collection can start inside the metrics' own
+        locked sections (rendering ``/metrics`` allocates), and observing takes those locks."""
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        elif self._gc_started:
+            self._gc_pauses.append((info.get("generation", -1), time.perf_counter() - self._gc_started))
+            self._gc_started = 0.0
+
+    def _drain_gc_pauses(self) -> None:
+        while self._gc_pauses:
+            generation, seconds = self._gc_pauses.popleft()
+            self.metrics.gc_pause.labels(str(generation)).observe(seconds)
 
     @property
     def client(self) -> httpx.AsyncClient:
@@ -285,6 +309,7 @@ class Proxy:
     async def metrics_endpoint(self, request: Request) -> Response:
         if not self._authorized(request):
             return JSONResponse({"error": {"message": f"missing or wrong {TOKEN_HEADER}", "type": "authentication_error"}}, status_code=401)
+        self._drain_gc_pauses()
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
     async def chat_completions(self, request: Request) -> Response:
@@ -322,6 +347,7 @@ class Proxy:
             raw = await self._read_body(request)
         except _TooLarge:
             return self._error(api, 413, f"request body larger than {self.settings.max_body_bytes} bytes (proxy.max_body_bytes)", "too_large")
+        t_read = time.perf_counter()
         try:
             named = session_from_header(request.headers.get(SESSION_HEADER))
             bad_session = None
@@ -332,6 +358,7 @@ class Proxy:
             body = self._body_cache(api, named).parse(raw) if named else orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             return self._error(api, 400, f"the request body is not valid JSON: {exc}", "bad_request")
+        t_parse = time.perf_counter()
         problem = api.problem(body)
         if problem:
             return self._error(api, 400, problem, "bad_request")
@@ -343,10 +370,18 @@ class Proxy:
             if not named:
                 plan.session = derive_session_id(api.name, request.headers, body.get("system") if api is ANTHROPIC else None, body["messages"])
             await self._usage_done(api, plan.session)
+            t_queue = time.perf_counter()
             plan = await anyio.to_thread.run_sync(self._plan, api, plan.session, body, raw)
+            t_back = time.perf_counter()
+            stage = self.metrics.stage
+            stage.labels(api.name, "plan_queue").observe(plan.started - t_queue)
+            stage.labels(api.name, "plan").observe(plan.finished - plan.started)
+            stage.labels(api.name, "plan_return").observe(t_back - plan.finished)
         except Exception as exc:  # fail open: the client's request goes upstream unchanged
             self._fail_open(api, plan, "prepare", exc)
             plan = _Plan(api, plan.session, body, raw)
+        self.metrics.stage.labels(api.name, "read").observe(t_read - t0)
+        self.metrics.stage.labels(api.name, "parse").observe(t_parse - t_read)
         self.metrics.added_latency.labels(api.name).observe(time.perf_counter() - t0)
         if api is ANTHROPIC:
             self._sticky_betas(plan.session, headers)
@@ -389,6 +424,12 @@ class Proxy:
 
     # -- the manager's part (worker thread) ----------------------------------------------
     def _plan(self, api: Api, session: str, body: dict[str, Any], raw: bytes) -> _Plan:
+        started = time.perf_counter()
+        plan = self._plan_session(api, session, body, raw)
+        plan.started, plan.finished = started, time.perf_counter()
+        return plan
+
+    def _plan_session(self, api: Api, session: str, body: dict[str, Any], raw: bytes) -> _Plan:
         key = (api.name, session)
         now = time.monotonic()
         with self._lock:
@@ -607,6 +648,7 @@ class Proxy:
         started = time.perf_counter()
         api = plan.api
         resp = await self.client.post(url, content=plan.content, headers=headers)
+        self.metrics.stage.labels(api.name, "upstream").observe(time.perf_counter() - started)
         if resp.status_code >= 400:
             self._account(plan, "upstream_error", resp.status_code, started)
             return Response(resp.content, status_code=resp.status_code, headers=self._response_headers(resp) | extra)
@@ -663,6 +705,7 @@ class Proxy:
         started = time.perf_counter()
         req = self.client.build_request("POST", url, content=plan.content, headers=headers)
         resp = await self.client.send(req, stream=True)
+        self.metrics.stage.labels(plan.api.name, "upstream").observe(time.perf_counter() - started)
         if resp.status_code >= 400:
             content = await resp.aread()
             await resp.aclose()
