@@ -54,6 +54,7 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from ctxengine.caching import apply_breakpoints
 from ctxengine.config import Config
@@ -712,7 +713,7 @@ class Proxy:
             self._account(plan, "upstream_error", resp.status_code, started)
             return Response(content, status_code=resp.status_code, headers=self._response_headers(resp) | extra)
         out_headers = self._response_headers(resp) | extra
-        return StreamingResponse(self._relay(plan, url, headers, resp, started), status_code=resp.status_code, headers=out_headers)
+        return _RelayResponse(self._relay(plan, url, headers, resp, started), status_code=resp.status_code, headers=out_headers)
 
     async def _relay(self, plan: _Plan, url: str, headers: dict[str, str], resp: httpx.Response, started: float) -> AsyncIterator[bytes]:
         api = plan.api
@@ -767,6 +768,45 @@ class Proxy:
         finally:
             await resp.aclose()
             self._account(plan, outcome, 200, started)
+
+
+class _RelayResponse(StreamingResponse):
+    """A relayed stream whose first chunk goes out from the request's own task.
+
+    Starlette streams from a second task while the request's task watches for the client
+    leaving (uvicorn reports ASGI spec 2.3, whose ``send`` does not fail once the client is
+    gone). Starting that task group before the first chunk cost time to first byte about
+    0.3 ms, measured. Here the response head and the first chunk are sent first, then the
+    rest is streamed Starlette's way, watcher included: a client that left while the
+    upstream prepared its first chunk is noticed right after that chunk, and the upstream
+    stream is closed then as before.
+    """
+
+    _head_sent = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        chunks = self.body_iterator.__aiter__()
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        self._head_sent = True
+        try:
+            first = await chunks.__anext__()
+        except StopAsyncIteration:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
+        await send({"type": "http.response.body", "body": first if isinstance(first, bytes | memoryview) else first.encode(self.charset), "more_body": True})
+        self.body_iterator = chunks
+        await super().__call__(scope, receive, send)
+
+    async def stream_response(self, send: Send) -> None:
+        if not self._head_sent:
+            await super().stream_response(send)
+            return
+        async for chunk in self.body_iterator:
+            await send({"type": "http.response.body", "body": chunk if isinstance(chunk, bytes | memoryview) else chunk.encode(self.charset), "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def _closing(api: Api) -> bytes:
