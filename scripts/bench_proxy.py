@@ -143,7 +143,8 @@ def start_stub(reply: str = "StubReply.ok('ok')") -> tuple[subprocess.Popen[byte
     return proc, port
 
 
-def start_proxy(tmp: Path, stub_port: int, extra_yaml: str = "") -> tuple[subprocess.Popen[bytes], int]:
+def start_proxy(tmp: Path, stub_port: int, extra_yaml: str = "", src: Path | None = None) -> tuple[subprocess.Popen[bytes], int]:
+    """``ctxengine proxy`` in a process of its own, from ``src`` (default: this tree's ``src``)."""
     port = free_port()
     cfg = tmp / f"proxy-{port}.yaml"
     cfg.write_text(
@@ -151,7 +152,7 @@ def start_proxy(tmp: Path, stub_port: int, extra_yaml: str = "") -> tuple[subpro
         f"proxy:\n  openai_base_url: http://127.0.0.1:{stub_port}/v1\n  anthropic_base_url: http://127.0.0.1:{stub_port}\n" + extra_yaml,
         encoding="utf-8",
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env = {**os.environ, "PYTHONPATH": str(src or ROOT / "src")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "ctxengine", "proxy", "--config", str(cfg), "--port", str(port), "--log-format", "text"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
@@ -220,19 +221,39 @@ def load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def bench_latency(runs: int, requests: int, tokens: int) -> dict[str, Any]:
+def rotation(targets: dict[str, int], k: int) -> list[tuple[str, int]]:
+    """The targets of turn ``k`` in the order they are sent: rotated every turn, so none
+    always meets a warmer (or a busier) stub."""
+    items = list(targets.items())
+    return items[k % len(items) :] + items[: k % len(items)]
+
+
+def with_baseline(out: dict[str, Any], base_runs: dict[str, list[float]]) -> dict[str, Any]:
+    if base_runs:
+        out["baseline"] = {k: med(v) for k, v in base_runs.items()}
+    return out
+
+
+def bench_latency(runs: int, requests: int, tokens: int, baseline: Path | None = None) -> dict[str, Any]:
     base = history_of(tokens)
     size = sum(estimate_message_tokens(m) for m in base)
     out: dict[str, Any] = {"history_tokens": size, "history_messages": len(base), "load_before": load()}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         stub, stub_port = start_stub()
-        proxy, port = start_proxy(tmp, stub_port, "model:\n  context_length: 2000000\ncompression:\n  enabled: false\n")
+        extra = "model:\n  context_length: 2000000\ncompression:\n  enabled: false\n"
+        proxy, port = start_proxy(tmp, stub_port, extra)
+        procs = [proxy, stub]
+        targets = {"direct": stub_port, "proxy": port}
+        if baseline is not None:
+            base_proc, targets["baseline"] = start_proxy(tmp, stub_port, extra, src=baseline)
+            procs.append(base_proc)
         try:
             for api in ("openai", "anthropic"):
                 per_run: dict[str, list[float]] = {"body_bytes": []}
+                base_runs: dict[str, list[float]] = {}
                 for run in range(runs):
-                    direct, proxied = [], []
+                    direct, proxied, based = [], [], []
                     history = list(base)
                     with httpx.Client(timeout=60) as client:
                         for k in range(requests + 3):
@@ -241,10 +262,8 @@ def bench_latency(runs: int, requests: int, tokens: int) -> dict[str, Any]:
                             content = json.dumps(body).encode()
                             headers = {"content-type": "application/json", "authorization": "Bearer sk-bench", SESSION: f"lat-{api}-{run}"}
                             times = {}
-                            # alternate which path goes first, so neither always meets a warmer stub
-                            order = ("direct", "proxy") if k % 2 == 0 else ("proxy", "direct")
-                            for which in order:
-                                url = f"http://127.0.0.1:{stub_port if which == 'direct' else port}{path}"
+                            for which, target in rotation(targets, k):
+                                url = f"http://127.0.0.1:{target}{path}"
                                 t0 = time.perf_counter()
                                 r = client.post(url, content=content, headers=headers)
                                 times[which] = (time.perf_counter() - t0) * 1000
@@ -254,10 +273,14 @@ def bench_latency(runs: int, requests: int, tokens: int) -> dict[str, Any]:
                             if k >= 3:  # warm-up turns not counted
                                 direct.append(times["direct"])
                                 proxied.append(times["proxy"])
+                                based.append(times.get("baseline", 0.0))
                     per_run["body_bytes"].append(len(content))
                     for key, val in added(direct, proxied).items():
                         per_run.setdefault(key, []).append(val)
-                out[api] = {k: med(v) for k, v in per_run.items()} | {"runs": runs, "requests_per_run": requests}
+                    if baseline is not None:
+                        for key, val in added(direct, based).items():
+                            base_runs.setdefault(key, []).append(val)
+                out[api] = with_baseline({k: med(v) for k, v in per_run.items()} | {"runs": runs, "requests_per_run": requests}, base_runs)
                 out[api]["added_p50_per_run"] = [round(v, 2) for v in per_run["added_p50"]]
                 out[api]["added_p99_per_run"] = [round(v, 2) for v in per_run["added_p99"]]
                 # the proxy's own work before the upstream call (its added-latency histogram)
@@ -266,26 +289,32 @@ def bench_latency(runs: int, requests: int, tokens: int) -> dict[str, Any]:
                 count = vals.get("ctxengine_proxy_added_latency_seconds_count", 0.0)
                 out[api]["proxy_own_work_mean_ms"] = round(1000 * vals.get("ctxengine_proxy_added_latency_seconds_sum", 0.0) / count, 3) if count else 0.0
         finally:
-            stop(proxy, stub)
+            stop(*procs)
     out["load_after"] = load()
     return out
 
 
 # -- time to first byte ------------------------------------------------------------------------------
-def bench_ttfb(runs: int, requests: int) -> dict[str, Any]:
+def bench_ttfb(runs: int, requests: int, baseline: Path | None = None) -> dict[str, Any]:
     """Time to the first streamed byte, direct and through the proxy, for both APIs (the same
     back-to-back, alternating pairing as the latency figures)."""
     out: dict[str, Any] = {"load_before": load()}
     with tempfile.TemporaryDirectory() as d:
         stub, stub_port = start_stub("StubReply(text='one two three four five six', chunks=6, chunk_delay=0.02)")
         proxy, port = start_proxy(Path(d), stub_port)
+        procs = [proxy, stub]
+        targets = {"direct": stub_port, "proxy": port}
+        if baseline is not None:
+            base_proc, targets["baseline"] = start_proxy(Path(d), stub_port, src=baseline)
+            procs.append(base_proc)
         try:
             history = history_of(10_000)
             out["history_tokens"] = sum(estimate_message_tokens(m) for m in history)
             for api in ("openai", "anthropic"):
                 per: dict[str, list[float]] = {}
+                base_runs: dict[str, list[float]] = {}
                 for run in range(runs):
-                    direct, proxied = [], []
+                    direct, proxied, based = [], [], []
                     with httpx.Client(timeout=60) as client:
                         msgs = list(history)
                         for k in range(requests + 3):
@@ -294,8 +323,8 @@ def bench_ttfb(runs: int, requests: int) -> dict[str, Any]:
                             content = json.dumps(body).encode()
                             headers = {"content-type": "application/json", "authorization": "Bearer sk-bench", SESSION: f"ttfb-{api}-{run}"}
                             times = {}
-                            for which in ("direct", "proxy") if k % 2 == 0 else ("proxy", "direct"):
-                                url = f"http://127.0.0.1:{stub_port if which == 'direct' else port}{path}"
+                            for which, target in rotation(targets, k):
+                                url = f"http://127.0.0.1:{target}{path}"
                                 t0 = time.perf_counter()
                                 with client.stream("POST", url, content=content, headers=headers) as r:
                                     first = None
@@ -307,11 +336,15 @@ def bench_ttfb(runs: int, requests: int) -> dict[str, Any]:
                             if k >= 3:
                                 direct.append(times["direct"])
                                 proxied.append(times["proxy"])
+                                based.append(times.get("baseline", 0.0))
                     for key, val in added(direct, proxied).items():
                         per.setdefault(key, []).append(val)
-                out[api] = {k: med(v) for k, v in per.items()} | {"runs": runs, "requests_per_run": requests}
+                    if baseline is not None:
+                        for key, val in added(direct, based).items():
+                            base_runs.setdefault(key, []).append(val)
+                out[api] = with_baseline({k: med(v) for k, v in per.items()} | {"runs": runs, "requests_per_run": requests}, base_runs)
         finally:
-            stop(proxy, stub)
+            stop(*procs)
     out["load_after"] = load()
     return out
 
@@ -523,6 +556,13 @@ def main() -> None:
     ap.add_argument("--context-length", type=int, default=128_000)
     ap.add_argument("--compose", type=int, default=5)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--baseline-src",
+        type=Path,
+        default=None,
+        help="the src directory of another version (e.g. a checkout of main): latency and ttfb then run a second proxy from it, "
+        "interleaved with this one against the same stub, and report its figures under 'baseline'",
+    )
     args = ap.parse_args()
     parts = args.only or ["latency", "ttfb", "sessions", "replay"]
     results: dict[str, Any] = {}
@@ -530,9 +570,9 @@ def main() -> None:
         gc.collect()
         t0 = time.perf_counter()
         if part == "latency":
-            results[part] = bench_latency(args.runs, args.requests, args.tokens)
+            results[part] = bench_latency(args.runs, args.requests, args.tokens, args.baseline_src)
         elif part == "ttfb":
-            results[part] = bench_ttfb(args.runs, args.requests)
+            results[part] = bench_ttfb(args.runs, args.requests, args.baseline_src)
         elif part == "sessions":
             results[part] = bench_sessions(args.sessions, args.turns)
         else:
