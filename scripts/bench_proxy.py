@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import socket
@@ -222,10 +223,11 @@ def load() -> list[float]:
 
 
 def rotation(targets: dict[str, int], k: int) -> list[tuple[str, int]]:
-    """The targets of turn ``k`` in the order they are sent: rotated every turn, so none
-    always meets a warmer (or a busier) stub."""
-    items = list(targets.items())
-    return items[k % len(items) :] + items[: k % len(items)]
+    """The targets of turn ``k`` in the order they are sent: every order in turn, so each
+    target goes first, last and right after each other one equally often (a fixed rotation
+    of three favoured one of two identical proxies by 0.1-0.25 ms)."""
+    orders = list(itertools.permutations(targets.items()))
+    return list(orders[k % len(orders)])
 
 
 def with_baseline(out: dict[str, Any], base_runs: dict[str, list[float]]) -> dict[str, Any]:
