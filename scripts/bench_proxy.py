@@ -13,13 +13,19 @@ with the client that measures them.
 ``../shared/data``) with a window large enough that nothing compacts (and compression off: the
 default engine may cut old outputs of a 100K-token session in any window). Each timed request
 resends the whole history plus one new user message (what an agent sends every turn), once
-straight to the stub and once through the proxy, alternating. Per run: p50 and p99 of each
-path; the added latency is proxy minus direct. Figures are medians over ``--runs`` runs.
-Done for the OpenAI API (no cache markers) and the Anthropic API with a Claude model (the
-proxy converts the format and places cache breakpoints).
+straight to the stub and once through the proxy, back to back (which goes first alternates).
+The added latency of a request is its proxy time minus its direct time (same body, same stub);
+per run ``added_p50``/``added_p99`` are percentiles of those differences (``pctl_diff_*``, the
+p50/p99 of the proxy path minus those of the direct path, are kept for comparison). Figures
+are medians over ``--runs`` runs; the load average before and after is reported with them,
+since on a shared machine it moves every figure. Done for the OpenAI API (no cache markers)
+and the Anthropic API with a Claude model (the proxy converts the format and places cache
+breakpoints). The stub keeps only its last few requests, so its own garbage collections do
+not grow through the run.
 
 **ttfb** — time to the first streamed byte, stub direct vs through the proxy (a streamed reply
-of 6 events 20 ms apart), p50 over ``--requests`` requests, median over runs.
+of 6 events 20 ms apart, a ~10K-token history), both APIs, paired as above: ``added_p50`` is
+the figure of the issue's target, median over runs.
 
 **sessions** — ``--sessions`` concurrent sessions × ``--turns`` turns through one proxy
 process (the stub in this process, recording every upstream request): every upstream request
@@ -39,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import socket
@@ -118,9 +125,13 @@ def wait_up(url: str, proc: subprocess.Popen[bytes]) -> None:
 def start_stub(reply: str = "StubReply.ok('ok')") -> tuple[subprocess.Popen[bytes], int]:
     code = textwrap.dedent(
         f"""
-        import sys, time
+        import collections, sys, time
         from ctxengine.testing.stub_server import StubServer, StubReply
-        s = StubServer(default={reply}).start()
+        s = StubServer(default={reply})
+        # only the last requests kept: a stub holding every 400 KB body it parsed would spend
+        # ever longer in its own garbage collections, on whichever path met them
+        s.requests = collections.deque(maxlen=4)
+        s.start()
         print(s.port, flush=True)
         while True:
             time.sleep(3600)
@@ -133,7 +144,8 @@ def start_stub(reply: str = "StubReply.ok('ok')") -> tuple[subprocess.Popen[byte
     return proc, port
 
 
-def start_proxy(tmp: Path, stub_port: int, extra_yaml: str = "") -> tuple[subprocess.Popen[bytes], int]:
+def start_proxy(tmp: Path, stub_port: int, extra_yaml: str = "", src: Path | None = None) -> tuple[subprocess.Popen[bytes], int]:
+    """``ctxengine proxy`` in a process of its own, from ``src`` (default: this tree's ``src``)."""
     port = free_port()
     cfg = tmp / f"proxy-{port}.yaml"
     cfg.write_text(
@@ -141,7 +153,7 @@ def start_proxy(tmp: Path, stub_port: int, extra_yaml: str = "") -> tuple[subpro
         f"proxy:\n  openai_base_url: http://127.0.0.1:{stub_port}/v1\n  anthropic_base_url: http://127.0.0.1:{stub_port}\n" + extra_yaml,
         encoding="utf-8",
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env = {**os.environ, "PYTHONPATH": str(src or ROOT / "src")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "ctxengine", "proxy", "--config", str(cfg), "--port", str(port), "--log-format", "text"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
@@ -172,94 +184,170 @@ def med(values: list[float]) -> float:
 
 
 # -- latency -----------------------------------------------------------------------------------
-def bench_latency(runs: int, requests: int, tokens: int) -> dict[str, Any]:
+def api_request(api: str, history: list[Message], *, stream: bool = False) -> tuple[str, dict[str, Any]]:
+    """The path and body an agent sends for ``history`` on ``api`` (Anthropic: a Claude model,
+    so the proxy converts the format and places cache breakpoints)."""
+    if api == "openai":
+        body: dict[str, Any] = {"model": "gpt-4o", "messages": history}
+        path = "/v1/chat/completions"
+    else:
+        system, msgs = openai_to_anthropic(history)
+        body = {"model": "claude-sonnet-4.5", "max_tokens": 1024, "system": system, "messages": msgs}
+        path = "/v1/messages"
+    if stream:
+        body["stream"] = True
+    return path, body
+
+
+def added(direct: list[float], proxied: list[float]) -> dict[str, float]:
+    """One run's figures. ``added_p50``/``added_p99`` are percentiles of the added latency of each
+    request (proxy minus direct, same body, sent back to back): what the issue's targets mean.
+    ``pctl_diff_*`` (p50 of the proxy path minus p50 of the direct path, same for p99) is kept
+    for comparison with earlier reports; its p99 mixes two unrelated tails."""
+    diffs = [p - d for d, p in zip(direct, proxied, strict=True)]
+    return {
+        "direct_p50": percentile(direct, 50),
+        "direct_p99": percentile(direct, 99),
+        "proxy_p50": percentile(proxied, 50),
+        "proxy_p99": percentile(proxied, 99),
+        "added_p50": percentile(diffs, 50),
+        "added_p99": percentile(diffs, 99),
+        "added_max": max(diffs),
+        "pctl_diff_p50": percentile(proxied, 50) - percentile(direct, 50),
+        "pctl_diff_p99": percentile(proxied, 99) - percentile(direct, 99),
+    }
+
+
+def load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def rotation(targets: dict[str, int], k: int) -> list[tuple[str, int]]:
+    """The targets of turn ``k`` in the order they are sent: every order in turn, so each
+    target goes first, last and right after each other one equally often (a fixed rotation
+    of three favoured one of two identical proxies by 0.1-0.25 ms)."""
+    orders = list(itertools.permutations(targets.items()))
+    return list(orders[k % len(orders)])
+
+
+def with_baseline(out: dict[str, Any], base_runs: dict[str, list[float]]) -> dict[str, Any]:
+    if base_runs:
+        out["baseline"] = {k: med(v) for k, v in base_runs.items()}
+    return out
+
+
+def bench_latency(runs: int, requests: int, tokens: int, baseline: Path | None = None) -> dict[str, Any]:
     base = history_of(tokens)
     size = sum(estimate_message_tokens(m) for m in base)
-    out: dict[str, Any] = {"history_tokens": size, "history_messages": len(base)}
+    out: dict[str, Any] = {"history_tokens": size, "history_messages": len(base), "load_before": load()}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         stub, stub_port = start_stub()
-        proxy, port = start_proxy(tmp, stub_port, "model:\n  context_length: 2000000\ncompression:\n  enabled: false\n")
+        extra = "model:\n  context_length: 2000000\ncompression:\n  enabled: false\n"
+        proxy, port = start_proxy(tmp, stub_port, extra)
+        procs = [proxy, stub]
+        targets = {"direct": stub_port, "proxy": port}
+        if baseline is not None:
+            base_proc, targets["baseline"] = start_proxy(tmp, stub_port, extra, src=baseline)
+            procs.append(base_proc)
         try:
             for api in ("openai", "anthropic"):
-                per_run: dict[str, list[float]] = {"direct_p50": [], "direct_p99": [], "proxy_p50": [], "proxy_p99": [], "added_p50": [], "added_p99": [], "body_bytes": []}
+                per_run: dict[str, list[float]] = {"body_bytes": []}
+                base_runs: dict[str, list[float]] = {}
                 for run in range(runs):
-                    direct, proxied = [], []
+                    direct, proxied, based = [], [], []
                     history = list(base)
                     with httpx.Client(timeout=60) as client:
                         for k in range(requests + 3):
                             history = [*history, {"role": "user", "content": f"run {run} turn {k}: next step please"}]
-                            if api == "openai":
-                                body = {"model": "gpt-4o", "messages": history}
-                                paths = (f"http://127.0.0.1:{stub_port}/v1/chat/completions", f"http://127.0.0.1:{port}/v1/chat/completions")
-                            else:
-                                system, msgs = openai_to_anthropic(history)
-                                body = {"model": "claude-sonnet-4.5", "max_tokens": 1024, "system": system, "messages": msgs}
-                                paths = (f"http://127.0.0.1:{stub_port}/v1/messages", f"http://127.0.0.1:{port}/v1/messages")
+                            path, body = api_request(api, history)
                             content = json.dumps(body).encode()
                             headers = {"content-type": "application/json", "authorization": "Bearer sk-bench", SESSION: f"lat-{api}-{run}"}
-                            times = []
-                            for url in paths:
+                            times = {}
+                            for which, target in rotation(targets, k):
+                                url = f"http://127.0.0.1:{target}{path}"
                                 t0 = time.perf_counter()
                                 r = client.post(url, content=content, headers=headers)
-                                times.append((time.perf_counter() - t0) * 1000)
+                                times[which] = (time.perf_counter() - t0) * 1000
                                 if r.status_code != 200:
                                     sys.exit(f"{url}: {r.status_code} {r.text[:300]}")
                             history.append({"role": "assistant", "content": "ok"})
                             if k >= 3:  # warm-up turns not counted
-                                direct.append(times[0])
-                                proxied.append(times[1])
+                                direct.append(times["direct"])
+                                proxied.append(times["proxy"])
+                                based.append(times.get("baseline", 0.0))
                     per_run["body_bytes"].append(len(content))
-                    d50, d99, p50, p99 = percentile(direct, 50), percentile(direct, 99), percentile(proxied, 50), percentile(proxied, 99)
-                    for key, val in (("direct_p50", d50), ("direct_p99", d99), ("proxy_p50", p50), ("proxy_p99", p99), ("added_p50", p50 - d50), ("added_p99", p99 - d99)):
-                        per_run[key].append(val)
-                out[api] = {k: med(v) for k, v in per_run.items()} | {"runs": runs, "requests_per_run": requests}
+                    for key, val in added(direct, proxied).items():
+                        per_run.setdefault(key, []).append(val)
+                    if baseline is not None:
+                        for key, val in added(direct, based).items():
+                            base_runs.setdefault(key, []).append(val)
+                out[api] = with_baseline({k: med(v) for k, v in per_run.items()} | {"runs": runs, "requests_per_run": requests}, base_runs)
+                out[api]["added_p50_per_run"] = [round(v, 2) for v in per_run["added_p50"]]
+                out[api]["added_p99_per_run"] = [round(v, 2) for v in per_run["added_p99"]]
                 # the proxy's own work before the upstream call (its added-latency histogram)
                 metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
                 vals = {line.split("{")[0]: float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("ctxengine_proxy_added_latency_seconds_") and f'api="{api}"' in line and "bucket" not in line}
                 count = vals.get("ctxengine_proxy_added_latency_seconds_count", 0.0)
                 out[api]["proxy_own_work_mean_ms"] = round(1000 * vals.get("ctxengine_proxy_added_latency_seconds_sum", 0.0) / count, 3) if count else 0.0
         finally:
-            stop(proxy, stub)
+            stop(*procs)
+    out["load_after"] = load()
     return out
 
 
 # -- time to first byte ------------------------------------------------------------------------------
-def bench_ttfb(runs: int, requests: int) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def bench_ttfb(runs: int, requests: int, baseline: Path | None = None) -> dict[str, Any]:
+    """Time to the first streamed byte, direct and through the proxy, for both APIs (the same
+    back-to-back, alternating pairing as the latency figures)."""
+    out: dict[str, Any] = {"load_before": load()}
     with tempfile.TemporaryDirectory() as d:
         stub, stub_port = start_stub("StubReply(text='one two three four five six', chunks=6, chunk_delay=0.02)")
         proxy, port = start_proxy(Path(d), stub_port)
+        procs = [proxy, stub]
+        targets = {"direct": stub_port, "proxy": port}
+        if baseline is not None:
+            base_proc, targets["baseline"] = start_proxy(Path(d), stub_port, src=baseline)
+            procs.append(base_proc)
         try:
             history = history_of(10_000)
-            per: dict[str, list[float]] = {"direct_p50": [], "proxy_p50": [], "added_p50": []}
-            for run in range(runs):
-                direct, proxied = [], []
-                with httpx.Client(timeout=60) as client:
-                    msgs = list(history)
-                    for k in range(requests + 3):
-                        msgs = [*msgs, {"role": "user", "content": f"ttfb {run} {k}"}]
-                        body = json.dumps({"model": "gpt-4o", "stream": True, "messages": msgs}).encode()
-                        times = []
-                        for base in (f"http://127.0.0.1:{stub_port}", f"http://127.0.0.1:{port}"):
-                            t0 = time.perf_counter()
-                            with client.stream("POST", base + "/v1/chat/completions", content=body, headers={"content-type": "application/json", SESSION: f"ttfb-{run}"}) as r:
-                                first = None
-                                for _chunk in r.iter_raw():
-                                    if first is None:
-                                        first = (time.perf_counter() - t0) * 1000
-                            times.append(first or 0.0)
-                        msgs.append({"role": "assistant", "content": "one two three four five six"})
-                        if k >= 3:
-                            direct.append(times[0])
-                            proxied.append(times[1])
-                d50, p50 = percentile(direct, 50), percentile(proxied, 50)
-                per["direct_p50"].append(d50)
-                per["proxy_p50"].append(p50)
-                per["added_p50"].append(p50 - d50)
-            out = {k: med(v) for k, v in per.items()} | {"history_tokens": sum(estimate_message_tokens(m) for m in history), "runs": runs}
+            out["history_tokens"] = sum(estimate_message_tokens(m) for m in history)
+            for api in ("openai", "anthropic"):
+                per: dict[str, list[float]] = {}
+                base_runs: dict[str, list[float]] = {}
+                for run in range(runs):
+                    direct, proxied, based = [], [], []
+                    with httpx.Client(timeout=60) as client:
+                        msgs = list(history)
+                        for k in range(requests + 3):
+                            msgs = [*msgs, {"role": "user", "content": f"ttfb {run} {k}"}]
+                            path, body = api_request(api, msgs, stream=True)
+                            content = json.dumps(body).encode()
+                            headers = {"content-type": "application/json", "authorization": "Bearer sk-bench", SESSION: f"ttfb-{api}-{run}"}
+                            times = {}
+                            for which, target in rotation(targets, k):
+                                url = f"http://127.0.0.1:{target}{path}"
+                                t0 = time.perf_counter()
+                                with client.stream("POST", url, content=content, headers=headers) as r:
+                                    first = None
+                                    for _chunk in r.iter_raw():
+                                        if first is None:
+                                            first = (time.perf_counter() - t0) * 1000
+                                times[which] = first or 0.0
+                            msgs.append({"role": "assistant", "content": "one two three four five six"})
+                            if k >= 3:
+                                direct.append(times["direct"])
+                                proxied.append(times["proxy"])
+                                based.append(times.get("baseline", 0.0))
+                    for key, val in added(direct, proxied).items():
+                        per.setdefault(key, []).append(val)
+                    if baseline is not None:
+                        for key, val in added(direct, based).items():
+                            base_runs.setdefault(key, []).append(val)
+                out[api] = with_baseline({k: med(v) for k, v in per.items()} | {"runs": runs, "requests_per_run": requests}, base_runs)
         finally:
-            stop(proxy, stub)
+            stop(*procs)
+    out["load_after"] = load()
     return out
 
 
@@ -470,6 +558,13 @@ def main() -> None:
     ap.add_argument("--context-length", type=int, default=128_000)
     ap.add_argument("--compose", type=int, default=5)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--baseline-src",
+        type=Path,
+        default=None,
+        help="the src directory of another version (e.g. a checkout of main): latency and ttfb then run a second proxy from it, "
+        "interleaved with this one against the same stub, and report its figures under 'baseline'",
+    )
     args = ap.parse_args()
     parts = args.only or ["latency", "ttfb", "sessions", "replay"]
     results: dict[str, Any] = {}
@@ -477,9 +572,9 @@ def main() -> None:
         gc.collect()
         t0 = time.perf_counter()
         if part == "latency":
-            results[part] = bench_latency(args.runs, args.requests, args.tokens)
+            results[part] = bench_latency(args.runs, args.requests, args.tokens, args.baseline_src)
         elif part == "ttfb":
-            results[part] = bench_ttfb(args.runs, args.requests)
+            results[part] = bench_ttfb(args.runs, args.requests, args.baseline_src)
         elif part == "sessions":
             results[part] = bench_sessions(args.sessions, args.turns)
         else:

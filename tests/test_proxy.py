@@ -603,3 +603,11 @@ def test_mixed_calls_show_only_the_clients_and_a_failed_round_is_returned(stub: 
         ) as resp:
             events = [line for line in resp.iter_lines() if line.startswith("event:")]
         assert events[-1] == "event: error" and "event: message_stop" not in events
+
+
+def test_each_stage_of_a_request_is_timed(proxy: ProxyServer, stub: StubServer) -> None:
+    for _ in range(2):
+        oai(proxy).chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
+    for stage in ("read", "parse", "plan_queue", "plan", "plan_return", "upstream"):
+        assert metric(proxy, "ctxengine_proxy_stage_seconds_count", api="openai", stage=stage) == 2, stage
+    assert metric(proxy, "ctxengine_proxy_stage_seconds_sum", api="openai", stage="plan") > 0

@@ -64,3 +64,26 @@ def test_markers_written_back_equal_a_full_conversion_and_leave_other_messages_a
         touched = {conv.owner[i] for i in indices}
         assert all(out["messages"][a] is msgs[a] for a in range(len(msgs)) if a not in touched)
     assert body == original
+
+
+def test_owner_and_starts_match_a_fresh_conversion_turn_after_turn() -> None:
+    # appended turns reuse last turn's lists; an edit, a dropped system prompt or a shorter
+    # history must still give the indices a fresh conversion gives
+    inc = IncomingHistory()
+    steps: list[tuple[Any, list[dict[str, Any]]]] = [
+        (SYSTEM, resent(3)),
+        (SYSTEM, resent(5)),
+        (SYSTEM, resent(7)),
+        (None, resent(7)),
+        ("another system", resent(4)),
+    ]
+    edited = resent(7)
+    edited[4]["content"][0]["content"] = "C, edited"
+    steps.append(("another system", edited))
+    for system, msgs in steps:
+        conv = inc.from_anthropic(system, msgs)
+        fresh = IncomingHistory().from_anthropic(system, msgs)
+        assert conv.messages == fresh.messages == anthropic_to_openai(system, msgs)
+        assert (conv.system_index, conv.owner, conv.starts) == (fresh.system_index, fresh.owner, fresh.starts)
+        assert all(conv.owner[start] == a for a, start in enumerate(conv.starts))
+        assert conv.owner[: conv.system_index + 1] == ([-1] if system is not None else [])

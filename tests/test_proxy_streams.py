@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import time
+from pathlib import Path
+
+import httpx2 as httpx
 
 from ctxengine.proxy.streams import EventSplitter, OpenAIStream
 
@@ -46,3 +50,28 @@ def test_engine_tool_calls_are_hidden_and_client_calls_renumbered() -> None:
     assert calls == [{"index": 0, "id": "b", "function": {"name": "read", "arguments": "{}"}}]
     assert shown[-1]["choices"][0]["finish_reason"] == "tool_calls"  # the client's call is shown
     assert not stream.engine_calls_only()
+
+
+def test_a_client_that_leaves_mid_stream_ends_the_upstream_stream(tmp_path: Path) -> None:
+    # forty events 0.1 s apart: a relay that kept reading after the client left would take 4 s
+    from ctxengine.config import Config
+    from ctxengine.proxy import ProxyServer
+    from ctxengine.testing.stub_server import StubReply, StubServer
+
+    with StubServer([StubReply(text=" ".join(["word"] * 40), chunks=40, chunk_delay=0.1)]) as stub:
+        cfg = Config().with_overrides(
+            proxy={"openai_base_url": stub.openai_base_url, "anthropic_base_url": stub.anthropic_base_url}, store={"path": str(tmp_path / "s.db")}
+        )
+        with ProxyServer(cfg) as p:
+            body = {"model": "gpt-4o", "stream": True, "messages": [{"role": "user", "content": "x"}]}
+            with httpx.stream("POST", p.openai_base_url + "/chat/completions", json=body, timeout=30) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data:"):
+                        break  # the client leaves after the first event
+            left = time.monotonic()
+            while time.monotonic() - left < 3.0:
+                text = httpx.get(p.url + "/metrics").text
+                if 'ctxengine_proxy_requests_total{api="openai",outcome="ok"} 1.0' in text:
+                    break
+                time.sleep(0.05)
+            assert time.monotonic() - left < 2.0, "the relay went on after the client left"

@@ -34,12 +34,22 @@ class Converted:
 
 @dataclass(slots=True)
 class IncomingHistory:
-    """The last request of one session (see the module docstring)."""
+    """The last request of one session (see the module docstring).
+
+    Besides the pairs (each Anthropic message with its OpenAI-form group) it keeps the flat
+    lists built from them last turn (``body``: every group's messages in order, ``body_owner``
+    and ``body_starts`` as in :class:`Converted` but without the system message), so a turn
+    that only appends messages extends copies of those lists instead of walking the history.
+    """
 
     messages: list[Message] = field(default_factory=list)
     anthropic: list[tuple[Any, list[Message]]] = field(default_factory=list)
     system_raw: Any = None
     system_msg: Message | None = None
+    raw: list[Any] = field(default_factory=list)  # the Anthropic messages of the last request
+    body: list[Message] = field(default_factory=list)
+    body_owner: list[int] = field(default_factory=list)
+    body_starts: list[int] = field(default_factory=list)
 
     def from_anthropic(self, system: Any, messages: Sequence[Any]) -> Converted:
         """The request in OpenAI form, converting only the messages not seen last turn.
@@ -50,11 +60,20 @@ class IncomingHistory:
             converted = anthropic_to_openai(system, []) if system is not None else []
             self.system_raw, self.system_msg = system, (converted[0] if converted else None)
         prev = self.anthropic
-        pairs: list[tuple[Any, list[Message]]] = []
-        for i, m in enumerate(messages):
-            if i < len(prev) and len(pairs) == i and (m is prev[i][0] or m == prev[i][0]):
-                pairs.append(prev[i])
-                continue
+        n = len(prev)
+        if n <= len(messages) and self.raw == messages[:n]:
+            k = n  # the usual turn: everything seen before is resent as is (compared in C, identity first)
+        else:
+            k = 0
+            for m, (seen, _) in zip(messages, prev, strict=False):
+                if m is not seen and m != seen:
+                    break
+                k += 1
+        pairs = prev[:k]
+        cut = self.body_starts[k] if k < len(self.body_starts) else len(self.body)
+        body, owner, starts = self.body[:cut], self.body_owner[:cut], self.body_starts[:k]
+        for a in range(k, len(messages)):
+            m = messages[a]
             if pairs:
                 before = pairs[-1]
                 # one message of context: a tool result's conversion looks at the message before
@@ -62,21 +81,17 @@ class IncomingHistory:
             else:
                 group = anthropic_to_openai(None, [m])
             pairs.append((m, group))
-        self.anthropic = pairs
-        out: list[Message] = []
-        owner: list[int] = []
-        starts: list[int] = []
-        system_index = -1
-        if self.system_msg is not None and system is not None:
-            system_index = 0
-            out.append(self.system_msg)
-            owner.append(-1)
-        for a, (_, group) in enumerate(pairs):
-            starts.append(len(out))
-            out.extend(group)
+            starts.append(len(body))
+            body.extend(group)
             owner.extend([a] * len(group))
-        self.messages = out
-        return Converted(out, system_index, owner, starts)
+        self.anthropic, self.raw = pairs, list(messages)
+        self.body, self.body_owner, self.body_starts = body, owner, starts
+        if self.system_msg is not None and system is not None:
+            out = [self.system_msg, *body]
+            self.messages = out
+            return Converted(out, 0, [-1, *owner], [i + 1 for i in starts])
+        self.messages = list(body)
+        return Converted(self.messages, -1, list(owner), list(starts))
 
     @staticmethod
     def to_anthropic(body: Mapping[str, Any], conv: Converted, sent: Sequence[Message], marked: Sequence[int]) -> dict[str, Any]:

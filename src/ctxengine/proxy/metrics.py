@@ -42,5 +42,23 @@ class ProxyMetrics:
             registry=r,
         )
 
+        self.stage = Histogram(
+            "ctxengine_proxy_stage_seconds",
+            "Time of each stage of a chat request: read (the body, from the first byte the app sees), "
+            "parse, plan_queue (waiting for a worker thread), plan (the manager's work), plan_return "
+            "(back on the event loop), upstream (sending it until the response, or its headers when "
+            "streamed, is in).",
+            ["api", "stage"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.gc_pause = Histogram(
+            "ctxengine_proxy_gc_pause_seconds",
+            "Pauses of the cyclic garbage collector, by generation (recorded by the proxy command).",
+            ["generation"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -183,13 +183,13 @@ class BodyCache:
                     return None
                 j = _skip_bytes(raw, j + 1)
             edits.append((j, ends[i], b))
-        parts: list[bytes] = []
+        parts: list[bytes | memoryview] = []
         pos = 0
         view = memoryview(raw)
         for j, end, value in sorted(edits, key=lambda e: e[0]):
-            parts += [view[pos:j].tobytes(), orjson.dumps(value)]
+            parts += [view[pos:j], orjson.dumps(value)]  # views: the client's bytes are copied once, by the join
             pos = end
-        parts.append(view[pos:].tobytes())
+        parts.append(view[pos:])
         return b"".join(parts)
 
 

@@ -53,7 +53,7 @@ def serve(config: Config, *, auth_token: str | None = None) -> None:
     settings = config.proxy
     token = auth_token or os.environ.get(settings.auth_token_env) or None
     check_bind(settings.host, token, settings.auth_token_env)
-    proxy = Proxy(config, auth_token=token)
+    proxy = Proxy(config, auth_token=token, freeze_gc=True)  # a process of its own: see Proxy
     uvicorn.Server(_uvicorn_config(proxy, settings.host, settings.port)).run()
 
 
