@@ -230,6 +230,18 @@ def rotation(targets: dict[str, int], k: int) -> list[tuple[str, int]]:
     return list(orders[k % len(orders)])
 
 
+def collect(
+    per: dict[str, list[float]], base_runs: dict[str, list[float]], direct: list[float], proxied: list[float], based: list[float] | None
+) -> None:
+    """Add one run's added-latency figures (proxy minus direct, and the baseline proxy's when
+    ``based`` is given) to the per-run lists."""
+    for key, val in added(direct, proxied).items():
+        per.setdefault(key, []).append(val)
+    if based is not None:
+        for key, val in added(direct, based).items():
+            base_runs.setdefault(key, []).append(val)
+
+
 def with_baseline(out: dict[str, Any], base_runs: dict[str, list[float]]) -> dict[str, Any]:
     if base_runs:
         out["baseline"] = {k: med(v) for k, v in base_runs.items()}
@@ -277,11 +289,7 @@ def bench_latency(runs: int, requests: int, tokens: int, baseline: Path | None =
                                 proxied.append(times["proxy"])
                                 based.append(times.get("baseline", 0.0))
                     per_run["body_bytes"].append(len(content))
-                    for key, val in added(direct, proxied).items():
-                        per_run.setdefault(key, []).append(val)
-                    if baseline is not None:
-                        for key, val in added(direct, based).items():
-                            base_runs.setdefault(key, []).append(val)
+                    collect(per_run, base_runs, direct, proxied, based if baseline is not None else None)
                 out[api] = with_baseline({k: med(v) for k, v in per_run.items()} | {"runs": runs, "requests_per_run": requests}, base_runs)
                 out[api]["added_p50_per_run"] = [round(v, 2) for v in per_run["added_p50"]]
                 out[api]["added_p99_per_run"] = [round(v, 2) for v in per_run["added_p99"]]
@@ -339,11 +347,7 @@ def bench_ttfb(runs: int, requests: int, baseline: Path | None = None) -> dict[s
                                 direct.append(times["direct"])
                                 proxied.append(times["proxy"])
                                 based.append(times.get("baseline", 0.0))
-                    for key, val in added(direct, proxied).items():
-                        per.setdefault(key, []).append(val)
-                    if baseline is not None:
-                        for key, val in added(direct, based).items():
-                            base_runs.setdefault(key, []).append(val)
+                    collect(per, base_runs, direct, proxied, based if baseline is not None else None)
                 out[api] = with_baseline({k: med(v) for k, v in per.items()} | {"runs": runs, "requests_per_run": requests}, base_runs)
         finally:
             stop(*procs)
