@@ -175,35 +175,6 @@ def test_usage_reaches_the_manager_before_the_sessions_next_turn(proxy: ProxySer
     assert manager.status("usage")["cache_read_tokens"] >= 21
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_each_turn_is_in_the_store_when_the_client_gets_its_reply(
-    proxy: ProxyServer, stub: StubServer, stream: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The turn's store write runs while the upstream answers, and is done before the reply
-    (or the first streamed byte) reaches the client: another proxy process sharing the store
-    would find every turn the client saw answered. (The write is slowed down here, so a reply
-    that did not wait for it would be seen first.)"""
-    flush = ContextManager.flush_records
-
-    def slow_flush(self: ContextManager, session_id: str | None = None) -> None:
-        time.sleep(0.2)
-        flush(self, session_id)
-
-    monkeypatch.setattr(ContextManager, "flush_records", slow_flush)
-    stub.script(*[StubReply(text="ok", chunks=2) for _ in range(4)])
-    c = oai(proxy, default_headers={SESSION_HEADER: "recorded"})
-    msgs: list[Any] = [{"role": "system", "content": "sys"}, {"role": "user", "content": "one"}]
-    for turn in range(4):
-        if stream:
-            for _ in c.chat.completions.create(model="gpt-4o", messages=msgs, stream=True):
-                break  # only the first chunk
-        else:
-            c.chat.completions.create(model="gpt-4o", messages=msgs)
-        with SqliteStore(proxy.proxy.config.store.path) as store:
-            assert store.history("recorded") == msgs
-        msgs += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": f"turn {turn}"}]
-
-
 def test_client_tool_calls_pass_through_both_apis(proxy: ProxyServer, stub: StubServer) -> None:
     stub.script(StubReply.calling(("read_file", {"path": "src/app.py"})), StubReply.ok("done"))
     c = oai(proxy)

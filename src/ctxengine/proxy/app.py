@@ -108,7 +108,6 @@ class _Plan:
     context: list[Message] = field(default_factory=list)
     started: float = 0.0  # perf_counter when the worker thread began planning
     finished: float = 0.0  # and when it was done
-    recorded: asyncio.Future[None] | None = None  # the turn's store write (see Proxy._record_later)
 
     @property
     def saved(self) -> int:
@@ -389,7 +388,6 @@ class Proxy:
             self._sticky_betas(plan.session, headers)
         url = self._upstream(api, request.url.path, request.url.query)
         extra = {SESSION_HEADER: plan.session, TOKENS_SAVED_HEADER: str(plan.saved)}
-        plan.recorded = self._record_later(plan)
         try:
             if body.get("stream") is True:
                 return await self._stream(plan, url, headers, extra)
@@ -397,21 +395,6 @@ class Proxy:
         except httpx.HTTPError as exc:
             kind = "api_error" if api is ANTHROPIC else "server_error"
             return self._error(api, 502, f"upstream unreachable: {type(exc).__name__}: {exc}", "upstream_unreachable", kind)
-        finally:
-            if plan.recorded is not None:
-                await plan.recorded  # never answer the client before its turn is recorded
-
-    def _record_later(self, plan: _Plan) -> asyncio.Future[None]:
-        """The turn's store write (left pending by ``prepare(defer_record=True)``) in a worker
-        thread, started now so it runs while the upstream answers; awaited before anything goes
-        back to the client, so a client's next turn (here or on another proxy process sharing
-        the store) always finds this one recorded."""
-        mgr = plan.manager
-        if mgr is None or mgr.store is None:
-            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            done.set_result(None)
-            return done
-        return asyncio.ensure_future(anyio.to_thread.run_sync(mgr.flush_records, plan.session))
 
     def _body_cache(self, api: Api, session: str) -> BodyCache:
         with self._lock:
@@ -514,8 +497,7 @@ class Proxy:
         else:  # the manager recognises the resent history itself (ctxengine.history)
             msgs = list(body["messages"])
         before = mgr.counters(session)["compactions"]
-        # the turn's store write runs while the upstream answers (flushed by _chat)
-        out = mgr.prepare(msgs, session_id=session, defer_record=True)
+        out = mgr.prepare(msgs, session_id=session)
         after_status = mgr.counters(session)
         plan = _Plan(api, session, body, raw, manager=mgr, context=out)
         plan.compactions = after_status["compactions"] - before
