@@ -15,7 +15,7 @@ configurations: a caller keeping the prepared list (``prepared``), resending its
 history (``full``), or resending it decoded from JSON each turn as a proxy does (``json``; the
 decoding is not timed), each with no store and with a SQLite store in a temporary directory;
 and two with the store write deferred (``prepare(defer_record=True)``: the caller runs
-``flush_records`` while the provider answers, as the proxy does), whose write is timed apart
+``flush_records`` while the provider answers), whose write is timed apart
 and reported beside them. Each is run ``--runs`` times; the figures are the medians over runs
 of each run's p50 and p95 (milliseconds per call). The default engine cuts a due batch of old
 outputs now and then whatever the window: those calls measure a compaction and are left out.

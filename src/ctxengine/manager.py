@@ -644,7 +644,7 @@ class ContextManager:
 
         ``defer_record=True`` leaves the store write of a turn that only appends to the
         session (the common turn) for :meth:`flush_records`, so a caller can run it while the
-        provider answers (the proxy does): the turn's result is the same. The write runs
+        provider answers (an async caller): the turn's result is the same. The write runs
         anyway before anything else reads or writes the session's record: the next call for
         the session, a compaction or a window cut in this turn, a recall or tool call,
         :meth:`end_session`.
