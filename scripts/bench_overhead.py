@@ -13,8 +13,12 @@ usage of each response goes to ``update_from_response`` outside the timing). The
 large enough that nothing compacts: what is measured is the manager's own overhead. Six
 configurations: a caller keeping the prepared list (``prepared``), resending its full raw
 history (``full``), or resending it decoded from JSON each turn as a proxy does (``json``; the
-decoding is not timed), each with no store and with a SQLite store in a temporary directory. Each is run ``--runs`` times; the
-figures are the medians over runs of each run's p50 and p95 (milliseconds per call).
+decoding is not timed), each with no store and with a SQLite store in a temporary directory;
+and two with the store write deferred (``prepare(defer_record=True)``: the caller runs
+``flush_records`` while the provider answers), whose write is timed apart
+and reported beside them. Each is run ``--runs`` times; the figures are the medians over runs
+of each run's p50 and p95 (milliseconds per call). The default engine cuts a due batch of old
+outputs now and then whatever the window: those calls measure a compaction and are left out.
 
 **callers** — the same turns at a 32K window with the default engine and an LLM summarizer (a
 stub server on 127.0.0.1 answering with a template summary): a caller that resends its whole
@@ -93,8 +97,12 @@ def _first_cut(msgs: list[Message], start: int) -> int:
     return i
 
 
-def overhead_run(msgs: list[Message], *, start: int, calls: int, caller: str, with_store: bool, window: int) -> list[float]:
-    """Milliseconds of prepare + request for each of ``calls`` turns after ``start`` messages."""
+def overhead_run(
+    msgs: list[Message], *, start: int, calls: int, caller: str, with_store: bool, window: int, defer: bool = False, flushes: list[float] | None = None
+) -> list[float]:
+    """Milliseconds of prepare + request for each of ``calls`` turns after ``start`` messages.
+    ``defer``: ``prepare(defer_record=True)``, and the store write (``flush_records``, what a
+    caller runs while the provider answers) is timed apart into ``flushes``."""
     config = Config()
     with tempfile.TemporaryDirectory(prefix="ctxengine-overhead-") as tmp:
         store = SqliteStore(Path(tmp) / "s.db") if with_store else None
@@ -115,12 +123,17 @@ def overhead_run(msgs: list[Message], *, start: int, calls: int, caller: str, wi
             else:
                 given = msgs[:end] if caller == "full" else [*working, *msgs[cut:end]]
             t0 = time.perf_counter()
-            working = mgr.prepare(given, session_id="s")
+            working = mgr.prepare(given, session_id="s", defer_record=defer)
             mgr.request(working, session_id="s")
             elapsed = (time.perf_counter() - t0) * 1000.0
+            t1 = time.perf_counter()
+            mgr.flush_records("s")
+            flushed = (time.perf_counter() - t1) * 1000.0
             now = mgr.status("s")["compactions"]
             if now == compactions:
                 out.append(elapsed)
+                if flushes is not None:
+                    flushes.append(flushed)
             compactions = now
             mgr.update_from_response({"prompt_tokens": 1000 + 10 * end, "completion_tokens": 50}, session_id="s")
             cut = end
@@ -135,16 +148,23 @@ def overhead_run(msgs: list[Message], *, start: int, calls: int, caller: str, wi
 def bench_overhead(args: argparse.Namespace) -> dict[str, Any]:
     msgs = long_session(args.start + 4 * args.calls)
     result: dict[str, Any] = {"start_messages": args.start, "calls": args.calls, "runs": args.runs}
-    for caller in ("prepared", "full", "json"):
-        for with_store in (False, True):
-            p50s, p95s = [], []
-            for _ in range(args.runs):
-                times = overhead_run(msgs, start=args.start, calls=args.calls, caller=caller, with_store=with_store, window=args.window)
-                p50s.append(percentile(times, 50))
-                p95s.append(percentile(times, 95))
-            key = f"{caller}{'+store' if with_store else ''}"
-            result[key] = {"p50_ms": round(statistics.median(p50s), 3), "p95_ms": round(statistics.median(p95s), 3)}
-            print(f"{key:16s} p50 {result[key]['p50_ms']:.3f} ms  p95 {result[key]['p95_ms']:.3f} ms  (medians of {args.runs} runs × {args.calls} calls)", flush=True)
+    configs = [(caller, store, False) for caller in ("prepared", "full", "json") for store in (False, True)]
+    configs += [("prepared", True, True), ("json", True, True)]
+    for caller, with_store, defer in configs:
+        p50s, p95s, f50s = [], [], []
+        for _ in range(args.runs):
+            flushes: list[float] = []
+            times = overhead_run(msgs, start=args.start, calls=args.calls, caller=caller, with_store=with_store, window=args.window, defer=defer, flushes=flushes)
+            p50s.append(percentile(times, 50))
+            p95s.append(percentile(times, 95))
+            f50s.append(percentile(flushes, 50))
+        key = f"{caller}{'+store' if with_store else ''}{' deferred' if defer else ''}"
+        result[key] = {"p50_ms": round(statistics.median(p50s), 3), "p95_ms": round(statistics.median(p95s), 3)}
+        line = f"{key:24s} p50 {result[key]['p50_ms']:.3f} ms  p95 {result[key]['p95_ms']:.3f} ms"
+        if defer:
+            result[key]["flush_p50_ms"] = round(statistics.median(f50s), 3)
+            line += f"  (+ the write apart: p50 {result[key]['flush_p50_ms']:.3f} ms)"
+        print(f"{line}  (medians of {args.runs} runs × {args.calls} calls)", flush=True)
     return result
 
 

@@ -248,13 +248,14 @@ def with_baseline(out: dict[str, Any], base_runs: dict[str, list[float]]) -> dic
     return out
 
 
-def bench_latency(runs: int, requests: int, tokens: int, baseline: Path | None = None) -> dict[str, Any]:
+def bench_latency(runs: int, requests: int, tokens: int, baseline: Path | None = None, upstream_delay: float = 0.0) -> dict[str, Any]:
     base = history_of(tokens)
     size = sum(estimate_message_tokens(m) for m in base)
     out: dict[str, Any] = {"history_tokens": size, "history_messages": len(base), "load_before": load()}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        stub, stub_port = start_stub()
+        stub, stub_port = start_stub(f"StubReply.ok('ok', delay={upstream_delay / 1000.0!r})")
+        out["upstream_delay_ms"] = upstream_delay
         extra = "model:\n  context_length: 2000000\ncompression:\n  enabled: false\n"
         proxy, port = start_proxy(tmp, stub_port, extra)
         procs = [proxy, stub]
@@ -556,6 +557,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--requests", type=int, default=40, help="timed requests per run (latency, ttfb)")
     ap.add_argument("--tokens", type=int, default=100_000, help="history size for the latency figures")
+    ap.add_argument(
+        "--upstream-delay", type=float, default=0.0, help="ms the stub waits before answering in the latency runs (a provider's own time: what the proxy can overlap)"
+    )
     ap.add_argument("--sessions", type=int, default=50)
     ap.add_argument("--turns", type=int, default=20)
     ap.add_argument("--engine", default="compressor", help="engine of the replay comparison")
@@ -576,7 +580,7 @@ def main() -> None:
         gc.collect()
         t0 = time.perf_counter()
         if part == "latency":
-            results[part] = bench_latency(args.runs, args.requests, args.tokens, args.baseline_src)
+            results[part] = bench_latency(args.runs, args.requests, args.tokens, args.baseline_src, args.upstream_delay)
         elif part == "ttfb":
             results[part] = bench_ttfb(args.runs, args.requests, args.baseline_src)
         elif part == "sessions":

@@ -3,6 +3,7 @@ thrash, user messages never lost at any window, bounded summaries, Hermes' const
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 from typing import Any
@@ -12,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ctxengine.engines.compressor import ContextCompressor
+from ctxengine.engines.kit.cutpolicy import CutScan
 from ctxengine.errors import ConfigError
 from ctxengine.facts import Facts
 from ctxengine.messages import Message, content_text, is_summary, validate
@@ -344,3 +346,31 @@ def test_a_cut_that_cannot_free_what_is_needed_is_not_made() -> None:
     out, done = engine._cut_stage(msgs, trial, batch=True, report=report, everything=True, need=held)
     assert done == waiting and sum(trial) < sum(toks)
     assert all(out[i] is not msgs[i] for i in done)
+
+
+def test_the_scan_carried_over_a_compaction_equals_a_fresh_scan(trajectories: list[dict[str, Any]]) -> None:
+    """After each compaction the per-call scan is rebuilt from the scan of the compacted list
+    (the engine got a deep copy of it, as the manager hands it): it must equal a scan of the
+    result from scratch, or the next checks would decide on stale tokens and candidates."""
+    def fields(s: CutScan) -> tuple[Any, ...]:
+        return (s.n, s.toks, s.cum, s.total, s.groups, s.cands)
+
+    engine = ContextCompressor(context_length=32_000, quiet_mode=True)
+    msgs = max((t["messages"] for t in trajectories), key=len)
+    ctx: list[Message] = list(msgs[:2])
+    carried = 0
+    for m in msgs[2:]:
+        ctx = [*ctx, m]
+        tokens = estimate_messages_tokens(ctx)
+        if engine.should_compress(tokens) or engine.should_compress_preflight(ctx):
+            out = engine.compress(copy.deepcopy(ctx), current_tokens=tokens)
+            if out != ctx:
+                state = engine._scan_state
+                assert state is not None and state.seen is out
+                fresh = ContextCompressor(context_length=32_000, quiet_mode=True)
+                assert fields(state) == fields(fresh._scan(out))
+                carried += 1
+            ctx = out
+        t = estimate_messages_tokens(ctx)
+        engine.update_from_response({"prompt_tokens": t, "completion_tokens": 10, "total_tokens": t + 10})
+    assert carried >= 3

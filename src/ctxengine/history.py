@@ -162,6 +162,7 @@ class SessionHistory:
         self.turns = 0
         self._ids: list[str] | None = None  # store ids of ``working`` when the store's tip is exactly ``working``
         self._next_ids: list[str] | None = None  # what this turn's recording made, kept by :meth:`finish`
+        self._clean_turn = 0  # the last turn whose working context is its input (see record_later)
         self._tokens: dict[int, tuple[Message, int]] = {}
         self._sums: list[int] = []  # running token sums of ``working``
         self._last_summary = -1  # index of the last summary in ``working``
@@ -264,6 +265,7 @@ class SessionHistory:
         else:
             self.wpos = pending
             self.r0 = r0
+            self._clean_turn = self.turns + 1  # the working context is this turn's input
         old = self.working
         self.raw = raw
         self.working = result
@@ -305,6 +307,33 @@ class SessionHistory:
             ids = list(store.record_messages(session_id, list(messages)))
         self._next_ids = ids
         return ids
+
+    def record_later(
+        self, store: SessionRecorder, session_id: str, turn: TurnInput, messages: Sequence[Message], *, appender: SessionAppender | None = None
+    ) -> Callable[[], list[str]] | None:
+        """:meth:`record` as a job to run later (``prepare(defer_record=True)``): only for a turn
+        that appends to the store's tip (``None`` otherwise: record it now). Run inside the turn
+        (before a compaction or a cap needs the ids), the job hands its ids to :meth:`finish`;
+        run after the turn, it makes them the tip of the next turn's append, provided the turn
+        left the working context as its input and no later turn ran."""
+        if appender is None and isinstance(store, SessionAppender):
+            appender = store
+        known = self._ids
+        if not (known and len(known) == turn.base and turn.kind in ("continue", "resend") and appender is not None):
+            return None
+        new = list(messages[turn.base :])
+        turns = self.turns
+        self._next_ids = None
+
+        def job() -> list[str]:
+            ids = [*known, *appender.append_messages(session_id, new, after=known[-1])] if new else known
+            if self.turns == turns:  # still inside the turn
+                self._next_ids = ids
+            elif self.turns == turns + 1 and self._clean_turn == self.turns and self._ids is None:
+                self._ids = ids
+            return ids
+
+        return job
 
     def forget_tip(self) -> None:
         """The store's tip moved elsewhere (a compaction, a failed write): record in full next time."""

@@ -192,6 +192,7 @@ class _Session:
     window_cuts: int = 0
     fallback_reason: str | None = None
     history: SessionHistory = field(default_factory=SessionHistory)
+    pending: Callable[[], list[str] | None] | None = None  # a turn's deferred recording (prepare(defer_record=True))
     tally: WindowTally = field(default_factory=WindowTally)  # the window cap's running sums
 
 
@@ -414,6 +415,7 @@ class ContextManager:
         """``/new`` or ``/reset``: the engine clears per-session state; counters start over."""
         s = self._session(session_id)
         with s.lock:
+            self._flush(s)
             s.engine.on_session_reset()
             s.counter.reset()
             s.hygiene_armed = True
@@ -434,6 +436,7 @@ class ContextManager:
         if s is None:
             return
         with s.lock:
+            self._flush(s)
             if s.started:
                 s.engine.on_session_end(sid, list(messages) if messages is not None else list(s.last_sent))
 
@@ -574,6 +577,7 @@ class ContextManager:
         in (the session's last prepared list by default)."""
         s = self._session(session_id)
         with s.lock:
+            self._flush(s)  # recall reads the record
             own = {_tool_name(t) for t in s.engine.get_tool_schemas()}
             context = list(messages) if messages is not None else list(s.last_sent)
         recall = s.recall
@@ -588,6 +592,9 @@ class ContextManager:
         """True when ``text`` can be given back verbatim to the agent: by the recall tools over
         the session store, or by the engine's own means (:meth:`ContextEngine.retrievable`)."""
         s = self._session(session_id)
+        if s.pending is not None:
+            with s.lock:
+                self._flush(s)
         if s.recall is not None and s.recall.retrievable(text):
             return True
         try:
@@ -612,6 +619,7 @@ class ContextManager:
         *,
         session_id: str | None = None,
         focus_topic: str | None = None,
+        defer_record: bool = False,
     ) -> list[Message]:
         """What to send this turn (see the module docstring). Never mutates ``messages``.
 
@@ -633,9 +641,17 @@ class ContextManager:
         send :meth:`tools` to the provider. The result is never larger than the window minus
         the completion reserve and margin (:mod:`ctxengine.window`); when even the system prompt
         and the latest user message cannot fit, :class:`~ctxengine.errors.ContextWindowError`.
+
+        ``defer_record=True`` leaves the store write of a turn that only appends to the
+        session (the common turn) for :meth:`flush_records`, so a caller can run it while the
+        provider answers (an async caller): the turn's result is the same. The write runs
+        anyway before anything else reads or writes the session's record: the next call for
+        the session, a compaction or a window cut in this turn, a recall or tool call,
+        :meth:`end_session`.
         """
         s = self._session(session_id)
         with s.lock:
+            self._flush(s)
             turn = self._input(s, messages)
         msgs = self._dispatch_recall(s, turn.messages)
         with s.lock:
@@ -643,7 +659,7 @@ class ContextManager:
                 self.tools(tools, session_id=s.id)
             msgs = self._dispatch_engine_tools(s, msgs)
             history = msgs
-            ids = self._record(s, turn, history)
+            ids = self._record(s, turn, history, defer=defer_record)
             enabled = self.config.compression.enabled
             tokens = s.counter.count(msgs)
             compacted = False
@@ -697,13 +713,17 @@ class ContextManager:
         msgs: list[Message],
         tokens: int,
         history: list[Message],
-        ids: list[str] | None,
+        ids_of: Callable[[], list[str] | None],
     ) -> CapResult:
         """Hold the window after the engine (see :mod:`ctxengine.window`); what is cut stays in
         the store, retrievable through recall."""
+        if not self.cap_window:
+            return CapResult(msgs, tokens, self.window.limit)
         ref_for = None
+        # the ids only when something is cut (a deferred recording is written then)
+        ids = ids_of() if self.store is not None and self.window.over(msgs, tally=s.tally) else None
         if ids is not None and len(ids) == len(history):
-            # built on the first cut only: most turns cut nothing
+            # built on the first cut only
             maps: list[dict[Any, str]] = []
 
             def ref_for(i: int, m: Message) -> str | None:
@@ -715,8 +735,6 @@ class ContextManager:
                     return maps[0].get(m.get("tool_call_id"))
                 return maps[1].get(json.dumps(m, sort_keys=True, default=str))
 
-        if not self.cap_window:
-            return CapResult(msgs, tokens, self.window.limit)
         result = self.window.fit(msgs, ref_for=ref_for, tally=s.tally)
         if result.changed:
             s.window_cuts += len(result.cut) + len(result.stubbed_users)
@@ -728,6 +746,7 @@ class ContextManager:
     def _compress(self, s: _Session, msgs: list[Message], tokens: int, focus_topic: str | None, trigger: str) -> list[Message]:
         """One compaction through the shared loop (a copy, under ``context.engine_timeout``);
         returns ``msgs`` itself when nothing changed."""
+        self._flush(s)  # the engine and the compaction's record see the turn recorded
         engine = s.engine
         deadline = self.config.context.engine_timeout
         try:
@@ -783,19 +802,56 @@ class ContextManager:
             s.hygiene_armed = True
         return turn
 
-    def _record(self, s: _Session, turn: TurnInput, history: list[Message]) -> list[str] | None:
+    def _record(self, s: _Session, turn: TurnInput, history: list[Message], *, defer: bool = False) -> Callable[[], list[str] | None]:
         """Record the turn's input (every original, before any cut): only what is new when the
-        store's tip is the last working context (:meth:`SessionHistory.record`). Returns the
-        store ids of all of ``history``, or ``None`` without a store or when recording failed."""
+        store's tip is the last working context (:meth:`SessionHistory.record`). Returns what
+        gives the store ids of all of ``history`` (``None`` without a store or when recording
+        failed); with ``defer``, an appending turn is left pending (:meth:`flush_records`) and
+        asking for its ids records it now."""
         if self.store is None:
-            return None
+            return lambda: None
+        if defer:
+            job = s.history.record_later(self.store, s.id, turn, history, appender=self._appender)
+            if job is not None:
+                done: list[list[str] | None] = []
+
+                def once() -> list[str] | None:
+                    if not done:
+                        try:
+                            done.append(job())
+                        except Exception as exc:
+                            self._record_failed(s, exc)
+                            done.append(None)
+                    return done[0]
+
+                s.pending = once
+                return once
         try:
-            return s.history.record(self.store, s.id, turn, history, appender=self._appender)
+            ids = s.history.record(self.store, s.id, turn, history, appender=self._appender)
         except Exception as exc:
-            s.history.forget_tip()
-            s.store_errors += 1
-            log.warning("session store: recording the history of %s failed: %s", s.id, exc)
-            return None
+            self._record_failed(s, exc)
+            return lambda: None
+        return lambda: ids
+
+    def _record_failed(self, s: _Session, exc: Exception) -> None:
+        s.history.forget_tip()
+        s.store_errors += 1
+        log.warning("session store: recording the history of %s failed: %s", s.id, exc)
+
+    def _flush(self, s: _Session) -> list[str] | None:
+        """Run the session's deferred recording, if any (under the session's lock)."""
+        job, s.pending = s.pending, None
+        return job() if job is not None else None
+
+    def flush_records(self, session_id: str | None = None) -> None:
+        """Write the recordings ``prepare(defer_record=True)`` left pending: of ``session_id``,
+        or of every session when ``None``. Store errors are counted and logged, as in
+        :meth:`prepare`; the next turn then records the session in full."""
+        with self._lock:
+            targets = [self._sessions[session_id]] if session_id in self._sessions else [] if session_id is not None else list(self._sessions.values())
+        for s in targets:
+            with s.lock:
+                self._flush(s)
 
     def _update_pressure(self, s: _Session, tokens: int) -> None:
         if not self.config.prompt_caching.pressure_warnings:

@@ -352,6 +352,15 @@ class WindowCap:
             tally.sizes[i] = n
         tally.loose = []
 
+    def over(self, messages: Sequence[Message], *, tally: WindowTally | None = None) -> bool:
+        """True when :meth:`fit` would cut ``messages`` (measured as ``fit`` measures them, into
+        ``tally`` when given, so the ``fit`` that follows counts nothing again)."""
+        t = tally if tally is not None else WindowTally()
+        self._extend(t, messages)
+        if t.total > self.limit and t.loose:
+            self._tighten(t)
+        return t.total > self.limit
+
     def fit(
         self,
         messages: Sequence[Message],

@@ -86,6 +86,8 @@ class CutScan:
     """Indices of assistant messages whose tool results follow (tool exchanges)."""
     cands: list[int] = field(default_factory=list)
     """Tool outputs large enough to cut and not cut yet."""
+    seen: list[Message] | None = None
+    """The list scanned last (a reference, for :meth:`CachedCuts._carry_scan`)."""
 
 
 class CachedCuts:
@@ -198,8 +200,41 @@ class CachedCuts:
                     st.cands.append(i)
         if msgs:
             st.n, st.first, st.last = len(msgs), msgs[0], msgs[-1]
+        st.seen = msgs
         self._scan_state = st
         return st
+
+    def _carry_scan(self, out: list[Message]) -> None:
+        """After a compaction to ``out``: the next check rescans only what changed. Each message
+        of ``out`` equal to the one at its index in the list scanned last (the engine got a copy
+        of it: a cut leaves the other messages in place, a summary keeps the head) takes its
+        tokens and its cut candidacy from that scan; the others are counted as a rescan would.
+        The work moves into the compaction, which already walked these messages; a list the
+        scan did not see (no scan yet, another list) is simply scanned anew at the next call."""
+        old, self._scan_state = self._scan_state, None
+        seen = old.seen if old is not None else None
+        if old is None or seen is None or old.n != len(seen) or not out:
+            return
+        cands = set(old.cands)
+        st = CutScan()
+        for i, m in enumerate(out):
+            if i < old.n and seen[i] == m:
+                t = old.toks[i]
+                cand = i in cands
+            else:
+                t = self._tokens(m)
+                cand = m.get("role") == "tool" and self._cuttable(m, t)
+            st.toks.append(t)
+            st.total += t
+            st.cum.append(st.total)
+            if m.get("role") == "tool":
+                prev = out[i - 1] if i > 0 else None
+                if prev is not None and prev.get("role") == "assistant" and prev.get("tool_calls"):
+                    st.groups.append(i - 1)
+                if cand:
+                    st.cands.append(i)
+        st.n, st.first, st.last, st.seen = len(out), out[0], out[-1], out
+        self._scan_state = st
 
     def _giant_waits(self, scan: CutScan) -> bool:
         """True when a giant output waits to be cut (never sent yet: cutting it costs nothing)."""

@@ -132,7 +132,7 @@ class SummaryTrigger(CachedCuts, ContextEngine):
         next count starts anew, the streak grows, the cache read of the kept prefix is awaited,
         and a result still at the threshold starts a back-off."""
         self._sent = out
-        self._scan_state = None  # earlier messages changed: the next check scans anew
+        self._carry_scan(out)  # the next check scans only the messages that changed
         self._anchor.reset()
         self.last_prompt_tokens = after
         self._compacted = True
