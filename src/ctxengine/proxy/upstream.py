@@ -130,6 +130,9 @@ class AiohttpUpstream:
             cookie_jar=aiohttp.DummyCookieJar(),  # the clients' cookies are theirs: never kept here
             # a request without a content-type goes without one (aiohttp would add octet-stream)
             skip_auto_headers=("Content-Type",),
+            # a response head as large as httpx's parser took (16 KB), not aiohttp's 8 KB lines
+            max_line_size=16_384,
+            max_field_size=16_384,
         )
         self._proxies: dict[str, tuple[URL | None, aiohttp.BasicAuth | None]] = {}
 
