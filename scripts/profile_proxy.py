@@ -12,8 +12,8 @@ processes, the same bodies sent straight to the stub and through the proxy back 
 the proxy's own per-stage timings read from its ``/metrics`` (``ctxengine_proxy_stage_seconds``:
 body read, parse, waiting for a worker thread, planning, returning to the event loop, the
 upstream exchange) with the garbage collector's pauses (``ctxengine_proxy_gc_pause_seconds``).
-What the stages do not cover (uvicorn and Starlette before the app sees the request, httpx
-preparing the upstream request, relaying the response) is the rest of the added latency.
+What the stages do not cover (uvicorn and Starlette before the app sees the request, the
+HTTP client preparing the upstream request, relaying the response) is the rest of the added latency.
 """
 
 from __future__ import annotations

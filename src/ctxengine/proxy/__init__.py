@@ -1,6 +1,6 @@
 """``ctxengine proxy``: context management for any agent that takes a base URL.
 
-An OpenAI- and Anthropic-compatible HTTP proxy (Starlette on uvicorn, httpx upstream) that
+An OpenAI- and Anthropic-compatible HTTP proxy (Starlette on uvicorn, aiohttp upstream) that
 runs a :class:`ctxengine.ContextManager` per session between the agent and its provider. Needs
 ``pip install 'ctxengine[proxy]'``; nothing else in ctxengine imports this package.
 

@@ -1,5 +1,5 @@
 """The proxy application: an ASGI app (Starlette) in front of an OpenAI- and an Anthropic-style
-upstream (httpx), running a :class:`~ctxengine.ContextManager` per model and session.
+upstream (aiohttp, see :mod:`ctxengine.proxy.upstream`), running a :class:`~ctxengine.ContextManager` per model and session.
 
 Per chat request (``POST /v1/chat/completions``, ``POST /v1/messages``):
 
@@ -73,6 +73,14 @@ from ctxengine.proxy.session import (
     session_from_header,
 )
 from ctxengine.proxy.streams import AnthropicStream, EventSplitter, OpenAIStream, StreamTracker
+from ctxengine.proxy.upstream import (
+    AiohttpUpstream,
+    HttpxUpstream,
+    RawHeaders,
+    Upstream,
+    UpstreamError,
+    UpstreamResponse,
+)
 from ctxengine.storage import SessionRecorder
 from ctxengine.tokens import estimate_message_tokens
 
@@ -83,9 +91,15 @@ log = logging.getLogger("ctxengine.proxy")
 TOKEN_HEADER = "x-ctxengine-token"
 TOKENS_SAVED_HEADER = "x-ctxengine-tokens-saved"
 
-# never forwarded in either direction (RFC 9110 §7.6.1 hop-by-hop, plus what httpx recomputes)
+# never forwarded in either direction (RFC 9110 §7.6.1 hop-by-hop, plus what the HTTP client and
+# the server recompute)
 _HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length"})
 _OURS = (SESSION_HEADER, TOKEN_HEADER)
+_SESSION_RAW, _SAVED_RAW = SESSION_HEADER.encode(), TOKENS_SAVED_HEADER.encode()
+_HOP_RAW = frozenset(h.encode() for h in _HOP)
+# a chat response's headers not relayed: also the encoding of a body the client gets decoded,
+# and the proxy's own headers (it sets them itself)
+_NOT_RELAYED = _HOP_RAW | {b"content-encoding", SESSION_HEADER.encode(), TOKENS_SAVED_HEADER.encode()}
 
 
 class _TooLarge(Exception):
@@ -127,7 +141,8 @@ class Proxy:
     """The proxy's state: config, store, managers (one per API and model), HTTP client, metrics.
 
     ``store="default"`` opens the configured store (SQLite unless configured otherwise);
-    ``transport`` (tests) replaces the network under the upstream client.
+    upstream requests go out through aiohttp (:mod:`ctxengine.proxy.upstream`), or, when
+    ``transport`` is given (tests, an in-process fake upstream), through httpx over it.
 
     ``freeze_gc`` (what ``ctxengine proxy`` uses; off for a proxy embedded in another program):
     at startup, everything allocated so far (the imported modules, the app, the config: some
@@ -155,7 +170,7 @@ class Proxy:
         self.store: SessionRecorder | None = default_store(self.config) if store == "default" else store
         self.metrics = ProxyMetrics()
         self._transport = transport
-        self._client: httpx.AsyncClient | None = None
+        self._client: Upstream | None = None
         self._managers: dict[tuple[str, str], ContextManager] = {}
         self._injected: dict[str, list[dict[str, Any]]] = {}
         self._incoming: dict[tuple[str, str], tuple[threading.Lock, IncomingHistory]] = {}
@@ -194,10 +209,12 @@ class Proxy:
             await client.aclose()
             self.close()
 
-    def _new_client(self) -> httpx.AsyncClient:
-        limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
-        timeout = httpx.Timeout(self.settings.timeout, connect=min(30.0, self.settings.timeout))
-        return httpx.AsyncClient(transport=self._transport, timeout=timeout, limits=limits, follow_redirects=False)
+    def _new_client(self) -> Upstream:
+        timeout = self.settings.timeout
+        connect = min(30.0, timeout)
+        if self._transport is not None:
+            return HttpxUpstream(self._transport, timeout=timeout, connect_timeout=connect)
+        return AiohttpUpstream(timeout=timeout, connect_timeout=connect, max_connections=256)
 
     def _gc_timer(self, phase: str, info: dict[str, int]) -> None:
         """``gc.callbacks`` hook: each collection's pause, queued for ``ctxengine_proxy_gc_pause_seconds``.
@@ -216,8 +233,10 @@ class Proxy:
             self.metrics.gc_pause.labels(str(generation)).observe(seconds)
 
     @property
-    def client(self) -> httpx.AsyncClient:
-        if self._client is None:  # used without the lifespan (e.g. a bare ASGI call)
+    def client(self) -> Upstream:
+        """The upstream client (created on first use when the app runs without its lifespan,
+        e.g. a bare ASGI call; it must then be created on the serving event loop)."""
+        if self._client is None:
             self._client = self._new_client()
         return self._client
 
@@ -272,14 +291,10 @@ class Proxy:
         return out
 
     @staticmethod
-    def _response_headers(resp: httpx.Response, *, keep_encoding: bool = False) -> dict[str, str]:
-        out = {}
-        for k, v in resp.headers.items():
-            lk = k.lower()
-            if lk in _HOP or (lk == "content-encoding" and not keep_encoding):
-                continue
-            out[k] = v
-        return out
+    def _response_headers(resp: UpstreamResponse, *, keep_encoding: bool = False) -> RawHeaders:
+        """The upstream response's headers the client gets (as sent, repeated names kept)."""
+        dropped = _HOP_RAW if keep_encoding else _NOT_RELAYED
+        return [(k, v) for k, v in resp.raw_headers if k.lower() not in dropped]
 
     async def _read_body(self, request: Request) -> bytes:
         limit = self.settings.max_body_bytes
@@ -331,14 +346,13 @@ class Proxy:
             return self._error(api, 413, f"request body larger than {self.settings.max_body_bytes} bytes", "too_large", "request_too_large")
         url = self._upstream(api, request.url.path, request.url.query)
         try:
-            req = self.client.build_request(request.method, url, content=raw or None, headers=self._request_headers(request, passthrough=True))
-            resp = await self.client.send(req, stream=True)
-        except httpx.HTTPError as exc:
-            return self._error(api, 502, f"upstream unreachable: {type(exc).__name__}: {exc}", "upstream_unreachable", "api_error" if anthropic else "server_error")
-        self.metrics.requests.labels("passthrough", "ok" if resp.status_code < 400 else "upstream_error").inc()
-        return StreamingResponse(
-            resp.aiter_raw(), status_code=resp.status_code, headers=self._response_headers(resp, keep_encoding=True), background=BackgroundTask(resp.aclose)
-        )
+            resp = await self.client.send(request.method, url, self._request_headers(request, passthrough=True), raw or None, decode=False)
+        except UpstreamError as exc:
+            return self._error(api, 502, f"upstream unreachable: {exc}", "upstream_unreachable", "api_error" if anthropic else "server_error")
+        self.metrics.requests.labels("passthrough", "ok" if resp.status < 400 else "upstream_error").inc()
+        out = StreamingResponse(resp.stream(), status_code=resp.status, background=BackgroundTask(resp.aclose))
+        out.raw_headers.extend(self._response_headers(resp, keep_encoding=True))
+        return out
 
     async def _chat(self, request: Request, api: Api) -> Response:
         t0 = time.perf_counter()
@@ -387,14 +401,14 @@ class Proxy:
         if api is ANTHROPIC:
             self._sticky_betas(plan.session, headers)
         url = self._upstream(api, request.url.path, request.url.query)
-        extra = {SESSION_HEADER: plan.session, TOKENS_SAVED_HEADER: str(plan.saved)}
+        extra = [(_SESSION_RAW, plan.session.encode("latin-1")), (_SAVED_RAW, str(plan.saved).encode())]
         try:
             if body.get("stream") is True:
                 return await self._stream(plan, url, headers, extra)
             return await self._complete(plan, url, headers, extra, raw)
-        except httpx.HTTPError as exc:
+        except UpstreamError as exc:
             kind = "api_error" if api is ANTHROPIC else "server_error"
-            return self._error(api, 502, f"upstream unreachable: {type(exc).__name__}: {exc}", "upstream_unreachable", kind)
+            return self._error(api, 502, f"upstream unreachable: {exc}", "upstream_unreachable", kind)
 
     def _body_cache(self, api: Api, session: str) -> BodyCache:
         with self._lock:
@@ -645,41 +659,52 @@ class Proxy:
         )
 
     # -- non-streaming ------------------------------------------------------------------------
-    async def _complete(self, plan: _Plan, url: str, headers: dict[str, str], extra: dict[str, str], original: bytes) -> Response:
+    async def _post(self, url: str, headers: dict[str, str], content: bytes) -> tuple[UpstreamResponse, bytes]:
+        """One upstream request, its body read whole."""
+        resp = await self.client.send("POST", url, headers, content)
+        return resp, await resp.read()
+
+    def _relayed(self, resp: UpstreamResponse, content: bytes, extra: RawHeaders, status: int | None = None) -> Response:
+        """An upstream response as the client gets it: its body and headers, plus ``extra``."""
+        out = Response(content, status_code=resp.status if status is None else status)
+        out.raw_headers += self._response_headers(resp) + extra
+        return out
+
+    async def _complete(self, plan: _Plan, url: str, headers: dict[str, str], extra: RawHeaders, original: bytes) -> Response:
         started = time.perf_counter()
         api = plan.api
-        resp = await self.client.post(url, content=plan.content, headers=headers)
+        resp, content = await self._post(url, headers, plan.content)
         self.metrics.stage.labels(api.name, "upstream").observe(time.perf_counter() - started)
-        if resp.status_code >= 400:
-            self._account(plan, "upstream_error", resp.status_code, started)
-            return Response(resp.content, status_code=resp.status_code, headers=self._response_headers(resp) | extra)
+        if resp.status >= 400:
+            self._account(plan, "upstream_error", resp.status, started)
+            return self._relayed(resp, content, extra)
         try:
-            data = orjson.loads(resp.content)
+            data = orjson.loads(content)
         except orjson.JSONDecodeError:
-            self._account(plan, "ok", resp.status_code, started)
-            return Response(resp.content, status_code=resp.status_code, headers=self._response_headers(resp) | extra)
+            self._account(plan, "ok", resp.status, started)
+            return self._relayed(resp, content, extra)
         if not plan.engine_tools or not isinstance(data, dict):
             self._usage_later(plan, api.usage(data) if isinstance(data, dict) else None)
-            self._account(plan, "ok", resp.status_code, started)
-            return Response(resp.content, status_code=resp.status_code, headers=self._response_headers(resp) | extra)
+            self._account(plan, "ok", resp.status, started)
+            return self._relayed(resp, content, extra)
         await self._usage(plan, api.usage(data))
         try:
-            status, data, resp = await self._answer_tools(plan, url, headers, data, resp)
+            status, data, resp, content = await self._answer_tools(plan, url, headers, data, resp, content)
         except Exception as exc:  # fail open: the client's own request, unchanged
             self._fail_open(api, plan, "tools", exc)
-            resp = await self.client.post(url, content=original, headers=headers)
-            self._account(plan, "fail_open", resp.status_code, started)
-            return Response(resp.content, status_code=resp.status_code, headers=self._response_headers(resp) | extra)
+            resp, content = await self._post(url, headers, original)
+            self._account(plan, "fail_open", resp.status, started)
+            return self._relayed(resp, content, extra)
         self._account(plan, "ok" if status < 400 else "upstream_error", status, started)
         if status >= 400:
-            return Response(resp.content, status_code=status, headers=self._response_headers(resp) | extra)
-        out_headers = self._response_headers(resp) | extra
-        out_headers.pop("content-type", None)
-        return JSONResponse(data, status_code=status, headers=out_headers)
+            return self._relayed(resp, content, extra, status)
+        out = JSONResponse(data, status_code=status)
+        out.raw_headers += [(k, v) for k, v in self._response_headers(resp) if k.lower() != b"content-type"] + extra
+        return out
 
     async def _answer_tools(
-        self, plan: _Plan, url: str, headers: dict[str, str], data: dict[str, Any], resp: httpx.Response
-    ) -> tuple[int, dict[str, Any], httpx.Response]:
+        self, plan: _Plan, url: str, headers: dict[str, str], data: dict[str, Any], resp: UpstreamResponse, content: bytes
+    ) -> tuple[int, dict[str, Any], UpstreamResponse, bytes]:
         api = plan.api
         body = plan.body
         for _ in range(self.settings.max_tool_rounds):
@@ -689,12 +714,12 @@ class Proxy:
             results = [(c, await anyio.to_thread.run_sync(self._run_tool, plan, c)) for c in calls]
             body = api.followup(body, api.assistant_message(data), results)
             self.metrics.tool_rounds.labels(api.name).inc()
-            resp = await self.client.post(url, content=orjson.dumps(body), headers=headers)
-            if resp.status_code >= 400:
-                return resp.status_code, {}, resp
-            data = orjson.loads(resp.content)
+            resp, content = await self._post(url, headers, orjson.dumps(body))
+            if resp.status >= 400:
+                return resp.status, {}, resp, content
+            data = orjson.loads(content)
             await self._usage(plan, api.usage(data))
-        return resp.status_code, api.without_calls(data, set(plan.engine_tools)), resp
+        return resp.status, api.without_calls(data, set(plan.engine_tools)), resp, content
 
     # -- streaming ------------------------------------------------------------------------------
     def _tracker(self, plan: _Plan, first: bool = True, offset: int = 0) -> StreamTracker:
@@ -702,20 +727,19 @@ class Proxy:
             return AnthropicStream(engine_tools=plan.engine_tools, first_round=first, index_offset=offset)
         return OpenAIStream(engine_tools=plan.engine_tools, first_round=first)
 
-    async def _stream(self, plan: _Plan, url: str, headers: dict[str, str], extra: dict[str, str]) -> Response:
+    async def _stream(self, plan: _Plan, url: str, headers: dict[str, str], extra: RawHeaders) -> Response:
         started = time.perf_counter()
-        req = self.client.build_request("POST", url, content=plan.content, headers=headers)
-        resp = await self.client.send(req, stream=True)
+        resp = await self.client.send("POST", url, headers, plan.content)
         self.metrics.stage.labels(plan.api.name, "upstream").observe(time.perf_counter() - started)
-        if resp.status_code >= 400:
-            content = await resp.aread()
-            await resp.aclose()
-            self._account(plan, "upstream_error", resp.status_code, started)
-            return Response(content, status_code=resp.status_code, headers=self._response_headers(resp) | extra)
-        out_headers = self._response_headers(resp) | extra
-        return _RelayResponse(self._relay(plan, url, headers, resp, started), status_code=resp.status_code, headers=out_headers)
+        if resp.status >= 400:
+            content = await resp.read()
+            self._account(plan, "upstream_error", resp.status, started)
+            return self._relayed(resp, content, extra)
+        out = _RelayResponse(self._relay(plan, url, headers, resp, started), status_code=resp.status)
+        out.raw_headers += self._response_headers(resp) + extra
+        return out
 
-    async def _relay(self, plan: _Plan, url: str, headers: dict[str, str], resp: httpx.Response, started: float) -> AsyncIterator[bytes]:
+    async def _relay(self, plan: _Plan, url: str, headers: dict[str, str], resp: UpstreamResponse, started: float) -> AsyncIterator[bytes]:
         api = plan.api
         tracker = self._tracker(plan)
         body = plan.body
@@ -725,12 +749,12 @@ class Proxy:
             while True:
                 splitter = EventSplitter(only=None if plan.engine_tools else b'"usage"')
                 if not plan.engine_tools:
-                    async for chunk in resp.aiter_bytes():
+                    async for chunk in resp.stream():
                         yield chunk  # relayed as it arrives
                         for event in splitter.feed(chunk):
                             tracker.feed(event)
                 else:
-                    async for chunk in resp.aiter_bytes():
+                    async for chunk in resp.stream():
                         for event in splitter.feed(chunk):
                             tracker.feed(event)
                             shown = tracker.visible(event)
@@ -755,13 +779,11 @@ class Proxy:
                 body = api.followup(body, tracker.assistant_message(), results)
                 self.metrics.tool_rounds.labels(api.name).inc()
                 rounds += 1
-                req = self.client.build_request("POST", url, content=orjson.dumps(body), headers=headers)
-                resp = await self.client.send(req, stream=True)
-                if resp.status_code >= 400:
-                    content = await resp.aread()
-                    await resp.aclose()
+                resp = await self.client.send("POST", url, headers, orjson.dumps(body))
+                if resp.status >= 400:
+                    content = await resp.read()
                     outcome = "upstream_error"
-                    yield _stream_error(api, resp.status_code, content)
+                    yield _stream_error(api, resp.status, content)
                     break
                 offset = tracker.client_blocks if isinstance(tracker, AnthropicStream) else 0
                 tracker = self._tracker(plan, first=False, offset=offset)
