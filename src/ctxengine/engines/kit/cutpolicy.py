@@ -90,6 +90,19 @@ class CutScan:
     """The list scanned last (a reference, for :meth:`CachedCuts._carry_scan`)."""
 
 
+def _push(st: CutScan, msgs: list[Message], i: int, tokens: int, cuttable: bool) -> None:
+    """Add ``msgs[i]`` (``tokens`` of it; ``cuttable``: a tool output to cut) to the scan."""
+    st.toks.append(tokens)
+    st.total += tokens
+    st.cum.append(st.total)
+    if msgs[i].get("role") == "tool":
+        prev = msgs[i - 1] if i > 0 else None
+        if prev is not None and prev.get("role") == "assistant" and prev.get("tool_calls"):
+            st.groups.append(i - 1)
+        if cuttable:
+            st.cands.append(i)
+
+
 class CachedCuts:
     """Mixin: the cache-aware cut policy over the engine's settings (see the module docstring)."""
 
@@ -189,15 +202,7 @@ class CachedCuts:
         for i in range(n, len(msgs)):
             m = msgs[i]
             t = self._tokens(m)
-            st.toks.append(t)
-            st.total += t
-            st.cum.append(st.total)
-            if m.get("role") == "tool":
-                prev = msgs[i - 1] if i > 0 else None
-                if prev is not None and prev.get("role") == "assistant" and prev.get("tool_calls"):
-                    st.groups.append(i - 1)
-                if self._cuttable(m, t):
-                    st.cands.append(i)
+            _push(st, msgs, i, t, m.get("role") == "tool" and self._cuttable(m, t))
         if msgs:
             st.n, st.first, st.last = len(msgs), msgs[0], msgs[-1]
         st.seen = msgs
@@ -224,15 +229,7 @@ class CachedCuts:
             else:
                 t = self._tokens(m)
                 cand = m.get("role") == "tool" and self._cuttable(m, t)
-            st.toks.append(t)
-            st.total += t
-            st.cum.append(st.total)
-            if m.get("role") == "tool":
-                prev = out[i - 1] if i > 0 else None
-                if prev is not None and prev.get("role") == "assistant" and prev.get("tool_calls"):
-                    st.groups.append(i - 1)
-                if cand:
-                    st.cands.append(i)
+            _push(st, out, i, t, cand)
         st.n, st.first, st.last, st.seen = len(out), out[0], out[-1], out
         self._scan_state = st
 
