@@ -461,3 +461,55 @@ def test_prop_validate_never_crashes_and_indexes_are_in_range(messages: Any) -> 
                 assert estimate_message_tokens(m) >= 4
     else:
         assert codes(vs) == [(-1, "not_a_list")]
+
+
+# -- json_problem: the fast check agrees with the path-building walk -----------------------------
+class _StrSub(str):
+    pass
+
+
+class _DictSub(dict):  # type: ignore[type-arg]
+    pass
+
+
+_json_leaves = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.text(max_size=5),
+    st.floats(allow_nan=True, allow_infinity=True), st.binary(max_size=3),
+    st.builds(_StrSub, st.text(max_size=3)), st.sampled_from([set(), frozenset({1}), object])
+)
+_json_values = st.recursive(
+    _json_leaves,
+    lambda kids: st.one_of(
+        st.lists(kids, max_size=4),
+        st.lists(kids, max_size=3).map(tuple),
+        st.dictionaries(st.one_of(st.text(max_size=4), st.integers(), st.none()), kids, max_size=4),
+        st.dictionaries(st.text(max_size=4), kids, max_size=3).map(_DictSub),
+    ),
+    max_leaves=20,
+)
+
+
+def _nested(depth: int, leaf: Any = "x") -> Any:
+    v: Any = leaf
+    for i in range(depth):
+        v = {"k": v} if i % 2 else [v]
+    return v
+
+
+@settings(max_examples=400, deadline=None)
+@given(_json_values)
+def test_json_problem_fast_check_agrees_with_the_full_walk(value: Any) -> None:
+    from ctxengine.messages import _json_problem_at, json_problem
+
+    assert json_problem(value) == _json_problem_at(value)
+    assert json_problem({"role": "user", "content": value}) == _json_problem_at({"role": "user", "content": value})
+
+
+@pytest.mark.parametrize("depth", [199, 200, 201, 250])
+def test_json_problem_nesting_limit_is_unchanged(depth: int) -> None:
+    from ctxengine.messages import MAX_NESTING, _json_problem_at, json_problem
+
+    value = _nested(depth)
+    assert json_problem(value) == _json_problem_at(value)
+    assert (json_problem(value) is None) == (depth <= MAX_NESTING)
+    assert json_problem({"role": "tool", "content": [{"x": float("nan")}]}) == "content[0].x is nan, which JSON cannot carry"

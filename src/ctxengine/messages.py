@@ -80,6 +80,53 @@ def json_problem(value: Any) -> str | None:
     One rule for :func:`validate`, the store and every engine: such a message is rejected
     with its index (``not_json``), never silently changed or dropped.
     """
+    if _plain_json(value):
+        return None
+    return _json_problem_at(value)
+
+
+_INF = (float("inf"), float("-inf"))
+
+
+def _plain_json(value: Any) -> bool:
+    """True when ``value`` is plain JSON built of the exact builtin types (the common case,
+    checked without building a path for every item); False when :func:`_json_problem_at`
+    must look (a problem, or a subclass or tuple whose verdict it gives)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        v, depth = pop()
+        t = type(v)
+        if t is dict:
+            if depth >= MAX_NESTING:
+                return False
+            for k, item in v.items():
+                if type(k) is not str:
+                    return False
+                ti = type(item)
+                if ti is str or item is None or ti is int or ti is bool:
+                    continue
+                push((item, depth + 1))
+        elif t is list:
+            if depth >= MAX_NESTING:
+                return False
+            for item in v:
+                ti = type(item)
+                if ti is str or item is None or ti is int or ti is bool:
+                    continue
+                push((item, depth + 1))
+        elif t is str or v is None or t is int or t is bool:
+            continue
+        elif t is float:
+            if v != v or v in _INF:
+                return False
+        else:
+            return False
+    return True
+
+
+def _json_problem_at(value: Any) -> str | None:
+    """:func:`json_problem` with the path of the first problem found."""
     stack: list[tuple[Any, str, int]] = [(value, "", 0)]
     while stack:
         v, path, depth = stack.pop()
