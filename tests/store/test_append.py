@@ -88,3 +88,26 @@ def test_another_writer_moving_the_tip_is_respected(store_factory: object) -> No
     new = one.append_messages("s", [{"role": "assistant", "content": "d"}], after=_chain_ids(again)[-1])
     assert [m["content"] for m in two.history("s")] == ["a", "b", "c", "d"]
     assert new == _chain_ids([*again, {"role": "assistant", "content": "d"}])[-1:]
+
+
+def test_an_append_mixing_stored_and_new_contents_stores_each_content_once(store: SessionStore) -> None:
+    first = [{"role": "user", "content": "same words"}, {"role": "assistant", "content": "other"}]
+    ids = store.record_messages("s", first)
+    batch = [
+        {"role": "user", "content": "same words"},  # content already stored (another message id)
+        {"role": "assistant", "content": "fresh words"},
+        {"role": "user", "content": "same words"},  # twice in the batch
+        {"role": "assistant", "content": "other"},
+    ]
+    new = store.append_messages("s", batch, after=ids[-1])
+    assert new == _chain_ids([*first, *batch])[2:]
+    assert store.history("s") == [*first, *batch] and store.history_ids("s") == [*ids, *new]
+    # one stored content carries the three messages; the new one is its own content
+    hits = store.search("same words")
+    assert len(hits) == 1 and sorted(hits[0].message_ids) == sorted([ids[0], new[0], new[2]])
+    assert [h.message_ids for h in store.search("fresh words")] == [[new[1]]]
+    # and the next append after the mixed batch chains on keys read back correctly
+    more = store.append_messages("s", [{"role": "user", "content": "fresh words"}, {"role": "assistant", "content": "last"}], after=new[-1])
+    assert store.history_ids("s") == [*ids, *new, *more]
+    assert [m["content"] for m in store.history("s")][-2:] == ["fresh words", "last"]
+    assert store.history("s", f"message:{new[1]}") == [*first, *batch[:2]]

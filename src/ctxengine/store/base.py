@@ -450,10 +450,10 @@ class SqlStore(SessionStore):
     def _index_node(self, cur: Any, pk: int, text: str) -> None:
         """Add a node text to the full-text index (SQLite; PostgreSQL indexes by itself)."""
 
-    def _allocate_pks(self, cur: Any, table: str) -> int | None:
-        """The first free primary key of ``table`` when the backend can hand out keys itself
-        inside a write transaction (SQLite, whose write lock is exclusive); ``None`` to let the
-        database assign them (PostgreSQL, where writers run concurrently)."""
+    def _next_pks(self, cur: Any) -> tuple[int, int] | None:
+        """The first free primary keys of ``blobs`` and ``messages`` when the backend can hand
+        out keys itself inside a write transaction (SQLite, whose write lock is exclusive);
+        ``None`` to let the database assign them (PostgreSQL, where writers run concurrently)."""
         return None
 
     def _lock_session(self, cur: Any, session_pk: int) -> None:
@@ -522,23 +522,34 @@ class SqlStore(SessionStore):
         if not new:
             return known
         blobs = {p.blob: p for _, p in new.values()}
-        have_blobs = self._ids_to_pks(cur, "blobs", list(blobs), column="hash")
-        fresh = [p for h, p in blobs.items() if h not in have_blobs]
-        if fresh:
-            first = self._allocate_pks(cur, "blobs")
-            if first is not None:
-                # pks allocated under the write lock: no conflict, no read-back
-                added = {p.blob: first + i for i, p in enumerate(fresh)}
-                self._xm(cur, "INSERT INTO blobs (pk, hash, role, body, text, tokens) VALUES (?, ?, ?, ?, ?, ?)", [(added[p.blob], p.blob, p.role, p.canonical, p.text, p.tokens) for p in fresh])
+        fresh = list(blobs.values())
+        keys = self._next_pks(cur)
+        if keys is not None:
+            # keys handed out under the write lock. A blob already stored (the same content in
+            # another message) conflicts on its hash and is skipped: only then are keys read back
+            first = keys[0]
+            added = {p.blob: first + i for i, p in enumerate(fresh)}
+            cur.executemany(
+                self._sql("INSERT INTO blobs (pk, hash, role, body, text, tokens) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (hash) DO NOTHING"),
+                [(added[p.blob], p.blob, p.role, p.canonical, p.text, p.tokens) for p in fresh],
+            )
+            if cur.rowcount != len(fresh):
+                have_blobs = self._ids_to_pks(cur, "blobs", list(blobs), column="hash")
+                added = {h: pk for h, pk in have_blobs.items() if added[h] == pk}
             else:
-                self._xm(
-                    cur,
-                    "INSERT INTO blobs (hash, role, body, text, tokens) VALUES (?, ?, ?, ?, ?) ON CONFLICT (hash) DO NOTHING",
-                    [(p.blob, p.role, p.canonical, p.text, p.tokens) for p in fresh],
-                )
-                added = self._ids_to_pks(cur, "blobs", [p.blob for p in fresh], column="hash")
-            self._index_blobs(cur, [(added[p.blob], p.text) for p in fresh if p.blob in added])
+                have_blobs = dict(added)
+        else:
+            have_blobs = self._ids_to_pks(cur, "blobs", list(blobs), column="hash")
+            fresh = [p for h, p in blobs.items() if h not in have_blobs]
+            self._xm(
+                cur,
+                "INSERT INTO blobs (hash, role, body, text, tokens) VALUES (?, ?, ?, ?, ?) ON CONFLICT (hash) DO NOTHING",
+                [(p.blob, p.role, p.canonical, p.text, p.tokens) for p in fresh],
+            )
+            added = self._ids_to_pks(cur, "blobs", [p.blob for p in fresh], column="hash") if fresh else {}
             have_blobs.update(added)
+        if added:
+            self._index_blobs(cur, [(added[p.blob], p.text) for p in fresh if p.blob in added])
         # positions: a parent's position + 1 (parents outside the batch are looked up)
         positions: dict[str | None, int] = {None: -1}
         if stored_parent is not None:
@@ -555,8 +566,8 @@ class SqlStore(SessionStore):
                 raise StoreError(f"message {p.id} names parent {parent}, which is not in the store")
             positions[p.id] = positions[parent] + 1
         now = time.time()
-        first = self._allocate_pks(cur, "messages")
-        if first is not None:
+        if keys is not None:
+            first = keys[1]
             for i, mid in enumerate(new):
                 known[mid] = first + i
             self._xm(
@@ -574,13 +585,26 @@ class SqlStore(SessionStore):
         known.update(self._ids_to_pks(cur, "messages", list(new)))
         return known
 
-    def _store_chain(self, cur: Any, messages: Sequence[Message], parent_id: str | None = None, *, stored_parent: tuple[str, int, int] | None = None) -> list[tuple[int, str]]:
+    def _prepare_chain(self, messages: Sequence[Message], parent_id: str | None) -> list[_Prepared]:
         # opt-in (redaction.content): key shapes and registered secrets never reach the store
         # redacted copies are new objects each time: nothing to remember
         if self.redact_content:
-            prepared = _prepare(redact_messages(messages), parent_id)
-        else:
-            prepared = _prepare(messages, parent_id, self._prepared)
+            return _prepare(redact_messages(messages), parent_id)
+        return _prepare(messages, parent_id, self._prepared)
+
+    def _store_chain(
+        self,
+        cur: Any,
+        messages: Sequence[Message],
+        parent_id: str | None = None,
+        *,
+        stored_parent: tuple[str, int, int] | None = None,
+        prepared: list[_Prepared] | None = None,
+    ) -> list[tuple[int, str]]:
+        """Store ``messages`` chained after ``parent_id``; ``prepared``: their :func:`_prepare`
+        from that parent, done before the transaction."""
+        if prepared is None:
+            prepared = self._prepare_chain(messages, parent_id)
         links: list[tuple[str | None, _Prepared]] = []
         parent = parent_id
         for p in prepared:
@@ -688,6 +712,9 @@ class SqlStore(SessionStore):
     def append_messages(self, session_id: str, messages: Sequence[Message], *, after: str | None = None) -> list[str]:
         msgs = list(messages)
         known_pk = self._session_pks.get(session_id)
+        # the parent is named: serialise and hash before taking the write lock (each message
+        # once; other writers wait only for the rows to be written)
+        early = self._prepare_chain(msgs, after) if after is not None else None
         with self._write() as cur:
             spk = known_pk if known_pk is not None else self._ensure_session(cur, session_id)
             self._lock_session(cur, spk)
@@ -704,7 +731,7 @@ class SqlStore(SessionStore):
                 row = self._one(cur, "SELECT m.id, m.pk, m.position FROM sessions s JOIN messages m ON m.pk = s.tip_pk WHERE s.pk = ?", (spk,))
             parent = str(row[0]) if row else None
             link = (str(row[0]), int(row[1]), int(row[2])) if row else None
-            chain = self._store_chain(cur, msgs, parent, stored_parent=link)
+            chain = self._store_chain(cur, msgs, parent, stored_parent=link, prepared=early)
             full = ([(int(row[1]), parent)] if row and parent else []) + chain
             self._move_tip(cur, spk, full, "append")
         # sessions are never deleted: the key stays valid once the row is committed

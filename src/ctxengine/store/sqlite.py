@@ -180,11 +180,12 @@ class SqliteStore(SqlStore):
     def _sql(self, sql: str) -> str:
         return sql
 
-    def _allocate_pks(self, cur: Any, table: str) -> int | None:
+    def _next_pks(self, cur: Any) -> tuple[int, int] | None:
         # every write holds SQLite's exclusive write lock (BEGIN IMMEDIATE): nobody else can
         # take these keys before the commit
-        cur.execute(f"SELECT COALESCE(MAX(pk), 0) + 1 FROM {table}")
-        return int(cur.fetchone()[0])
+        cur.execute("SELECT (SELECT COALESCE(MAX(pk), 0) + 1 FROM blobs), (SELECT COALESCE(MAX(pk), 0) + 1 FROM messages)")
+        blob, message = cur.fetchone()
+        return int(blob), int(message)
 
     # -- full-text search ----------------------------------------------------------------------
     @contextmanager
