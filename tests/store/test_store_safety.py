@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 from ctxengine.errors import InputError
 from ctxengine.redact import MARK, clear_secrets, register_secret
 from ctxengine.store import SessionStore
+from ctxengine.store.base import canonical_json
 from ctxengine.store.safe_regex import MAX_PATTERN_CHARS, compile_pattern
+from ctxengine.textsafe import dumps
 
 CATASTROPHIC = ["(a+)+$", "(a|aa)+$", "(a*)*b", "(x+x+)+y", "^(([a-z])+.)+[A-Z]([a-z])+$", "(.*a){20}"]
 
@@ -74,3 +76,19 @@ def test_any_pattern_is_an_answer_or_an_input_error(pattern: str) -> None:
         return
     result = find("a" * 3_000 + "!")
     assert result is None or (0 <= result[0] <= result[1] <= 3_001)
+
+
+_texts = st.text(max_size=6) | st.lists(st.sampled_from(["a", "é", "中", "\ud800", "\udfff", "\u2028", '"', "\\"]), max_size=6).map("".join)
+_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | _texts,
+    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(_texts, kids, max_size=3),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(_texts, _values, max_size=5))
+def test_canonical_json_is_sorted_compact_json_with_lone_surrogates_escaped(message: dict[str, object]) -> None:
+    text = canonical_json(message)
+    assert text == dumps(message, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    text.encode("utf-8")  # always encodable (a lone surrogate is written as its escape)
