@@ -382,3 +382,29 @@ def test_engine_tool_results_the_manager_added_stay_when_the_raw_history_is_rese
     raw = [*raw, {"role": "assistant", "content": "found it"}, {"role": "user", "content": "good"}]
     out2 = mgr.prepare(list(raw), session_id="s")
     assert out2 == [*out, *raw[-2:]]
+
+
+def test_each_message_is_estimated_once_per_session_however_long_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ctxengine.history as history_module
+    from ctxengine.history import TurnInput
+    from ctxengine.tokens import estimate_message_tokens
+
+    estimated: list[int] = []
+
+    def counting(m: Message) -> int:
+        estimated.append(id(m))
+        return estimate_message_tokens(m)
+
+    monkeypatch.setattr(history_module, "estimate_message_tokens", counting)
+    h = SessionHistory()
+    working = _head()
+    h.finish(TurnInput("first", working, 0, 0), working, working)
+    for turn in _turns(300, size=2):  # far past the memo's floor of 256 entries
+        given = [*working, *turn]
+        t = h.begin(given)
+        h.finish(t, t.messages, t.messages)
+        working = t.messages
+    assert len(estimated) == len(set(estimated)) == len(working)
+    # the planner's fallback (a list that is not the working context) finds them memoised too
+    assert h.message_tokens(working[1:]) == [estimate_message_tokens(m) for m in working[1:]]
+    assert len(estimated) == len(working)

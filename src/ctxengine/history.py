@@ -374,8 +374,10 @@ class SessionHistory:
             t = estimate_message_tokens(m)
             memo[id(m)] = (m, t)  # type: ignore[assignment]
             out.append(t)
-        if len(memo) > 4 * len(messages) + 256:
-            self._prune_tokens(messages)
+        if len(memo) > 4 * max(len(messages), len(self.working)) + 256:
+            # bounded by the working context (and this call's messages), which stay memoised:
+            # a call for a turn's few new messages must not forget the session's other ones
+            self._prune_tokens([*self.working, *messages])
         return out
 
     def _prune_tokens(self, keep: Sequence[Mapping[str, Any]]) -> None:
