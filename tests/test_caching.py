@@ -6,6 +6,8 @@ import copy
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ctxengine.caching import (
     MAX_BREAKPOINTS,
@@ -158,3 +160,26 @@ def test_message_blocks() -> None:
     assert message_blocks({"role": "assistant", "content": "x", "tool_calls": [{"id": "a"}, {"id": "b"}]}) == 3
     assert message_blocks({"role": "assistant", "content": None}) == 1
     assert message_blocks({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}]}) == 2
+
+
+_part = st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url"]), "text": st.text(max_size=5)}) | st.text(max_size=3)
+_msg = st.fixed_dictionaries(
+    {
+        "role": st.sampled_from(["system", "user", "assistant", "tool"]),
+        "content": st.none() | st.text(max_size=8) | st.lists(_part, max_size=3),
+    },
+    optional={"tool_calls": st.lists(st.fixed_dictionaries({"id": st.text(max_size=3), "function": st.fixed_dictionaries({"name": st.text(max_size=3)})}), max_size=2)},
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_msg, min_size=1, max_size=8), st.data(), st.booleans(), st.sampled_from(["5m", "1h"]))
+def test_sharing_the_unmarked_messages_marks_like_a_deep_copy_and_leaves_the_input_untouched(
+    msgs: list[dict[str, Any]], data: st.DataObject, native: bool, ttl: str
+) -> None:
+    indices = data.draw(st.lists(st.integers(0, len(msgs) - 1), max_size=4, unique=True))
+    before = copy.deepcopy(msgs)
+    shared = apply_breakpoints(msgs, indices, cache_ttl=ttl, native_anthropic=native, share_unmarked=True)
+    assert shared == apply_breakpoints(msgs, indices, cache_ttl=ttl, native_anthropic=native)
+    assert msgs == before  # the caller's dicts, lists and parts are never marked
+    assert all(shared[i] is msgs[i] for i in range(len(msgs)) if i not in indices)

@@ -165,8 +165,22 @@ def apply_breakpoints(
     out = list(messages) if share_unmarked else copy.deepcopy(list(messages))
     for i in sorted(set(indices)):
         if share_unmarked:
-            out[i] = copy.deepcopy(out[i])
+            out[i] = _own_for_marking(out[i])
         _mark(out[i], marker, native_anthropic)
+    return out
+
+
+def _own_for_marking(msg: Message) -> Message:
+    """A copy of ``msg`` that :func:`_mark` may edit without touching ``msg``: the dict, its
+    content list and that list's last part are copied (what a marker is put on); the rest is
+    shared, as the unmarked messages of a ``share_unmarked`` result are."""
+    out = dict(msg)
+    content = out.get("content")
+    if isinstance(content, list):
+        parts = list(content)
+        if parts and isinstance(parts[-1], dict):
+            parts[-1] = dict(parts[-1])
+        out["content"] = parts
     return out
 
 
