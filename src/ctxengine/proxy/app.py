@@ -6,9 +6,10 @@ Per chat request (``POST /v1/chat/completions``, ``POST /v1/messages``):
 1. the body is read (at most ``proxy.max_body_bytes``: 413 beyond) and parsed; a body that is
    not a chat request gets the error the client's SDK expects (400, the API's error shape);
 2. the session is named by ``x-ctxengine-session`` or derived (:mod:`ctxengine.proxy.session`);
-3. in a worker thread, the manager maps the client's whole resent history onto the session's
-   working context (``prepare``: what is new is appended, an edited history is a new branch)
-   and compacts when due; for Claude models (native Anthropic, or OpenRouter) cache
+3. the manager maps the client's whole resent history onto the session's working context
+   (``prepare``: what is new is appended, an edited history is a new branch) and compacts when
+   due: in a worker thread, or on the event loop for a turn that only appends (see
+   :meth:`Proxy._plan_inline`); for Claude models (native Anthropic, or OpenRouter) cache
    breakpoints are placed unless the client placed its own ``cache_control`` markers (then
    they, and their TTLs, are left exactly as sent); when the client sends tools and the
    engine offers recall tools, those are added (and stay added for the rest of the session,
@@ -18,7 +19,10 @@ Per chat request (``POST /v1/chat/completions``, ``POST /v1/messages``):
 5. the response comes back verbatim (errors and status codes too); a streamed response is
    relayed chunk by chunk as it arrives, and its usage is read from the final events;
 6. calls the model makes to the engine's tools are answered by the proxy (another upstream
-   round trip, up to ``proxy.max_tool_rounds``); the client sees only its own tools' calls.
+   round trip, up to ``proxy.max_tool_rounds``); the client sees only its own tools' calls;
+7. once the response is out, in a worker thread: its usage goes to the manager and, with a
+   local store, the turn is written (:meth:`Proxy._settle_later`); the session's next request
+   waits for that.
 
 **Fail open**: any internal error in steps 2–4 or 6 sends the client's original request
 unchanged and logs why (``ctxengine_proxy_fail_open_total`` counts them). Every other path
@@ -885,7 +889,7 @@ class Proxy:
                             yield shown
                 await resp.aclose()
                 if not (plan.engine_tools and tracker.engine_calls_only()):
-                    plan.usage = dict(tracker.usage) if tracker.usage else None  # for the manager once the stream is out
+                    plan.usage = dict(tracker.usage) if tracker.usage else None
                     break
                 await self._usage(plan, tracker.usage)
                 if rounds >= self.settings.max_tool_rounds:
@@ -907,6 +911,12 @@ class Proxy:
         finally:
             await resp.aclose()
             self._account(plan, outcome, 200, started)
+            # the stream's end goes out in the same step of the event loop, before the work
+            # starts; waiting for the response's background would leave a moment (the
+            # disconnect watcher stopping) in which the session's next request finds the
+            # previous turn's write neither done nor announced
+            with contextlib.suppress(RuntimeError):  # no running loop: a generator collected elsewhere
+                self._settle_later(plan, plan.usage)
 
 
 class _RelayResponse(StreamingResponse):
