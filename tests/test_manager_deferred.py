@@ -257,3 +257,22 @@ def test_the_cheap_turn_refuses_a_write_now_and_a_reset(tmp_path: Path) -> None:
     bare = _mgr(None)
     bare.prepare(first, session_id=SESSION)
     assert bare.prepare(turn, session_id=SESSION, may_compact=False) == turn
+
+
+def test_the_cheap_turn_refuses_an_edit_of_the_compacted_part(tmp_path: Path, trajectories: list[dict[str, Any]]) -> None:
+    msgs = _session(trajectories)
+    store = SqliteStore(tmp_path / "s.db")
+    mgr = _mgr(store, 16_000)
+    start = 3
+    mgr.prepare(msgs[:start], session_id=SESSION)
+    for end in _turn_ends(msgs, start):  # the raw history resent every turn, until a compaction
+        mgr.prepare(msgs[:end], session_id=SESSION)
+        start = end
+        if mgr.status(SESSION)["compactions"]:
+            break
+    edited = [msgs[0], {**msgs[1], "content": "an edited first request"}, *msgs[2:start]]
+    before = _state(mgr, store)
+    with pytest.raises(CompactionDue, match="where it was compacted"):
+        mgr.prepare(edited, session_id=SESSION, defer_record=True, may_compact=False)
+    assert _state(mgr, store) == before
+    assert mgr.prepare(edited, session_id=SESSION)[1]["content"] == "an edited first request"
