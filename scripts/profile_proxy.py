@@ -1,7 +1,9 @@
 #!/usr/bin/env python
 """Profile the proxy's own work on one request (no sockets): a ~100K-token history resent each
 turn plus one new message, parsed, planned (the manager's ``prepare``, breakpoints) and
-serialised as the proxy does before its upstream call.
+serialised as the proxy does before its upstream call (on the event loop when the turn only
+appends, else as in its worker thread). The work after the response (the usage to the manager
+and the turn's store write) is timed apart.
 
     python scripts/profile_proxy.py --api openai --turns 40          # mean ms per request
     python scripts/profile_proxy.py --api anthropic --profile 25     # + cProfile, top 25
@@ -10,8 +12,8 @@ serialised as the proxy does before its upstream call.
 ``--live`` runs the real thing instead: the stub upstream and ``ctxengine proxy`` as separate
 processes, the same bodies sent straight to the stub and through the proxy back to back, and
 the proxy's own per-stage timings read from its ``/metrics`` (``ctxengine_proxy_stage_seconds``:
-body read, parse, waiting for a worker thread, planning, returning to the event loop, the
-upstream exchange) with the garbage collector's pauses (``ctxengine_proxy_gc_pause_seconds``).
+body read, parse, planning on the event loop or waiting for a worker thread, planning there and
+returning to the event loop, the upstream exchange, the after-response write) with the garbage collector's pauses (``ctxengine_proxy_gc_pause_seconds``).
 What the stages do not cover (uvicorn and Starlette before the app sees the request, the
 HTTP client preparing the upstream request, relaying the response) is the rest of the added latency.
 """
@@ -36,6 +38,7 @@ from bench_proxy import api_request, history_of, start_proxy, start_stub, stop  
 
 from ctxengine.anthropic_adapter import openai_to_anthropic  # noqa: E402
 from ctxengine.config import Config  # noqa: E402
+from ctxengine.manager import ContextManager  # noqa: E402
 from ctxengine.proxy.apis import ANTHROPIC, OPENAI  # noqa: E402
 from ctxengine.proxy.app import Proxy  # noqa: E402
 
@@ -121,28 +124,39 @@ def main() -> None:
             bodies.append(json.dumps(body).encode())
             history.append({"role": "assistant", "content": "ok"})
 
-        def one(raw: bytes) -> None:
+        after: list[float] = []
+
+        def one(raw: bytes) -> ContextManager:
             body = proxy._body_cache(api, "profile").parse(raw)  # as the proxy does for a named session
             assert not api.problem(body)
-            plan = proxy._plan(api, "profile", body, raw)
+            plan = proxy._plan_inline(api, "profile", body, raw) or proxy._plan(api, "profile", body, raw)
             assert plan.content and plan.manager is not None
-            # what the proxy does with the response's usage (off the response path)
-            plan.manager.update_from_response({"prompt_tokens": 100_000, "completion_tokens": 5}, session_id="profile")
+            return plan.manager
+
+        def settle(mgr: ContextManager) -> None:
+            """What the proxy does once the response is out (off the response path)."""
+            t0 = time.perf_counter()
+            mgr.update_from_response({"prompt_tokens": 100_000, "completion_tokens": 5}, session_id="profile")
+            mgr.flush_records("profile")
+            after.append((time.perf_counter() - t0) * 1000)
 
         for raw in bodies[:3]:
-            one(raw)
+            settle(one(raw))
         prof = cProfile.Profile() if args.profile else None
         times = []
         for raw in bodies[3:]:
             t0 = time.perf_counter()
             if prof:
                 prof.enable()
-            one(raw)
+            mgr = one(raw)
             if prof:
                 prof.disable()
             times.append((time.perf_counter() - t0) * 1000)
+            settle(mgr)
         times.sort()
         print(f"{args.api}: {len(bodies[-1])} bytes, mean {sum(times) / len(times):.2f} ms, p50 {times[len(times) // 2]:.2f} ms, min {times[0]:.2f} ms, max {times[-1]:.2f} ms")
+        after.sort()
+        print(f"after the response (usage, store write): p50 {after[len(after) // 2]:.2f} ms")
         if prof:
             s = io.StringIO()
             pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(args.profile)

@@ -5,13 +5,14 @@ reads or writes the session's record before the write ran."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ctxengine.config import Config
-from ctxengine.manager import ContextManager
+from ctxengine.manager import CompactionDue, ContextManager
 from ctxengine.messages import Message
 from ctxengine.recall import GREP_TOOL
 from ctxengine.store.sqlite import SqliteStore
@@ -154,3 +155,124 @@ def test_flush_records_without_pending_work_or_unknown_session_does_nothing() ->
     mgr.flush_records()
     mgr.flush_records("nobody")
     assert mgr.sessions == []
+
+
+# -- prepare(may_compact=False): the cheap turn, or CompactionDue before anything changed ------
+def _quiet_first(mgr: ContextManager, msgs: list[Message], reasons: list[str]) -> list[Message]:
+    """What a caller on an event loop does: the cheap turn, else the full call."""
+    try:
+        return mgr.prepare(msgs, session_id=SESSION, defer_record=True, may_compact=False)
+    except CompactionDue as exc:
+        reasons.append(exc.reason)
+        return mgr.prepare(msgs, session_id=SESSION, defer_record=True)
+
+
+@pytest.mark.parametrize("window", [1_000_000, 16_000])
+def test_the_cheap_turn_first_gives_the_same_contexts_and_record(tmp_path: Path, trajectories: list[dict[str, Any]], window: int) -> None:
+    msgs = _session(trajectories)
+    sync, s_store, s_mgr = _replay(tmp_path, msgs, defer=False, window=window)
+    store = SqliteStore(tmp_path / "quiet.db")
+    mgr = _mgr(store, window)
+    reasons: list[str] = []
+    working = _quiet_first(mgr, msgs[:3], reasons)
+    outs, start = [], 3
+    for i, end in enumerate(_turn_ends(msgs, start)):
+        working = _quiet_first(mgr, [*working, *msgs[start:end]], reasons)
+        outs.append(working)
+        if i % 2:  # flushed after the reply, or left for the next call
+            mgr.flush_records(SESSION)
+        start = end
+    mgr.flush_records()
+    assert outs == sync
+    assert store.history(SESSION) == s_store.history(SESSION)
+    assert store.originals(SESSION) == s_store.originals(SESSION)
+    assert mgr.status(SESSION)["compactions"] == s_mgr.status(SESSION)["compactions"] >= 2
+    assert "a deferred store write is pending" in reasons  # the turns not flushed in between
+    assert len(reasons) < len(outs)  # most turns were cheap
+    if window == 16_000:
+        assert {"the engine compacts", "session hygiene fires", "the window cap cuts"} & set(reasons)
+
+
+def _state(mgr: ContextManager, store: SqliteStore) -> tuple[Any, ...]:
+    st = mgr.status(SESSION)
+    return st["turns"], st["compactions"], st["last_tokens"], st["window_cuts"], store.history_ids(SESSION), list(mgr._session(SESSION).history.working)
+
+
+def test_compaction_due_is_raised_before_anything_changes(tmp_path: Path, trajectories: list[dict[str, Any]]) -> None:
+    msgs = _session(trajectories)
+    store = SqliteStore(tmp_path / "s.db")
+    mgr = _mgr(store, 16_000)
+    working = mgr.prepare(msgs[:3], session_id=SESSION)
+    start, raised = 3, 0
+    for end in _turn_ends(msgs, start):
+        turn = [*working, *msgs[start:end]]
+        before = _state(mgr, store)
+        try:
+            working = mgr.prepare(turn, session_id=SESSION, defer_record=True, may_compact=False)
+            mgr.flush_records(SESSION)
+            assert working == turn  # the cheap turn only appends
+        except CompactionDue:
+            raised += 1
+            assert _state(mgr, store) == before
+            working = mgr.prepare(turn, session_id=SESSION)
+        start = end
+    assert raised and mgr.status(SESSION)["compactions"] >= 2
+
+
+def test_the_cheap_turn_never_waits_for_the_session_lock(tmp_path: Path) -> None:
+    mgr = _mgr(SqliteStore(tmp_path / "s.db"))
+    out = mgr.prepare([{"role": "system", "content": "sys"}, {"role": "user", "content": "one"}], session_id=SESSION)
+    turn = [*out, {"role": "assistant", "content": "a"}, {"role": "user", "content": "two"}]
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with mgr._session(SESSION).lock:
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(10)
+    try:
+        with pytest.raises(CompactionDue, match="holds the session"):
+            mgr.prepare(turn, session_id=SESSION, defer_record=True, may_compact=False)
+    finally:
+        release.set()
+        t.join()
+    assert mgr.prepare(turn, session_id=SESSION, defer_record=True, may_compact=False) == turn
+
+
+def test_the_cheap_turn_refuses_a_write_now_and_a_reset(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "s.db")
+    mgr = _mgr(store)
+    first = [{"role": "system", "content": "sys"}, {"role": "user", "content": "one"}]
+    with pytest.raises(CompactionDue, match="written to the store now"):  # a first turn records in full
+        mgr.prepare(first, session_id=SESSION, defer_record=True, may_compact=False)
+    out = mgr.prepare(first, session_id=SESSION)
+    turn = [*out, {"role": "assistant", "content": "a"}, {"role": "user", "content": "two"}]
+    with pytest.raises(CompactionDue, match="written to the store now"):  # without defer_record
+        mgr.prepare(turn, session_id=SESSION, may_compact=False)
+    assert mgr.prepare(turn, session_id=SESSION, defer_record=True, may_compact=False) == turn
+    # no store: nothing is written, the turn is cheap
+    bare = _mgr(None)
+    bare.prepare(first, session_id=SESSION)
+    assert bare.prepare(turn, session_id=SESSION, may_compact=False) == turn
+
+
+def test_the_cheap_turn_refuses_an_edit_of_the_compacted_part(tmp_path: Path, trajectories: list[dict[str, Any]]) -> None:
+    msgs = _session(trajectories)
+    store = SqliteStore(tmp_path / "s.db")
+    mgr = _mgr(store, 16_000)
+    start = 3
+    mgr.prepare(msgs[:start], session_id=SESSION)
+    for end in _turn_ends(msgs, start):  # the raw history resent every turn, until a compaction
+        mgr.prepare(msgs[:end], session_id=SESSION)
+        start = end
+        if mgr.status(SESSION)["compactions"]:
+            break
+    edited = [msgs[0], {**msgs[1], "content": "an edited first request"}, *msgs[2:start]]
+    before = _state(mgr, store)
+    with pytest.raises(CompactionDue, match="where it was compacted"):
+        mgr.prepare(edited, session_id=SESSION, defer_record=True, may_compact=False)
+    assert _state(mgr, store) == before
+    assert mgr.prepare(edited, session_id=SESSION)[1]["content"] == "an edited first request"

@@ -606,8 +606,23 @@ def test_mixed_calls_show_only_the_clients_and_a_failed_round_is_returned(stub: 
 
 
 def test_each_stage_of_a_request_is_timed(proxy: ProxyServer, stub: StubServer) -> None:
-    for _ in range(2):
-        oai(proxy).chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
-    for stage in ("read", "parse", "plan_queue", "plan", "plan_return", "upstream"):
-        assert metric(proxy, "ctxengine_proxy_stage_seconds_count", api="openai", stage=stage) == 2, stage
+    msgs: list[Any] = [{"role": "user", "content": "x"}]
+    for turn in range(3):
+        oai(proxy).chat.completions.create(model="gpt-4o", messages=msgs)
+        msgs += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": f"turn {turn}"}]
+    for stage in ("read", "parse", "upstream"):
+        assert metric(proxy, "ctxengine_proxy_stage_seconds_count", api="openai", stage=stage) == 3, stage
+    # the session's first request opens it in a worker thread; the next ones only append: on the event loop
+    for stage in ("plan_queue", "plan", "plan_return"):
+        assert metric(proxy, "ctxengine_proxy_stage_seconds_count", api="openai", stage=stage) == 1, stage
+    assert metric(proxy, "ctxengine_proxy_stage_seconds_count", api="openai", stage="plan_inline") == 2
+    assert metric(proxy, "ctxengine_proxy_plans_total", api="openai", where="worker") == 1
+    assert metric(proxy, "ctxengine_proxy_plans_total", api="openai", where="inline") == 2
     assert metric(proxy, "ctxengine_proxy_stage_seconds_sum", api="openai", stage="plan") > 0
+    assert metric(proxy, "ctxengine_proxy_stage_seconds_sum", api="openai", stage="plan_inline") > 0
+    # after each response: the usage and the turn's store write (the last may still be running)
+    deadline = time.monotonic() + 5
+    while metric(proxy, "ctxengine_proxy_stage_seconds_count", api="openai", stage="settle") < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert metric(proxy, "ctxengine_proxy_stage_seconds_count", api="openai", stage="record") == 3
+    assert metric(proxy, "ctxengine_proxy_stage_seconds_count", api="openai", stage="settle") == 3

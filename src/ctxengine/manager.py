@@ -46,12 +46,13 @@ on a session's first use, ``on_session_reset`` on :meth:`ContextManager.reset_se
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import logging
 import threading
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -67,7 +68,7 @@ from ctxengine.caching import (
 )
 from ctxengine.config import Config, load_config
 from ctxengine.engine import CompactionReport, ContextEngine, Services, normalize_usage
-from ctxengine.errors import ConfigError, EngineError, StoreError
+from ctxengine.errors import ConfigError, CtxEngineError, EngineError, StoreError
 from ctxengine.history import SessionHistory, TurnInput
 from ctxengine.loop import check_output, engine_label, run_compress, should_compact
 from ctxengine.messages import (
@@ -91,7 +92,7 @@ from ctxengine.tokens import (
 )
 from ctxengine.window import CapResult, WindowCap, WindowCounter, WindowLimit, WindowTally
 
-__all__ = ["HYGIENE_MIN_MESSAGES", "HYGIENE_RATIO", "ContextManager", "default_store"]
+__all__ = ["HYGIENE_MIN_MESSAGES", "HYGIENE_RATIO", "CompactionDue", "ContextManager", "default_store"]
 
 log = logging.getLogger("ctxengine.manager")
 
@@ -111,6 +112,28 @@ PRESSURE_RATIO = 0.85
 """Context pressure warnings (seed 000, off by default) at 85 % of the compaction threshold."""
 
 StoreArg = SessionRecorder | Literal["default"] | None
+
+
+class CompactionDue(CtxEngineError):
+    """``prepare(..., may_compact=False)`` would do more than map the input and append it: a
+    compaction, a window cut, an engine reset, tool calls to answer, a store write now, or it
+    would wait for the session's lock (``reason`` says which). Raised before the session
+    changed; the same call with ``may_compact=True`` does the turn."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@contextlib.contextmanager
+def _held_now(lock: threading.RLock) -> Iterator[None]:
+    """``lock`` held for the block, or :class:`CompactionDue` when taking it would wait."""
+    if not lock.acquire(blocking=False):
+        raise CompactionDue("another call holds the session")
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def default_store(config: Config) -> SessionRecorder | None:
@@ -620,6 +643,7 @@ class ContextManager:
         session_id: str | None = None,
         focus_topic: str | None = None,
         defer_record: bool = False,
+        may_compact: bool = True,
     ) -> list[Message]:
         """What to send this turn (see the module docstring). Never mutates ``messages``.
 
@@ -648,13 +672,25 @@ class ContextManager:
         anyway before anything else reads or writes the session's record: the next call for
         the session, a compaction or a window cut in this turn, a recall or tool call,
         :meth:`end_session`.
+
+        ``may_compact=False`` asks for the cheap turn only (a caller that would rather not hand
+        the call to a worker thread when it is quick, e.g. an event loop): when this call would
+        compact, cut, reset the engine, answer tool calls, write to the store now (with
+        ``defer_record=True`` an appending turn does not) or wait for the session's lock, it
+        raises :class:`CompactionDue` before changing anything, and the caller makes the same
+        call with ``may_compact=True`` (in its worker thread). Otherwise the result is the
+        same as without the flag. The engine's trigger is asked once either way.
         """
         s = self._session(session_id)
-        with s.lock:
+        with s.lock if may_compact else _held_now(s.lock):
+            if not may_compact and s.pending is not None:
+                raise CompactionDue("a deferred store write is pending")
             self._flush(s)
-            turn = self._input(s, messages)
-        msgs = self._dispatch_recall(s, turn.messages)
-        with s.lock:
+            turn = self._input(s, messages, quiet=not may_compact)
+        msgs = self._dispatch_recall(s, turn.messages) if may_compact else turn.messages
+        with s.lock if may_compact else _held_now(s.lock):
+            if not may_compact:
+                self._check_quiet(s, turn, defer_record)
             if tools is not None:
                 self.tools(tools, session_id=s.id)
             msgs = self._dispatch_engine_tools(s, msgs)
@@ -676,7 +712,7 @@ class ContextManager:
                 compacted = out is not msgs
                 msgs = out
                 tokens = s.counter.count(msgs)
-            if enabled and not resting and self._should_compact(s, tokens, msgs):
+            if enabled and not resting and may_compact and self._should_compact(s, tokens, msgs):
                 out = self._compress(s, msgs, tokens, focus_topic, trigger="engine")
                 compacted = compacted or out is not msgs
                 msgs = out
@@ -694,6 +730,31 @@ class ContextManager:
             self._update_pressure(s, tokens)
             s.history.finish(turn, history, msgs)
             return msgs
+
+    def _check_quiet(self, s: _Session, turn: TurnInput, defer_record: bool) -> None:
+        """:class:`CompactionDue` unless this turn (``prepare(may_compact=False)``) only appends:
+        the decisions :meth:`prepare` makes next, asked before anything changes (under the
+        session's lock)."""
+        msgs = turn.messages
+        names = {_tool_name(t) for t in s.engine.get_tool_schemas()}
+        if s.recall is not None and self._recall_offered(s):
+            names |= s.recall.names()
+        if self._pending_calls(msgs, names):
+            raise CompactionDue("tool calls to answer")
+        if self.store is not None and not (defer_record and self._appender is not None and s.history.appends(turn)):
+            raise CompactionDue("the turn is written to the store now")
+        tokens = s.counter.count(msgs)
+        if self.config.compression.enabled and s.streak < MAX_CONSECUTIVE_COMPACTIONS:
+            if tokens >= self.hygiene_threshold and s.hygiene_armed and len(msgs) >= HYGIENE_MIN_MESSAGES:
+                raise CompactionDue("session hygiene fires")
+            try:
+                due = should_compact(s.engine, tokens, msgs)
+            except EngineError as exc:
+                raise CompactionDue(f"the engine's trigger failed: {exc}") from exc
+            if due:
+                raise CompactionDue("the engine compacts")
+        if self.cap_window and self.window.over(msgs, tally=s.tally):
+            raise CompactionDue("the window cap cuts")
 
     def _should_compact(self, s: _Session, tokens: int, msgs: list[Message]) -> bool:
         try:
@@ -787,13 +848,17 @@ class ContextManager:
                 log.warning("session store: recording a compaction of %s failed: %s", s.id, exc)
         return list(out)
 
-    def _input(self, s: _Session, messages: Sequence[Message]) -> TurnInput:
-        """The input stage: which messages are new (:mod:`ctxengine.history`), validated."""
+    def _input(self, s: _Session, messages: Sequence[Message], *, quiet: bool = False) -> TurnInput:
+        """The input stage: which messages are new (:mod:`ctxengine.history`), validated.
+        ``quiet`` (``prepare(may_compact=False)``): :class:`CompactionDue` instead of an
+        engine reset."""
         if not isinstance(messages, list | tuple):
             check(messages, context="messages passed to prepare")  # raises: not a list
         turn = s.history.begin(messages)
         if self.strict:
             turn.check(context="messages passed to prepare")
+        if quiet and turn.reset_engine:
+            raise CompactionDue("the history changed where it was compacted (the engine is reset)")
         if turn.reset_engine:
             # the caller's history changed where it was already compacted: the engine's
             # per-session state (a previous summary) belongs to the dropped branch

@@ -45,11 +45,20 @@ class ProxyMetrics:
         self.stage = Histogram(
             "ctxengine_proxy_stage_seconds",
             "Time of each stage of a chat request: read (the body, from the first byte the app sees), "
-            "parse, plan_queue (waiting for a worker thread), plan (the manager's work), plan_return "
-            "(back on the event loop), upstream (sending it until the response, or its headers when "
-            "streamed, is in).",
+            "parse, wait_settle (waiting for the session's previous request to finish its "
+            "after-response work), plan_inline (the manager's work, on the event loop: a quick turn), "
+            "or plan_queue (waiting for a worker thread), plan (the manager's work there), plan_return "
+            "(back on the event loop); upstream (sending it until the response, or its headers when "
+            "streamed, is in); after the response: settle (usage to the manager and the turn's "
+            "deferred store write, including the hand-over to a worker thread) and record (the write).",
             ["api", "stage"],
             buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.plans = Counter(
+            "ctxengine_proxy_plans",
+            "Chat requests planned, by where: inline (on the event loop, a quick turn) or worker (a worker thread).",
+            ["api", "where"],
             registry=r,
         )
         self.gc_pause = Histogram(
