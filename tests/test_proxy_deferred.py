@@ -22,7 +22,6 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ctxengine.config import Config
 from ctxengine.manager import ContextManager
 from ctxengine.messages import Message
 from ctxengine.proxy.apis import ANTHROPIC, OPENAI
@@ -31,6 +30,7 @@ from ctxengine.proxy.server import ProxyServer
 from ctxengine.proxy.session import SESSION_HEADER
 from ctxengine.store import SqliteStore
 from ctxengine.testing.stub_server import StubReply, StubServer
+from test_proxy import make_config  # the proxy tests' config: stub upstreams, a store in tmp_path
 
 KEY = "sk-deferred-0123456789"
 
@@ -47,16 +47,6 @@ def _last_text(messages: list[Any]) -> str:
     if isinstance(content, list):
         return "".join(p.get("text", "") for p in content if isinstance(p, dict))
     return str(content)
-
-
-def _config(stub: StubServer, tmp_path: Path, **sections: Any) -> Config:
-    base: dict[str, Any] = {
-        "proxy": {"openai_base_url": stub.openai_base_url, "anthropic_base_url": stub.anthropic_base_url},
-        "store": {"path": str(tmp_path / "sessions.db")},
-    }
-    for k, v in sections.items():
-        base.setdefault(k, {}).update(v)
-    return Config().with_overrides(**base)
 
 
 def _metric(p: ProxyServer, name: str, **labels: str) -> float:
@@ -110,7 +100,7 @@ def _texts(msgs: list[dict[str, Any]]) -> list[str]:
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
 def test_the_write_runs_after_the_response_and_before_the_next_turn(stub: StubServer, tmp_path: Path, api: str) -> None:
     store = _GatedStore(tmp_path / "gated.db")
-    with ProxyServer(_config(stub, tmp_path), store=store) as p:
+    with ProxyServer(make_config(stub, tmp_path), store=store) as p:
         msgs: list[dict[str, Any]] = [{"role": "user", "content": "one"}]
         msgs.append({"role": "assistant", "content": _turn(p, api, "g", msgs)})  # a first turn is written before it goes upstream
         msgs.append({"role": "user", "content": "two"})
@@ -137,7 +127,7 @@ def test_the_write_runs_after_the_response_and_before_the_next_turn(stub: StubSe
 
 def test_a_failed_write_is_counted_logged_and_nothing_is_lost(stub: StubServer, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     store = _GatedStore(tmp_path / "failing.db")
-    with caplog.at_level(logging.WARNING, logger="ctxengine"), ProxyServer(_config(stub, tmp_path), store=store) as p:
+    with caplog.at_level(logging.WARNING, logger="ctxengine"), ProxyServer(make_config(stub, tmp_path), store=store) as p:
         msgs: list[dict[str, Any]] = [{"role": "user", "content": "one"}]
         msgs += [{"role": "assistant", "content": _turn(p, "openai", "f", msgs)}, {"role": "user", "content": "two"}]
         store.fail = True
@@ -156,7 +146,7 @@ def test_a_failed_write_is_counted_logged_and_nothing_is_lost(stub: StubServer, 
 def test_a_turn_lost_to_a_crash_is_recorded_with_the_next(stub: StubServer, tmp_path: Path) -> None:
     """The process serving turn 2 dies before writing it; another process serves turn 3 (the
     client resends its history) and the store ends up with every message once."""
-    cfg = _config(stub, tmp_path)
+    cfg = make_config(stub, tmp_path)
     crashed = _GatedStore(tmp_path / "sessions.db")
     first = ProxyServer(cfg, store=crashed).start()
     msgs: list[dict[str, Any]] = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "one"}]
@@ -188,7 +178,7 @@ def test_a_turn_that_compacts_is_planned_in_a_worker_thread(stub: StubServer, tm
         return real(self, *args, **kwargs)
 
     stub.responder = lambda req: StubReply.ok("ack " + "z" * 40)
-    cfg = _config(stub, tmp_path, context={"engine": "compressor"}, model={"context_length": 6000})
+    cfg = make_config(stub, tmp_path, context={"engine": "compressor"}, model={"context_length": 6000})
     with pytest.MonkeyPatch.context() as mp, caplog.at_level(logging.DEBUG, logger="ctxengine.proxy"):
         mp.setattr(ContextManager, "_compress", spy)
         with ProxyServer(cfg) as p:
@@ -224,7 +214,7 @@ def test_a_shared_store_has_each_turn_before_it_goes_upstream(stub: StubServer, 
     seen: list[list[str]] = []
     stub.responder = lambda req: (seen.append(_stored(inner, "openai", "sh")), StubReply.ok("ok"))[1]
     assert _is_local(None) and _is_local(inner) and not _is_local(_SharedStore(inner))  # type: ignore[arg-type]
-    with ProxyServer(_config(stub, tmp_path), store=_SharedStore(inner)) as p:  # type: ignore[arg-type]
+    with ProxyServer(make_config(stub, tmp_path), store=_SharedStore(inner)) as p:  # type: ignore[arg-type]
         msgs: list[dict[str, Any]] = [{"role": "user", "content": "one"}]
         for turn in range(3):
             msgs += [{"role": "assistant", "content": _turn(p, "openai", "sh", msgs)}, {"role": "user", "content": f"more {turn}"}]
