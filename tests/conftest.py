@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,17 @@ def _hermetic_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     for var in ("CTXENGINE_CONFIG", "CTXENGINE_API_KEY", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENROUTER_API_KEY", "CTXENGINE_STORE_DSN"):
         monkeypatch.delenv(var, raising=False)
     yield home
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored() -> Iterator[None]:
+    """The ``ctxengine`` logger as each test found it: a command run in-process (``ctxengine
+    proxy`` sends the package's records to its own handler) must not hide later tests' records
+    from ``caplog``."""
+    logger = logging.getLogger("ctxengine")
+    saved = (list(logger.handlers), logger.level, logger.propagate, logger.disabled)
+    yield
+    logger.handlers[:], logger.level, logger.propagate, logger.disabled = saved
 
 
 def load_trajectories() -> list[dict[str, Any]]:

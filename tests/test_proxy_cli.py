@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -34,6 +35,8 @@ def test_binding_beyond_loopback_without_a_token_is_refused(tmp_path: Path) -> N
     out = CliRunner().invoke(cli, ["proxy", "--host", "0.0.0.0", "--port", "1"])
     assert out.exit_code == 2
     assert "requires a proxy token" in out.output
+    # refused before the command set up its logging: the package's records still reach the root
+    assert logging.getLogger("ctxengine").propagate
 
 
 def test_the_command_serves_sdk_requests(tmp_path: Path) -> None:

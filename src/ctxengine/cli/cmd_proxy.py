@@ -40,7 +40,7 @@ def proxy(
     ANTHROPIC_BASE_URL=http://127.0.0.1:8787. Needs: pip install 'ctxengine[proxy]'.
     """
     try:
-        from ctxengine.proxy import serve
+        from ctxengine.proxy import check_bind, serve
         from ctxengine.proxy.logs import JsonFormatter, TextFormatter
     except ImportError as exc:
         raise click.ClickException(f"the proxy needs its extra: pip install 'ctxengine[proxy]' ({exc})") from exc
@@ -56,14 +56,15 @@ def proxy(
     if engine:
         sections["context"] = {"engine": engine}
     config = config.with_overrides(**sections)
+    settings = config.proxy
+    token = auth_token or os.environ.get(settings.auth_token_env) or None
+    check_bind(settings.host, token, settings.auth_token_env)  # refused before logging is set up
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     root = logging.getLogger("ctxengine")
     root.handlers[:] = [handler]
     root.setLevel(min(logging.getLogger().level or logging.INFO, logging.INFO))
     root.propagate = False
-    settings = config.proxy
-    token = auth_token or os.environ.get(settings.auth_token_env) or None
     click.echo(f"ctxengine proxy on http://{settings.host}:{settings.port} (engine {config.context.engine}, store {config.store.backend})", err=True)
     serve(config, auth_token=token)
 
