@@ -38,7 +38,8 @@ keeps is measured apart with tracemalloc (same sessions, planned in-process).
 **replay** — a long session (5 trajectories chained) replayed turn by turn through the proxy
 (Anthropic API, in-process, the stub answering with the recorded assistant turns), and the same
 session through ``ctxengine bench``'s runner with the same engine and window. The cost of the
-requests the stub received and the facts their last request keeps must match the bench's.
+requests the stub received and the facts kept (verbatim in the last request or returned by the
+session's recall, tool calls included, as the bench counts them) must match the bench's.
 """
 
 from __future__ import annotations
@@ -463,15 +464,16 @@ def heap_per_session(n_sessions: int, turns: int) -> float:
 
 # -- replay equivalence --------------------------------------------------------------------------------
 def bench_replay(engine: str, context_length: int, compose_n: int) -> dict[str, Any]:
+    from ctxengine.bench.replay import seen_messages
     from ctxengine.bench.runner import (
         _profile,
-        engine_retrievable,
         make_engine_factory,
         run_session,
         session_facts,
     )
     from ctxengine.cost import AnthropicCache, CostReport, PrefixHasher, marked_breakpoints
-    from ctxengine.facts import retention
+    from ctxengine.facts import call_facts, call_retention, retention
+    from ctxengine.manager import default_store
     from ctxengine.proxy import ProxyServer
     from ctxengine.proxy.apis import ANTHROPIC
     from ctxengine.testing.stub_server import RecordedRequest, StubReply, StubServer
@@ -483,9 +485,17 @@ def bench_replay(engine: str, context_length: int, compose_n: int) -> dict[str, 
     profile = _profile(model)
     config = Config().with_overrides(context={"engine": engine}, model={"context_length": context_length}, prompt_caching={"enabled": True})
 
-    # 1. the bench's own replay
-    factory = make_engine_factory(engine, config, context_length)
-    bench = run_session(session, engine, factory, config=config, context_length=context_length, anthropic_model=profile, openai_model=_profile("gpt-4o"), placement=config.prompt_caching.strategy if config.prompt_caching.strategy != "auto" else "planner")
+    # 1. the bench's own replay (an engine that keeps originals, lcm, gets a throwaway store of
+    # its own, as in ``ctxengine bench``)
+    with tempfile.TemporaryDirectory() as d:
+        store = default_store(config.with_overrides(store={"enabled": True, "backend": "sqlite", "path": str(Path(d) / "bench.db")}))
+        try:
+            factory = make_engine_factory(engine, config, context_length, store=store)
+            placement = config.prompt_caching.strategy if config.prompt_caching.strategy != "auto" else "planner"
+            bench = run_session(session, engine, factory, config=config, context_length=context_length, anthropic_model=profile, openai_model=_profile("gpt-4o"), placement=placement)
+        finally:
+            if store is not None:
+                store.close()
 
     # 2. the same session through the proxy: the client resends its raw history every turn
     def strip(m: dict[str, Any]) -> dict[str, Any]:
@@ -528,13 +538,19 @@ def bench_replay(engine: str, context_length: int, compose_n: int) -> dict[str, 
                 while j < len(msgs) and msgs[j].get("role") != "assistant":
                     j += 1
                 i = j
-            engine_obj = p.proxy.manager(ANTHROPIC, model).engine("replay")
-            proxy_compactions = int(p.proxy.manager(ANTHROPIC, model).status("replay")["compactions"])
-            facts = session_facts(session)
-            _, kept, _ = retention(facts, requests[-1], engine_retrievable(engine_obj))
+            mgr = p.proxy.manager(ANTHROPIC, model)
+            proxy_compactions = int(mgr.status("replay")["compactions"])
+            # measured as the bench measures its own run: verbatim in the last request or
+            # returned by the session's recall (the manager's, which holds the originals), and
+            # the tool calls' facts counted beside the others
+            def recall(text: str) -> bool:
+                return mgr.retrievable(text, session_id="replay")
+
+            _, kept, _ = retention(session_facts(session), requests[-1], recall)
+            _, calls_kept, _ = call_retention(call_facts(seen_messages(msgs)), requests[-1], recall)
     proxy_cost = sum(c.cost for c in report.calls)
     bench_cost = sum(c.cost for c in bench.anthropic.calls) if bench.anthropic else 0.0
-    proxy_kept = sum(kept.values())
+    proxy_kept = sum(kept.values()) + calls_kept
     bench_kept = sum(bench.facts_kept.values())
     invalid = sum(1 for r in requests if any(v.severity == "error" for v in validate(r)))
     return {
