@@ -477,6 +477,7 @@ def bench_replay(engine: str, context_length: int, compose_n: int) -> dict[str, 
     from ctxengine.proxy import ProxyServer
     from ctxengine.proxy.apis import ANTHROPIC
     from ctxengine.testing.stub_server import RecordedRequest, StubReply, StubServer
+    from ctxengine.window import WindowCounter
 
     runs = [s for s in sessions() if "swe" in s.id or "msb" in s.id][:compose_n]
     session = compose(runs, f"composed({len(runs)})")
@@ -506,6 +507,7 @@ def bench_replay(engine: str, context_length: int, compose_n: int) -> dict[str, 
             m["content"] = parts[0]["text"] if len(parts) == 1 and isinstance(parts[0], dict) and parts[0].get("type") == "text" and set(parts[0]) == {"type", "text"} else parts
         return m
 
+    exact = WindowCounter()
     hasher = PrefixHasher()
     anth = AnthropicCache(input_price=profile.input, min_cache_tokens=profile.min_cache_tokens, ttl=config.cache_ttl, hasher=hasher)
     report = CostReport("anthropic", model)
@@ -515,7 +517,7 @@ def bench_replay(engine: str, context_length: int, compose_n: int) -> dict[str, 
         sent = anthropic_to_openai(req.body.get("system"), req.body["messages"])
         bps = marked_breakpoints(sent)
         plain = [strip(m) for m in sent]
-        toks = [estimate_message_tokens(m) for m in plain]
+        toks = exact.exact_messages(plain)  # o200k, as the bench counts its own requests
         billed = anth.call(plain, bps, tokens=toks)
         report.calls.append(billed)
         requests.append(plain)
@@ -562,7 +564,7 @@ def bench_replay(engine: str, context_length: int, compose_n: int) -> dict[str, 
         "compactions": {"bench": bench.compactions, "proxy": proxy_compactions},
         "cost_usd": {"bench": round(bench_cost, 4), "proxy": round(proxy_cost, 4), "diff_pct": round(100 * (proxy_cost - bench_cost) / bench_cost, 3) if bench_cost else 0.0},
         "facts_kept": {"bench": bench_kept, "proxy": proxy_kept, "total": sum(bench.facts_total.values()), "diff_pct": round(100 * (proxy_kept - bench_kept) / bench_kept, 3) if bench_kept else 0.0},
-        "peak_tokens": {"bench": bench.peak_tokens, "proxy": max(sum(estimate_message_tokens(m) for m in r) for r in requests)},
+        "peak_tokens": {"bench": bench.peak_tokens, "proxy": max(sum(exact.exact_messages(r)) for r in requests)},
         "invalid_requests": {"bench": bench.invalid_requests, "proxy": invalid},
     }
 
