@@ -319,7 +319,7 @@ class SessionHistory:
         if appender is None and isinstance(store, SessionAppender):
             appender = store
         known = self._ids
-        if not (known and self.appends(turn) and appender is not None):
+        if not (known and self.appends(turn) and appender is not None):  # known: for the type checker
             return None
         new = list(messages[turn.base :])
         turns = self.turns
@@ -338,7 +338,7 @@ class SessionHistory:
     def appends(self, turn: TurnInput) -> bool:
         """Whether ``turn`` only appends to the store's tip (what :meth:`record_later` defers)."""
         known = self._ids
-        return bool(known) and known is not None and len(known) == turn.base and turn.kind in ("continue", "resend")
+        return known is not None and len(known) > 0 and len(known) == turn.base and turn.kind in ("continue", "resend")
 
     def forget_tip(self) -> None:
         """The store's tip moved elsewhere (a compaction, a failed write): record in full next time."""

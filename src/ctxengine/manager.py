@@ -704,7 +704,7 @@ class ContextManager:
                 log.info("session %s: %d consecutive compactions, compaction rests this turn (the window cap holds the window)", s.id, s.streak)
             if tokens < self.hygiene_threshold:
                 s.hygiene_armed = True
-            elif enabled and not resting and s.hygiene_armed and len(msgs) >= HYGIENE_MIN_MESSAGES:
+            elif enabled and not resting and self._hygiene_due(s, tokens, msgs):
                 s.hygiene_armed = False
                 s.hygiene_fired += 1
                 log.info("session hygiene: %s at %d tokens (>= %d), compacting", s.id, tokens, self.hygiene_threshold)
@@ -731,6 +731,10 @@ class ContextManager:
             s.history.finish(turn, history, msgs)
             return msgs
 
+    def _hygiene_due(self, s: _Session, tokens: int, msgs: list[Message]) -> bool:
+        """Whether session hygiene compacts ``msgs`` (``tokens``) when compaction may run."""
+        return tokens >= self.hygiene_threshold and s.hygiene_armed and len(msgs) >= HYGIENE_MIN_MESSAGES
+
     def _check_quiet(self, s: _Session, turn: TurnInput, defer_record: bool) -> None:
         """:class:`CompactionDue` unless this turn (``prepare(may_compact=False)``) only appends:
         the decisions :meth:`prepare` makes next, asked before anything changes (under the
@@ -745,7 +749,7 @@ class ContextManager:
             raise CompactionDue("the turn is written to the store now")
         tokens = s.counter.count(msgs)
         if self.config.compression.enabled and s.streak < MAX_CONSECUTIVE_COMPACTIONS:
-            if tokens >= self.hygiene_threshold and s.hygiene_armed and len(msgs) >= HYGIENE_MIN_MESSAGES:
+            if self._hygiene_due(s, tokens, msgs):
                 raise CompactionDue("session hygiene fires")
             try:
                 due = should_compact(s.engine, tokens, msgs)

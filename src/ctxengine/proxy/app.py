@@ -496,7 +496,7 @@ class Proxy:
             entry = self._incoming.get(key)
             if entry is None or (api.name, str(body["model"])) not in self._managers:
                 return None
-            if now - self._last_sweep >= min(60.0, self.settings.session_idle_seconds / 2):
+            if self._sweep_due(now):
                 return None
             self._seen[key] = now
         lock, incoming = entry
@@ -515,6 +515,10 @@ class Proxy:
         self.metrics.plans.labels(api.name, "inline").inc()
         return plan
 
+    def _sweep_due(self, now: float) -> bool:
+        """Whether idle sessions are due to be ended (:meth:`end_idle_sessions`; under ``_lock``)."""
+        return now - self._last_sweep >= min(60.0, self.settings.session_idle_seconds / 2)
+
     def _plan_session(self, api: Api, session: str, body: dict[str, Any], raw: bytes) -> _Plan:
         key = (api.name, session)
         now = time.monotonic()
@@ -524,7 +528,7 @@ class Proxy:
             if entry is None:
                 entry = self._incoming[key] = (threading.Lock(), IncomingHistory())
             self._seen[key] = now
-            sweep = now - self._last_sweep >= min(60.0, self.settings.session_idle_seconds / 2)
+            sweep = self._sweep_due(now)
             if sweep:
                 self._last_sweep = now
         if sweep:
@@ -713,10 +717,7 @@ class Proxy:
         mgr = plan.manager
         assert mgr is not None
         if usage is not None:
-            try:
-                mgr.update_from_response(usage, session_id=plan.session)
-            except Exception as exc:
-                self._fail_open(plan.api, plan, "usage", exc)
+            self._feed_usage(plan, usage)
         if plan.deferred:
             started = time.perf_counter()
             try:  # store errors are the manager's to count and log; anything else is logged here
@@ -736,10 +737,14 @@ class Proxy:
         return response
 
     async def _usage_to_manager(self, plan: _Plan, usage: dict[str, Any]) -> None:
+        await anyio.to_thread.run_sync(self._feed_usage, plan, usage)
+
+    def _feed_usage(self, plan: _Plan, usage: dict[str, Any]) -> None:
+        """A response's usage to the session's manager (worker thread); a failure is logged."""
         mgr = plan.manager
         assert mgr is not None
         try:
-            await anyio.to_thread.run_sync(lambda: mgr.update_from_response(usage, session_id=plan.session))
+            mgr.update_from_response(usage, session_id=plan.session)
         except Exception as exc:
             self._fail_open(plan.api, plan, "usage", exc)
 
