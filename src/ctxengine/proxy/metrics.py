@@ -7,6 +7,8 @@ port) never share counters. Names follow Prometheus conventions (``_total`` coun
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -23,6 +25,7 @@ class ProxyMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.requests = Counter("ctxengine_proxy_requests", "Requests served, by API and outcome.", ["api", "outcome"], registry=r)
         self.tokens_in = Counter("ctxengine_proxy_tokens_in", "Estimated tokens of the conversations clients sent (before compaction).", ["api"], registry=r)
         self.tokens_out = Counter("ctxengine_proxy_tokens_out", "Estimated tokens of the conversations sent upstream (after compaction).", ["api"], registry=r)
@@ -68,6 +71,20 @@ class ProxyMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+
+    def child(self, metric: Counter | Histogram, *labels: str) -> Any:
+        """``metric.labels(*labels)``, looked up once: the lookup (a lock, a tuple, a dict) costs
+        as much as the update itself, and the request path makes a few of them."""
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
+
+    def observe_stages(self, api: str, stages: list[tuple[str, float]]) -> None:
+        """Observe ``(stage, seconds)`` pairs of one request in ``ctxengine_proxy_stage_seconds``."""
+        for stage, seconds in stages:
+            self.child(self.stage, api, stage).observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
