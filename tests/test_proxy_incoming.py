@@ -53,17 +53,39 @@ def test_markers_written_back_equal_a_full_conversion_and_leave_other_messages_a
     body = {"model": "claude", "system": SYSTEM, "messages": msgs}
     original = copy.deepcopy(body)
     conv = inc.from_anthropic(SYSTEM, msgs)
-    for indices in ([0, 3, 6], [0, len(conv.messages) - 1], [2, 5]):
-        marked = apply_breakpoints([conv.messages[i] for i in indices], range(len(indices)), native_anthropic=True)
-        sent = list(conv.messages)
-        for i, m in zip(indices, marked, strict=True):
-            sent[i] = m
-        out = IncomingHistory.to_anthropic(body, conv, sent, indices)
+    for indices in ([0, 3, 6], [0, len(conv.messages) - 1], [2, 5], [3, 4, 5]):
+        sent = apply_breakpoints(conv.messages, indices, native_anthropic=True)
+        out, rewritten = inc.with_markers(body, conv, conv.messages, indices, cache_ttl="5m", native_anthropic=True)
         system, full = openai_to_anthropic(sent)
         assert out["messages"] == full and out["system"] == system
         touched = {conv.owner[i] for i in indices}
+        assert rewritten == sorted(touched)
         assert all(out["messages"][a] is msgs[a] for a in range(len(msgs)) if a not in touched)
     assert body == original
+    assert conv.messages == anthropic_to_openai(SYSTEM, msgs)  # the context was not marked in place
+
+
+def test_a_marker_where_it_was_last_turn_reuses_last_turns_message() -> None:
+    inc = IncomingHistory()
+    conv = inc.from_anthropic(SYSTEM, resent(5))
+    first, _ = inc.with_markers({"system": SYSTEM, "messages": resent(5)}, conv, conv.messages, [0, 3], cache_ttl="5m", native_anthropic=True)
+    msgs = resent(7)
+    conv = inc.from_anthropic(SYSTEM, msgs)  # two more messages: the old ones are the same objects
+    body = {"system": SYSTEM, "messages": msgs}
+    last = len(conv.messages) - 1
+    out, _ = inc.with_markers(body, conv, conv.messages, [0, 3, last], cache_ttl="5m", native_anthropic=True)
+    a3 = conv.owner[3]
+    assert out["system"] is first["system"] and out["messages"][a3] is first["messages"][a3]
+    system, full = openai_to_anthropic(apply_breakpoints(conv.messages, [0, 3, last], native_anthropic=True))
+    assert out["messages"] == full and out["system"] == system
+    # another marker (the hour TTL) or another place in the group is converted again
+    hour, _ = inc.with_markers(body, conv, conv.messages, [0, 3, last], cache_ttl="1h", native_anthropic=True)
+    assert hour["system"] is not out["system"]
+    assert (hour["system"], hour["messages"]) == openai_to_anthropic(apply_breakpoints(conv.messages, [0, 3, last], cache_ttl="1h", native_anthropic=True))
+    # a history that changed there (new objects) is converted again too
+    conv = IncomingHistory().from_anthropic(SYSTEM, resent(7))
+    again, _ = inc.with_markers(body, conv, conv.messages, [0, 3, last], cache_ttl="1h", native_anthropic=True)
+    assert again["messages"][a3] is not hour["messages"][a3] and again["messages"][a3] == hour["messages"][a3]
 
 
 def test_owner_and_starts_match_a_fresh_conversion_turn_after_turn() -> None:

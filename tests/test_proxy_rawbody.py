@@ -71,6 +71,7 @@ def test_splice_rewrites_only_the_replaced_messages() -> None:
     out = cache.splice(raw, parsed, new)
     assert out is not None and orjson.loads(out) == new
     assert json.dumps(parsed["messages"][2], indent=1).replace("\n", "\n  ").encode() in out  # untouched bytes as sent
+    assert cache.splice(raw, parsed, new, [5, 0]) == out  # the replaced ones named: the same bytes
     assert cache.splice(raw, parsed, parsed) == raw
     other = dict(new, model="other")  # a key before the array is rewritten in place
     assert orjson.loads(cache.splice(raw, parsed, other) or b"null") == other
@@ -89,4 +90,5 @@ def test_splice_rewrites_a_key_before_the_messages_too() -> None:
     new["messages"] = [*parsed["messages"][:2], {"role": "user", "content": [{"type": "text", "text": "c", "cache_control": {"type": "ephemeral"}}]}]
     out = cache.splice(raw, parsed, new)
     assert out is not None and orjson.loads(out) == new
+    assert cache.splice(raw, parsed, new, [2]) == out
     assert cache.splice(raw, parsed, dict(parsed, max_tokens=9)) is None  # after the array: not remembered

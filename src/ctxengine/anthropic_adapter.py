@@ -71,6 +71,7 @@ __all__ = [
     "THINKING_KEY",
     "AnthropicMessage",
     "AnthropicSystem",
+    "anthropic_message_to_openai",
     "anthropic_to_openai",
     "openai_to_anthropic",
 ]
@@ -343,25 +344,35 @@ def anthropic_to_openai(system: AnthropicSystem, messages: Sequence[AnthropicMes
     if sys_msg is not None:
         out.append(sys_msg)
     for i, m in enumerate(messages):
-        where = f"message {i}"
-        if not isinstance(m, dict):
-            raise InputError(f"{where}: a {type(m).__name__}, not an object")
-        role = m.get("role")
-        if role not in ("user", "assistant"):
-            raise InputError(f"{where}: role {role!r}; Anthropic messages are 'user' or 'assistant'")
-        if "content" not in m:
-            raise InputError(f"{where}: no 'content'")
-        content = m["content"]
-        extras = _message_extras(m, where)
-        if isinstance(content, str):
-            out.append({"role": role, "content": content, **extras})
-        elif not isinstance(content, list):
-            raise InputError(f"{where}: content is a {type(content).__name__}; expected a string or a list of blocks")
-        elif role == "assistant":
-            out.append(_assistant_to_openai(content, extras, where))
-        else:
-            out.extend(_user_to_openai(content, extras, where, previous=out[-1] if out else None))
+        out.extend(anthropic_message_to_openai(m, index=i, previous=out[-1] if out else None))
     return out
+
+
+def anthropic_message_to_openai(message: AnthropicMessage, *, index: int = 0, previous: Message | None = None) -> list[Message]:
+    """One Anthropic message in OpenAI form: one message, or several for a user message that
+    carries tool results (one ``tool`` message each, then the user's own content).
+
+    What :func:`anthropic_to_openai` does for each message of a list, for a caller converting a
+    history message by message: ``previous`` is the last OpenAI message converted before it
+    (``None`` for the first), ``index`` its position, named in errors.
+    """
+    where = f"message {index}"
+    if not isinstance(message, dict):
+        raise InputError(f"{where}: a {type(message).__name__}, not an object")
+    role = message.get("role")
+    if role not in ("user", "assistant"):
+        raise InputError(f"{where}: role {role!r}; Anthropic messages are 'user' or 'assistant'")
+    if "content" not in message:
+        raise InputError(f"{where}: no 'content'")
+    content = message["content"]
+    extras = _message_extras(message, where)
+    if isinstance(content, str):
+        return [{"role": role, "content": content, **extras}]
+    if not isinstance(content, list):
+        raise InputError(f"{where}: content is a {type(content).__name__}; expected a string or a list of blocks")
+    if role == "assistant":
+        return [_assistant_to_openai(content, extras, where)]
+    return _user_to_openai(content, extras, where, previous=previous)
 
 
 def _assistant_to_openai(content: list[Any], extras: dict[str, Any], where: str) -> Message:

@@ -602,34 +602,35 @@ class Proxy:
             plan.tokens_in, plan.tokens_out = _tokens(msgs), _tokens(out)
         else:
             plan.tokens_in = plan.tokens_out = after_status["last_tokens"]
-        sent = out
         indices: list[int] = []
         # the byte check is quick; only a body that names the key is walked
         if mgr.caching.enabled and not (b'"cache_control"' in raw and has_cache_control(body)):
             indices = mgr.breakpoints(out, session_id=session)
-            if indices:  # deep-copy only the marked messages
-                marked = apply_breakpoints([out[i] for i in indices], range(len(indices)), cache_ttl=mgr.caching.cache_ttl, native_anthropic=mgr.caching.native_anthropic)
-                sent = list(out)
-                for i, m in zip(indices, marked, strict=True):
-                    sent[i] = m
         new_body = body
-        if changed or (indices and conv is None):
-            new_body = api.with_messages(body, sent)
-        elif indices and conv is not None:
+        rewritten: list[int] | None = None  # the Anthropic messages written back (-1: the system prompt)
+        if indices and conv is not None and not changed:
             try:  # only the messages that carry a marker are converted back
-                new_body = IncomingHistory.to_anthropic(body, conv, sent, indices)
+                new_body, rewritten = incoming.with_markers(body, conv, out, indices, cache_ttl=mgr.caching.cache_ttl, native_anthropic=mgr.caching.native_anthropic)
             except (ValueError, KeyError, IndexError) as exc:
                 log.debug("marker write-back fell back to a full conversion: %s", exc)
-                new_body = api.with_messages(body, sent)
+                new_body = api.with_messages(body, self._marked(mgr, out, indices))
+        elif changed or indices:
+            new_body = api.with_messages(body, self._marked(mgr, out, indices) if indices else out)
         tools = self._engine_tools(api, mgr, session, body)
         if tools:
             new_body = api.with_tools(new_body, tools)
             plan.engine_tools = frozenset(str((t.get("function") or t)["name"]) for t in tools)
         if new_body is not body:
             plan.body = new_body
-            spliced = cache.splice(raw, body, new_body) if cache is not None else None
+            known = [a for a in rewritten if a >= 0] if rewritten is not None and not tools else None
+            spliced = cache.splice(raw, body, new_body, known) if cache is not None else None
             plan.content = spliced if spliced is not None else orjson.dumps(new_body)
         return plan
+
+    @staticmethod
+    def _marked(mgr: ContextManager, context: list[Message], indices: list[int]) -> list[Message]:
+        """``context`` with cache markers on the messages at ``indices`` (only those copied)."""
+        return apply_breakpoints(context, indices, cache_ttl=mgr.caching.cache_ttl, native_anthropic=mgr.caching.native_anthropic, share_unmarked=True)
 
     def _engine_tools(self, api: Api, mgr: ContextManager, session: str, body: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The engine's tools to add: only when enabled and the client sends tools of its own;

@@ -6,17 +6,23 @@ messages, and converting the whole history every turn costs as much as everythin
 proxy does. :class:`IncomingHistory` keeps, per session, each Anthropic message of the last
 request with its OpenAI-form group (the adapter turns one Anthropic message into one or more
 OpenAI messages), so only the messages not seen last turn are converted; and
-:meth:`IncomingHistory.to_anthropic` writes cache markers back by converting only the groups
+:meth:`IncomingHistory.with_markers` writes cache markers back by converting only the groups
 that carry one, leaving every other message of the body as the client sent it.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ctxengine.anthropic_adapter import anthropic_to_openai, openai_to_anthropic
+from ctxengine.anthropic_adapter import (
+    anthropic_message_to_openai,
+    anthropic_to_openai,
+    openai_to_anthropic,
+)
+from ctxengine.caching import apply_breakpoints
 from ctxengine.messages import Message
 
 __all__ = ["Converted", "IncomingHistory"]
@@ -50,6 +56,10 @@ class IncomingHistory:
     body: list[Message] = field(default_factory=list)
     body_owner: list[int] = field(default_factory=list)
     body_starts: list[int] = field(default_factory=list)
+    # what :meth:`with_markers` wrote last turn, by Anthropic index (-1: the system prompt): the
+    # OpenAI group it came from (the objects), the marked positions in it, the marker's
+    # settings, and the Anthropic message (or system prompt) it gave
+    marked: dict[int, tuple[tuple[Message, ...], tuple[int, ...], tuple[str, bool], Any]] = field(default_factory=dict)
 
     def from_anthropic(self, system: Any, messages: Sequence[Any]) -> Converted:
         """The request in OpenAI form, converting only the messages not seen last turn.
@@ -74,12 +84,8 @@ class IncomingHistory:
         body, owner, starts = self.body[:cut], self.body_owner[:cut], self.body_starts[:k]
         for a in range(k, len(messages)):
             m = messages[a]
-            if pairs:
-                before = pairs[-1]
-                # one message of context: a tool result's conversion looks at the message before
-                group = anthropic_to_openai(None, [before[0], m])[len(before[1]) :]
-            else:
-                group = anthropic_to_openai(None, [m])
+            # a tool result's conversion looks at the OpenAI message before it
+            group = anthropic_message_to_openai(m, index=a, previous=pairs[-1][1][-1] if pairs and pairs[-1][1] else None)
             pairs.append((m, group))
             starts.append(len(body))
             body.extend(group)
@@ -93,25 +99,54 @@ class IncomingHistory:
         self.messages = list(body)
         return Converted(self.messages, -1, list(owner), list(starts))
 
-    @staticmethod
-    def to_anthropic(body: Mapping[str, Any], conv: Converted, sent: Sequence[Message], marked: Sequence[int]) -> dict[str, Any]:
-        """``body`` with the cache markers of ``sent`` (``conv.messages`` with the messages at
-        ``marked`` replaced by marked copies) written back: only the Anthropic messages that
-        own a marked message are converted back; the others stay the client's own objects."""
+    def with_markers(
+        self, body: Mapping[str, Any], conv: Converted, context: Sequence[Message], marked: Sequence[int], *, cache_ttl: str, native_anthropic: bool
+    ) -> tuple[dict[str, Any], list[int]]:
+        """``body`` with cache markers on the messages of ``context`` (``conv.messages``, as the
+        manager returned them) at ``marked``, written back: only the Anthropic messages that own a
+        marked message are converted back, the others stay the client's own objects; and the
+        Anthropic indices rewritten (-1: the system prompt).
+
+        A breakpoint mostly stays where it was last turn (the system prompt, the end of the
+        previous turn), so each rewritten message is remembered with the objects it was made
+        from: a group whose messages are the same objects, marked at the same places with the
+        same marker, takes last turn's result instead of being marked and converted again
+        (messages handed to ctxengine are never edited in place)."""
+        setting = (cache_ttl, native_anthropic)
+        groups: dict[int, list[int]] = {}
+        for i in sorted(set(marked)):
+            groups.setdefault(conv.owner[i], []).append(i)
         out = dict(body)
         messages = list(body["messages"])
-        touched = sorted({conv.owner[i] for i in marked})
-        for a in touched:
+        memo: dict[int, tuple[tuple[Message, ...], tuple[int, ...], tuple[str, bool], Any]] = {}
+        for a, idx in groups.items():
+            start = conv.system_index if a < 0 else conv.starts[a]
+            end = start + 1 if a < 0 else conv.starts[a + 1] if a + 1 < len(conv.starts) else len(context)
+            objs = tuple(context[start:end])
+            where = tuple(i - start for i in idx)
+            hit = self.marked.get(a)
+            if hit is not None and hit[1] == where and hit[2] == setting and len(hit[0]) == len(objs) and all(map(operator.is_, hit[0], objs)):
+                value = hit[3]
+            else:
+                group = apply_breakpoints(objs, where, cache_ttl=cache_ttl, native_anthropic=native_anthropic, share_unmarked=True)
+                value = _converted_back(a, group)
+            memo[a] = (objs, where, setting, value)
             if a < 0:
-                system, rest = openai_to_anthropic([sent[conv.system_index]])
-                if rest:
-                    raise ValueError("the system message converted to more than a system prompt")
-                out["system"] = system
-                continue
-            end = conv.starts[a + 1] if a + 1 < len(conv.starts) else len(sent)
-            system, group = openai_to_anthropic(list(sent[conv.starts[a] : end]))
-            if system is not None or len(group) != 1:
-                raise ValueError(f"message {a} did not convert back to one Anthropic message")
-            messages[a] = group[0]
+                out["system"] = value
+            else:
+                messages[a] = value
+        self.marked = memo
         out["messages"] = messages
-        return out
+        return out, sorted(groups)
+
+
+def _converted_back(a: int, group: Sequence[Message]) -> Any:
+    """The Anthropic message ``a`` (the system prompt when negative) from its OpenAI ``group``."""
+    system, converted = openai_to_anthropic(list(group))
+    if a < 0:
+        if converted:
+            raise ValueError("the system message converted to more than a system prompt")
+        return system
+    if system is not None or len(converted) != 1:
+        raise ValueError(f"message {a} did not convert back to one Anthropic message")
+    return converted[0]

@@ -13,7 +13,7 @@ second ``messages`` key; a history edited before its end) falls back to a full p
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,10 +154,14 @@ class BodyCache:
         self.raw, self.start, self.ends, self.messages, self.before = raw, start, ends, messages, before
         self.state = (raw, start, ends, messages)
 
-    def splice(self, raw: bytes, body: Mapping[str, Any], new_body: Mapping[str, Any]) -> bytes | None:
+    def splice(self, raw: bytes, body: Mapping[str, Any], new_body: Mapping[str, Any], changed: Sequence[int] | None = None) -> bytes | None:
         """The bytes of ``new_body`` when it is ``body`` (parsed from ``raw`` by this cache) with
         only some messages replaced: ``raw`` with just those messages serialised again, every
-        other byte as the client sent it. ``None`` when that does not apply (serialise it all)."""
+        other byte as the client sent it. ``None`` when that does not apply (serialise it all).
+
+        ``changed``: the indices of the replaced messages when the caller knows them (every
+        other message of ``new_body`` is then ``body``'s own object), so a long history is not
+        compared message by message."""
         state = self.state  # one read: the event loop may parse the session's next body meanwhile
         if state is None:
             return None
@@ -174,7 +178,8 @@ class BodyCache:
                 if key not in spans:
                     return None
                 edits.append((*spans[key], new_body[key]))
-        for i, (a, b) in enumerate(zip(old, new, strict=True)):
+        pairs = ((i, old[i], new[i]) for i in sorted(changed)) if changed is not None else ((i, a, b) for i, (a, b) in enumerate(zip(old, new, strict=True)))
+        for i, a, b in pairs:
             if a is b:
                 continue
             j = _skip_bytes(raw, ends[i - 1] if i else start + 1)
