@@ -530,6 +530,14 @@ def test_other_v1_paths_are_forwarded_unchanged(proxy: ProxyServer, stub: StubSe
     assert r.status_code == 404  # the upstream's own answer
 
 
+def test_only_a_post_to_a_chat_path_is_a_chat_request(proxy: ProxyServer, stub: StubServer) -> None:
+    # those skip the router (see _ChatFront); any other method or path is forwarded as before
+    for path in ("/v1/chat/completions", "/v1/messages"):
+        assert httpx.post(proxy.url + path, content=b"not json").status_code == 400  # the proxy's own answer
+        assert httpx.get(proxy.url + path).status_code == 404  # the upstream's own answers: forwarded
+        assert httpx.post(proxy.url + path + "/extra", content=b"not json").status_code == 404
+
+
 # -- security and operations ---------------------------------------------------------------------------
 def test_keys_are_forwarded_but_never_stored_or_logged(stub: StubServer, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.DEBUG, logger="ctxengine"), ProxyServer(make_config(stub, tmp_path)) as p:
