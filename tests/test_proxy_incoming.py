@@ -6,9 +6,13 @@ import copy
 import json
 from typing import Any
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from ctxengine.anthropic_adapter import anthropic_to_openai, openai_to_anthropic
 from ctxengine.caching import apply_breakpoints
-from ctxengine.proxy.incoming import IncomingHistory
+from ctxengine.proxy.incoming import IncomingHistory, TokenTally
+from ctxengine.tokens import estimate_message_tokens
 
 SYSTEM = [{"type": "text", "text": "You are an agent."}]
 TURNS: list[dict[str, Any]] = [
@@ -109,3 +113,53 @@ def test_owner_and_starts_match_a_fresh_conversion_turn_after_turn() -> None:
         assert (conv.system_index, conv.owner, conv.starts) == (fresh.system_index, fresh.owner, fresh.starts)
         assert all(conv.owner[start] == a for a, start in enumerate(conv.starts))
         assert conv.owner[: conv.system_index + 1] == ([-1] if system is not None else [])
+
+
+@given(st.lists(st.tuples(st.sampled_from(["append", "edit", "truncate", "same"]), st.integers(0, 30), st.text(max_size=40)), max_size=25))
+def test_a_token_tally_counts_what_a_full_estimate_counts(steps: list[tuple[str, int, str]]) -> None:
+    tally = TokenTally()
+    msgs: list[dict[str, Any]] = []
+    for op, k, text in steps:
+        if op == "append":
+            msgs = [*msgs, *({"role": "user", "content": text * (i + 1)} for i in range(k % 4 + 1))]
+        elif op == "edit" and msgs:
+            msgs = list(msgs)
+            msgs[k % len(msgs)] = {"role": "assistant", "content": text}
+        elif op == "truncate":
+            msgs = msgs[: k % (len(msgs) + 1)]
+        assert tally.count(msgs) == sum(estimate_message_tokens(m) for m in msgs)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["grow", "mark", "compact", "edit", "cut", "ttl"]), st.integers(0, 40)), min_size=1, max_size=12))
+def test_the_context_sent_converts_like_a_full_conversion_turn_after_turn(steps: list[tuple[str, int]]) -> None:
+    # a working context as the manager hands it over after compactions: grown with the same
+    # objects, markers moved, a middle replaced by a summary, a message edited, the end cut
+    full = anthropic_to_openai(SYSTEM, resent(7) + resent(7) + resent(7))
+    inc = IncomingHistory()
+    ctx, marks, ttl, nxt = full[:6], [0, 5], "5m", 6
+    for op, k in steps:
+        if op == "grow":  # the history's next messages (each object once in a context)
+            ctx, nxt = [*ctx, *full[nxt : nxt + k % 5 + 1]], min(len(full), nxt + k % 5 + 1)
+            marks = [0, len(ctx) - 1]
+        elif op == "mark":
+            marks = sorted({0, k % len(ctx), len(ctx) - 1})
+        elif op == "compact" and len(ctx) > 4:
+            cut = 1 + k % (len(ctx) - 3)
+            ctx = [ctx[0], {"role": "user", "content": f"summary of {cut} messages"}, *ctx[cut + 1 :]]
+        elif op == "edit" and len(ctx) > 1:
+            i = 1 + k % (len(ctx) - 1)
+            ctx = [*ctx[:i], copy.deepcopy(ctx[i]), *ctx[i + 1 :]]
+        elif op == "cut":
+            ctx = ctx[: max(1, len(ctx) - k % 4)]
+        elif op == "ttl":
+            ttl = "1h" if ttl == "5m" else "5m"
+        marks = [i for i in marks if i < len(ctx)]
+        try:
+            expected: Any = openai_to_anthropic(apply_breakpoints(ctx, marks, cache_ttl=ttl, native_anthropic=True))
+        except Exception as exc:  # a cut may leave a context the converter refuses: so must this
+            expected = type(exc)
+        try:
+            got: Any = inc.outgoing_anthropic(ctx, marks, cache_ttl=ttl, native_anthropic=True)
+        except Exception as exc:
+            got = type(exc)
+        assert got == expected

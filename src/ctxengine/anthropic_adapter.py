@@ -59,7 +59,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +71,7 @@ __all__ = [
     "THINKING_KEY",
     "AnthropicMessage",
     "AnthropicSystem",
+    "ConversionMemo",
     "anthropic_message_to_openai",
     "anthropic_to_openai",
     "openai_to_anthropic",
@@ -521,14 +522,43 @@ def _content_blocks(content: Any, where: str) -> list[dict[str, Any]]:
     raise InputError(f"{where}: content is a {type(content).__name__}; expected a string, a list of parts or null")
 
 
-def openai_to_anthropic(messages: Sequence[Message]) -> tuple[AnthropicSystem, list[AnthropicMessage]]:
+ConversionMemo = dict[int, tuple[Message, Any]]
+"""What :func:`openai_to_anthropic` converted before, by message object (see its ``memo``)."""
+
+
+def openai_to_anthropic(
+    messages: Sequence[Message], *, memo: ConversionMemo | None = None, starts: list[int] | None = None
+) -> tuple[AnthropicSystem, list[AnthropicMessage]]:
     """Translate OpenAI chat messages into an Anthropic ``(system, messages)`` payload.
 
     A leading ``system`` (or ``developer``) message becomes ``system`` (``None`` when there is
     none); a system message anywhere else has no Anthropic equivalent and raises
     :class:`InputError`, as does any malformed message, naming its index. Inverse of
     :func:`anthropic_to_openai` (see the module docstring for what is kept where).
+
+    ``memo``: a dict the caller keeps from call to call (say, per conversation, whose history
+    is converted again every turn): a message object converted before gives the same result
+    objects as last time instead of being converted again. Messages must then not be edited in
+    place (ctxengine never does), and the results are shared between calls: read-only. The
+    caller bounds it (e.g. by dropping what its latest history no longer holds).
+
+    ``starts``: a list that receives, for each Anthropic message returned, the index in
+    ``messages`` of its first OpenAI message (several consecutive tool messages, and the user
+    content that joins them, make one Anthropic message). Where a message starts depends only
+    on the messages up to it, so a caller converting a history that grew can keep the messages
+    that ended before the first change and convert from the start of the next one.
     """
+
+    def cached(m: Message, convert: Callable[[], Any]) -> Any:
+        if memo is None:
+            return convert()
+        hit = memo.get(id(m))
+        if hit is not None and hit[0] is m:
+            return hit[1]
+        value = convert()
+        memo[id(m)] = (m, value)
+        return value
+
     if not isinstance(messages, list | tuple):
         raise InputError(f"messages is a {type(messages).__name__}; expected a list")
     system: AnthropicSystem = None
@@ -557,7 +587,9 @@ def openai_to_anthropic(messages: Sequence[Message]) -> tuple[AnthropicSystem, l
                 flush()
                 keys = meta.get("message_keys")
                 group = _Group(extras=copy.deepcopy(keys) if isinstance(keys, dict) else {})
-            group.results.append(_tool_to_result(m, where))
+                if starts is not None:
+                    starts.append(i)
+            group.results.append(cached(m, lambda: _tool_to_result(m, where)))  # noqa: B023 - called at once
         elif role == "user" and group is not None and meta.get("joins_previous") is True:
             group.parts = _content_blocks(m.get("content"), where)
             group.order = meta.get("order")
@@ -565,21 +597,29 @@ def openai_to_anthropic(messages: Sequence[Message]) -> tuple[AnthropicSystem, l
             flush()
         elif role == "user":
             flush()
-            content = m.get("content")
-            if isinstance(content, list):
-                content = _parts_to_blocks(content, where)
-            elif content is not None and not isinstance(content, str):
-                raise InputError(f"{where}: content is a {type(content).__name__}; expected a string, a list of parts or null")
-            out.append(_finish_message("user", content, _outgoing_extras(m, _USER_SKIP)))
+            out.append(cached(m, lambda: _user_from_openai(m, where)))  # noqa: B023 - called at once
+            if starts is not None:
+                starts.append(i)
         elif role == "assistant":
             flush()
-            out.append(_assistant_from_openai(m, meta, where))
+            out.append(cached(m, lambda: _assistant_from_openai(m, meta, where)))  # noqa: B023 - called at once
+            if starts is not None:
+                starts.append(i)
         elif role in ("system", "developer"):
             raise InputError(f"{where}: a {role} message after the start has no Anthropic equivalent (Anthropic takes system text only as the 'system' parameter)")
         else:
             raise InputError(f"{where}: role {role!r} has no Anthropic equivalent")
     flush()
     return system, out
+
+
+def _user_from_openai(m: Mapping[str, Any], where: str) -> AnthropicMessage:
+    content = m.get("content")
+    if isinstance(content, list):
+        content = _parts_to_blocks(content, where)
+    elif content is not None and not isinstance(content, str):
+        raise InputError(f"{where}: content is a {type(content).__name__}; expected a string, a list of parts or null")
+    return _finish_message("user", content, _outgoing_extras(m, _USER_SKIP))
 
 
 def _system_from_openai(m: Mapping[str, Any]) -> AnthropicSystem:

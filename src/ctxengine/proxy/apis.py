@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 from ctxengine.anthropic_adapter import anthropic_to_openai, openai_to_anthropic
 from ctxengine.messages import Message
 
-__all__ = ["ANTHROPIC", "OPENAI", "Api", "ToolCall", "has_cache_control"]
+__all__ = ["ANTHROPIC", "OPENAI", "Api", "ToolCall", "anthropic_body", "has_cache_control"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,14 +197,7 @@ class _Anthropic(Api):
         return anthropic_to_openai(body.get("system"), body["messages"])
 
     def with_messages(self, body: Mapping[str, Any], messages: Sequence[Message]) -> dict[str, Any]:
-        system, msgs = openai_to_anthropic(messages)
-        out = dict(body)
-        out["messages"] = msgs
-        if system is None:
-            out.pop("system", None)
-        else:
-            out["system"] = system
-        return out
+        return anthropic_body(body, *openai_to_anthropic(messages))
 
     def tool_names(self, body: Mapping[str, Any]) -> set[str]:
         return {t["name"] for t in body.get("tools") or [] if isinstance(t, Mapping) and isinstance(t.get("name"), str)}
@@ -243,6 +236,17 @@ class _Anthropic(Api):
     def error(self, status: int, message: str, kind: str | None = None) -> dict[str, Any]:
         etype = kind or self._TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
         return {"type": "error", "error": {"type": etype, "message": message}}
+
+
+def anthropic_body(body: Mapping[str, Any], system: Any, messages: list[Any]) -> dict[str, Any]:
+    """An Anthropic ``body`` with the history ``(system, messages)`` (:func:`openai_to_anthropic`'s result)."""
+    out = dict(body)
+    out["messages"] = messages
+    if system is None:
+        out.pop("system", None)
+    else:
+        out["system"] = system
+    return out
 
 
 OPENAI: Api = _OpenAI()

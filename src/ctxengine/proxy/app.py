@@ -46,7 +46,7 @@ import logging
 import threading
 import time
 import warnings
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -67,7 +67,7 @@ from ctxengine.engine import normalize_usage
 from ctxengine.manager import CompactionDue, ContextManager, default_store
 from ctxengine.messages import Message
 from ctxengine.models import UnknownModelWarning
-from ctxengine.proxy.apis import ANTHROPIC, OPENAI, Api, ToolCall, has_cache_control
+from ctxengine.proxy.apis import ANTHROPIC, OPENAI, Api, ToolCall, anthropic_body, has_cache_control
 from ctxengine.proxy.incoming import IncomingHistory
 from ctxengine.proxy.metrics import CONTENT_TYPE, ProxyMetrics
 from ctxengine.proxy.rawbody import BodyCache
@@ -87,7 +87,6 @@ from ctxengine.proxy.upstream import (
     UpstreamResponse,
 )
 from ctxengine.storage import SessionRecorder
-from ctxengine.tokens import estimate_message_tokens
 
 __all__ = ["TOKENS_SAVED_HEADER", "TOKEN_HEADER", "Proxy", "create_app"]
 
@@ -154,10 +153,6 @@ def _is_local(store: SessionRecorder | None) -> bool:
 def _same(a: list[Message], b: list[Message]) -> bool:
     # list equality compares element by element in C, identical objects without looking inside
     return len(a) == len(b) and a == b
-
-
-def _tokens(messages: Sequence[Message]) -> int:
-    return sum(estimate_message_tokens(m) for m in messages)
 
 
 class Proxy:
@@ -598,8 +593,8 @@ class Proxy:
         plan = _Plan(api, session, body, raw, manager=mgr, context=out, deferred=self._local_store and mgr.store is not None)
         plan.compactions = 0 if quick else after_status["compactions"] - before
         changed = not _same(out, msgs)
-        if changed:
-            plan.tokens_in, plan.tokens_out = _tokens(msgs), _tokens(out)
+        if changed:  # after a compaction, every turn: each message estimated once
+            plan.tokens_in, plan.tokens_out = incoming.tokens_in.count(msgs), incoming.tokens_out.count(out)
         else:
             plan.tokens_in = plan.tokens_out = after_status["last_tokens"]
         indices: list[int] = []
@@ -614,6 +609,8 @@ class Proxy:
             except (ValueError, KeyError, IndexError) as exc:
                 log.debug("marker write-back fell back to a full conversion: %s", exc)
                 new_body = api.with_messages(body, self._marked(mgr, out, indices))
+        elif conv is not None:  # e.g. every turn after a compaction: only what changed is converted
+            new_body = anthropic_body(body, *incoming.outgoing_anthropic(out, indices, cache_ttl=mgr.caching.cache_ttl, native_anthropic=mgr.caching.native_anthropic))
         elif changed or indices:
             new_body = api.with_messages(body, self._marked(mgr, out, indices) if indices else out)
         tools = self._engine_tools(api, mgr, session, body)

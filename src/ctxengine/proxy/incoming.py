@@ -12,20 +12,49 @@ that carry one, leaving every other message of the body as the client sent it.
 
 from __future__ import annotations
 
+import bisect
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ctxengine.anthropic_adapter import (
+    ConversionMemo,
     anthropic_message_to_openai,
     anthropic_to_openai,
     openai_to_anthropic,
 )
 from ctxengine.caching import apply_breakpoints
+from ctxengine.errors import InputError
 from ctxengine.messages import Message
+from ctxengine.tokens import estimate_message_tokens
 
-__all__ = ["Converted", "IncomingHistory"]
+__all__ = ["Converted", "IncomingHistory", "TokenTally"]
+
+
+@dataclass(slots=True)
+class TokenTally:
+    """Estimated tokens of one session's message lists, turn after turn: a list that starts
+    with last turn's list (the same objects, as a resent history and the working context do)
+    costs only its new messages; anything else is estimated from the first difference on."""
+
+    messages: list[Message] = field(default_factory=list)
+    sums: list[int] = field(default_factory=list)  # sums[k]: the tokens of messages[: k + 1]
+
+    def count(self, messages: Sequence[Message]) -> int:
+        old, sums = self.messages, self.sums
+        n = min(len(old), len(messages))
+        if not (n and messages[n - 1] is old[n - 1] and all(map(operator.is_, messages[:n], old[:n]))):
+            n = 0
+            while n < len(old) and n < len(messages) and messages[n] is old[n]:
+                n += 1
+        sums = sums[:n]
+        total = sums[-1] if sums else 0
+        for m in messages[n:]:
+            total += estimate_message_tokens(m)
+            sums.append(total)
+        self.messages, self.sums = list(messages), sums
+        return total
 
 
 @dataclass(slots=True)
@@ -60,6 +89,19 @@ class IncomingHistory:
     # OpenAI group it came from (the objects), the marked positions in it, the marker's
     # settings, and the Anthropic message (or system prompt) it gave
     marked: dict[int, tuple[tuple[Message, ...], tuple[int, ...], tuple[str, bool], Any]] = field(default_factory=dict)
+    # the last context converted to the Anthropic form in full (:meth:`outgoing_anthropic`):
+    # the OpenAI messages, where and how they were marked, the system prompt and messages they
+    # gave, where each of those starts, and openai_to_anthropic's memo of single messages
+    out_context: list[Message] = field(default_factory=list)
+    out_marks: frozenset[int] = frozenset()
+    out_setting: tuple[str, bool] | None = None
+    out_system: Any = None
+    out_messages: list[Any] = field(default_factory=list)
+    out_starts: list[int] = field(default_factory=list)
+    outgoing: ConversionMemo = field(default_factory=dict)
+    # the tokens of the history the client sent and of the context sent upstream, for the metrics
+    tokens_in: TokenTally = field(default_factory=TokenTally)
+    tokens_out: TokenTally = field(default_factory=TokenTally)
 
     def from_anthropic(self, system: Any, messages: Sequence[Any]) -> Converted:
         """The request in OpenAI form, converting only the messages not seen last turn.
@@ -98,6 +140,50 @@ class IncomingHistory:
             return Converted(out, 0, [-1, *owner], [i + 1 for i in starts])
         self.messages = list(body)
         return Converted(self.messages, -1, list(owner), list(starts))
+
+    def outgoing_anthropic(self, context: Sequence[Message], marked: Sequence[int], *, cache_ttl: str, native_anthropic: bool) -> tuple[Any, list[Any]]:
+        """:func:`openai_to_anthropic` of ``context`` with cache markers on the messages at
+        ``marked`` (a context sent upstream in full, e.g. every turn after a compaction),
+        converting only what changed since last turn: the Anthropic messages that ended before
+        the first message that differs (another object, or marked where it was not, or the
+        reverse) are last turn's; the rest is converted again, each message once (the memo)."""
+        setting = (cache_ttl, native_anthropic)
+        marks = frozenset(marked)
+        prev = self.out_context
+        n = min(len(prev), len(context))
+        if not (n and context[n - 1] is prev[n - 1] and all(map(operator.is_, context[:n], prev[:n]))):
+            k = 0
+            while k < n and context[k] is prev[k]:
+                k += 1
+            n = k
+        if setting != self.out_setting:
+            n = 0
+        n = min([n, *(i for i in marks ^ self.out_marks if i < n)])
+        # the Anthropic messages that ended before the change (never the last: it may go on)
+        keep = max(0, min(bisect.bisect_right(self.out_starts, n) - 1, len(self.out_starts) - 1)) if n else 0
+        begin = self.out_starts[keep] if keep else 0
+        sent = apply_breakpoints(context, sorted(marks), cache_ttl=cache_ttl, native_anthropic=native_anthropic, share_unmarked=True) if marks else list(context)
+        starts: list[int] = []
+        # the rest converted on its own: it starts with a message that starts an Anthropic one
+        if 0 < begin < len(sent) and isinstance(sent[begin], Mapping) and sent[begin].get("role") in ("user", "assistant", "tool"):
+            try:
+                _, tail = openai_to_anthropic(sent[begin:], memo=self.outgoing, starts=starts)
+            except InputError:
+                begin = 0  # converted in full below: the error names the message's real index
+            else:
+                system, messages = self.out_system, [*self.out_messages[:keep], *tail]
+                starts = [*self.out_starts[:keep], *(begin + i for i in starts)]
+        else:
+            begin = 0
+        if not begin:
+            starts = []
+            system, messages = openai_to_anthropic(sent, memo=self.outgoing, starts=starts)
+        self.out_context, self.out_marks, self.out_setting = list(context), marks, setting
+        self.out_system, self.out_messages, self.out_starts = system, list(messages), starts
+        if len(self.outgoing) > 2 * len(sent) + 64:  # bounded by the context (compacted and marked messages go)
+            ids = {id(m) for m in sent}
+            self.outgoing = {k: v for k, v in self.outgoing.items() if k in ids}
+        return system, messages
 
     def with_markers(
         self, body: Mapping[str, Any], conv: Converted, context: Sequence[Message], marked: Sequence[int], *, cache_ttl: str, native_anthropic: bool
