@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ctxengine.anthropic_adapter import (
     META_KEY,
@@ -349,3 +350,20 @@ def test_bad_openai_input_is_named(messages: Any, needle: str) -> None:
     with pytest.raises(InputError) as info:
         openai_to_anthropic(messages)
     assert needle in str(info.value)
+
+
+def _containers(value: Any) -> list[int]:
+    if isinstance(value, dict):
+        return [id(value), *(i for v in value.values() for i in _containers(v))]
+    if isinstance(value, list):
+        return [id(value), *(i for v in value for i in _containers(v))]
+    return []
+
+
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(), lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner), max_leaves=30))
+def test_the_adapters_copy_of_json_data_is_a_deep_copy(value: Any) -> None:
+    from ctxengine.anthropic_adapter import _clone
+
+    out = _clone(value)
+    assert out == copy.deepcopy(value)
+    assert not set(_containers(out)) & set(_containers(value))  # shares no dict or list
