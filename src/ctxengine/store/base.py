@@ -41,7 +41,7 @@ from ctxengine.messages import Message, json_problem, message_text
 from ctxengine.redact import redact_messages, redact_obj
 from ctxengine.store.migrations import Backend, apply_migrations, current_version
 from ctxengine.store.safe_regex import compile_pattern
-from ctxengine.textsafe import clean, dumps
+from ctxengine.textsafe import clean, dumps, escape_surrogates
 from ctxengine.tokens import MESSAGE_OVERHEAD_TOKENS, estimate_message_tokens
 
 __all__ = [
@@ -78,9 +78,13 @@ def canonical_json(message: Mapping[str, Any]) -> str:
     if problem is not None:
         raise InputError(f"message is not JSON data: {problem}")
     try:
-        return dumps(message, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False, check_circular=False)
+        return escape_surrogates(_CANONICAL.encode(message))
     except (TypeError, ValueError) as exc:
         raise InputError(f"message is not JSON-serialisable: {exc}") from exc
+
+
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False, check_circular=False)
+"""The encoder of :func:`canonical_json`, built once (``json.dumps`` with these options builds one per call)."""
 
 
 def blob_hash(canonical: str) -> str:
