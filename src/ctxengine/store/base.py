@@ -510,13 +510,34 @@ class SqlStore(SessionStore):
 
     # -- writing chains -----------------------------------------------------------------------------
     def _store_links(
-        self, cur: Any, links: Sequence[tuple[str | None, _Prepared]], *, chain_is_new: bool = False, stored_parent: tuple[str, int, int] | None = None
+        self,
+        cur: Any,
+        links: Sequence[tuple[str | None, _Prepared]],
+        *,
+        chain: bool = False,
+        stored_parent: tuple[str, int, int] | None = None,
     ) -> dict[str, int]:
         """Store messages given with their parent ids (parents first); return id → pk for all.
 
-        ``chain_is_new``: the caller knows none of these messages is stored yet. ``stored_parent``:
-        ``(id, pk, position)`` of a stored parent the caller already read.
+        ``chain``: the links form one chain (each parent is the link before, the first one's is
+        stored or ``None``). Ids form a hash chain and a message is only ever stored after its
+        parent, so when the first one is not stored, none is: a new conversation or a new turn
+        skips the lookup of the others. ``stored_parent``: ``(id, pk, position)`` of a stored
+        parent the caller already read.
         """
+        keys: tuple[int, int] | None = None
+        added: dict[str, int] = {}
+        have_blobs: dict[str, int] | None = None
+        chain_is_new = False
+        if chain and links:
+            keys = self._next_pks(cur)
+            if keys is not None:
+                # blobs first: no stored message carries a blob that was not stored, so when the
+                # first message's blob is new the whole chain is new (not even one lookup)
+                added, have_blobs = self._insert_blobs(cur, keys[0], list({p.blob: p for _, p in links}.values()))
+                chain_is_new = links[0][1].blob in added
+            else:
+                chain_is_new = self._one(cur, "SELECT pk FROM messages WHERE id = ?", (links[0][1].id,)) is None
         ids = [p.id for _, p in links]
         known = {} if chain_is_new else self._ids_to_pks(cur, "messages", ids)
         new: dict[str, tuple[str | None, _Prepared]] = {}
@@ -526,34 +547,22 @@ class SqlStore(SessionStore):
         if not new:
             return known
         blobs = {p.blob: p for _, p in new.values()}
-        fresh = list(blobs.values())
-        keys = self._next_pks(cur)
-        if keys is not None:
-            # keys handed out under the write lock. A blob already stored (the same content in
-            # another message) conflicts on its hash and is skipped: only then are keys read back
-            first = keys[0]
-            added = {p.blob: first + i for i, p in enumerate(fresh)}
-            cur.executemany(
-                self._sql("INSERT INTO blobs (pk, hash, role, body, text, tokens) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (hash) DO NOTHING"),
-                [(added[p.blob], p.blob, p.role, p.canonical, p.text, p.tokens) for p in fresh],
-            )
-            if cur.rowcount != len(fresh):
-                have_blobs = self._ids_to_pks(cur, "blobs", list(blobs), column="hash")
-                added = {h: pk for h, pk in have_blobs.items() if added[h] == pk}
+        if have_blobs is None:
+            keys = self._next_pks(cur)
+            if keys is not None:
+                added, have_blobs = self._insert_blobs(cur, keys[0], list(blobs.values()))
             else:
-                have_blobs = dict(added)
-        else:
-            have_blobs = self._ids_to_pks(cur, "blobs", list(blobs), column="hash")
-            fresh = [p for h, p in blobs.items() if h not in have_blobs]
-            self._xm(
-                cur,
-                "INSERT INTO blobs (hash, role, body, text, tokens) VALUES (?, ?, ?, ?, ?) ON CONFLICT (hash) DO NOTHING",
-                [(p.blob, p.role, p.canonical, p.text, p.tokens) for p in fresh],
-            )
-            added = self._ids_to_pks(cur, "blobs", [p.blob for p in fresh], column="hash") if fresh else {}
-            have_blobs.update(added)
+                have_blobs = self._ids_to_pks(cur, "blobs", list(blobs), column="hash")
+                fresh = [p for h, p in blobs.items() if h not in have_blobs]
+                self._xm(
+                    cur,
+                    "INSERT INTO blobs (hash, role, body, text, tokens) VALUES (?, ?, ?, ?, ?) ON CONFLICT (hash) DO NOTHING",
+                    [(p.blob, p.role, p.canonical, p.text, p.tokens) for p in fresh],
+                )
+                added = self._ids_to_pks(cur, "blobs", [p.blob for p in fresh], column="hash") if fresh else {}
+                have_blobs.update(added)
         if added:
-            self._index_blobs(cur, [(added[p.blob], p.text) for p in fresh if p.blob in added])
+            self._index_blobs(cur, [(pk, blobs[h].text) for h, pk in added.items()])
         # positions: a parent's position + 1 (parents outside the batch are looked up)
         positions: dict[str | None, int] = {None: -1}
         if stored_parent is not None:
@@ -589,6 +598,21 @@ class SqlStore(SessionStore):
         known.update(self._ids_to_pks(cur, "messages", list(new)))
         return known
 
+    def _insert_blobs(self, cur: Any, first: int, fresh: Sequence[_Prepared]) -> tuple[dict[str, int], dict[str, int]]:
+        """Insert blobs under keys from ``first`` on (handed out under the write lock, see
+        :meth:`_next_pks`); return the hash → pk of those added and of all of ``fresh``. A blob
+        already stored (the same content in another message) conflicts on its hash and is
+        skipped: only then are keys read back."""
+        added = {p.blob: first + i for i, p in enumerate(fresh)}
+        cur.executemany(
+            self._sql("INSERT INTO blobs (pk, hash, role, body, text, tokens) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (hash) DO NOTHING"),
+            [(added[p.blob], p.blob, p.role, p.canonical, p.text, p.tokens) for p in fresh],
+        )
+        if cur.rowcount == len(fresh):
+            return added, dict(added)
+        have = self._ids_to_pks(cur, "blobs", list(added), column="hash")
+        return {h: pk for h, pk in have.items() if added[h] == pk}, have
+
     def _prepare_chain(self, messages: Sequence[Message], parent_id: str | None) -> list[_Prepared]:
         # opt-in (redaction.content): key shapes and registered secrets never reach the store
         # redacted copies are new objects each time: nothing to remember
@@ -614,10 +638,7 @@ class SqlStore(SessionStore):
         for p in prepared:
             links.append((parent, p))
             parent = p.id
-        # ids form a hash chain and a message is only ever stored after its parent: when the
-        # first one is not stored, none is (a new conversation skips the lookup of the others)
-        first_new = bool(prepared) and self._one(cur, "SELECT pk FROM messages WHERE id = ?", (prepared[0].id,)) is None
-        pks = self._store_links(cur, links, chain_is_new=first_new, stored_parent=stored_parent)
+        pks = self._store_links(cur, links, chain=True, stored_parent=stored_parent)
         return [(pks[p.id], p.id) for p in prepared]
 
     def _add_members(self, cur: Any, session_pk: int, message_pks: Sequence[int]) -> None:
