@@ -32,7 +32,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -430,13 +430,11 @@ class SqlStore(SessionStore):
 
     # -- backend hooks --------------------------------------------------------------------------
     @abstractmethod
-    @contextmanager
-    def _write(self) -> Iterator[Any]:
+    def _write(self) -> AbstractContextManager[Any]:
         """A cursor inside a write transaction that holds the database's write lock."""
 
     @abstractmethod
-    @contextmanager
-    def _read(self) -> Iterator[Any]:
+    def _read(self) -> AbstractContextManager[Any]:
         """A cursor inside a read transaction (one consistent snapshot)."""
 
     @abstractmethod
