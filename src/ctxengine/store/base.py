@@ -532,8 +532,14 @@ class SqlStore(SessionStore):
             if keys is not None:
                 # blobs first: no stored message carries a blob that was not stored, so when the
                 # first message's blob is new the whole chain is new (not even one lookup)
-                added, have_blobs = self._insert_blobs(cur, keys[0], list({p.blob: p for _, p in links}.values()))
+                chain_blobs = {p.blob: p for _, p in links}
+                added, have_blobs = self._insert_blobs(cur, keys[0], list(chain_blobs.values()))
                 chain_is_new = links[0][1].blob in added
+                parent = links[0][0]
+                if chain_is_new and (parent is None or (stored_parent is not None and parent == stored_parent[0])):
+                    # the common turn: every message new, after a known parent (or from the root)
+                    self._index_blobs(cur, [(pk, chain_blobs[h].text) for h, pk in added.items()])
+                    return self._insert_chain(cur, links, keys[1], have_blobs, stored_parent if parent is not None else None)
             else:
                 chain_is_new = self._one(cur, "SELECT pk FROM messages WHERE id = ?", (links[0][1].id,)) is None
         ids = [p.id for _, p in links]
@@ -595,6 +601,22 @@ class SqlStore(SessionStore):
         )
         known.update(self._ids_to_pks(cur, "messages", list(new)))
         return known
+
+    def _insert_chain(
+        self, cur: Any, links: Sequence[tuple[str | None, _Prepared]], first: int, blob_pks: Mapping[str, int], parent: tuple[str, int, int] | None
+    ) -> dict[str, int]:
+        """Insert a chain of new messages under keys from ``first`` on, after ``parent``
+        (``(id, pk, position)``, ``None``: from the root); return id → pk, the parent's too."""
+        pk, position = (parent[1], parent[2]) if parent is not None else (None, -1)
+        out = {parent[0]: parent[1]} if parent is not None else {}
+        now = time.time()
+        rows = []
+        for i, (_, p) in enumerate(links, start=1):
+            rows.append((first, p.id, pk, blob_pks[p.blob], position + i, now))
+            out[p.id] = pk = first
+            first += 1
+        cur.executemany(self._sql("INSERT INTO messages (pk, id, parent_pk, blob_pk, position, created_at) VALUES (?, ?, ?, ?, ?, ?)"), rows)
+        return out
 
     def _insert_blobs(self, cur: Any, first: int, fresh: Sequence[_Prepared]) -> tuple[dict[str, int], dict[str, int]]:
         """Insert blobs under keys from ``first`` on (handed out under the write lock, see
