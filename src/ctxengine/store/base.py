@@ -671,15 +671,14 @@ class SqlStore(SessionStore):
     def _move_tip(self, cur: Any, session_pk: int, chain: Sequence[tuple[int, str]], kind: str, compaction_pk: int | None = None, *, force_event: bool = False) -> None:
         row = self._one(cur, "SELECT tip_pk FROM sessions WHERE pk = ?", (session_pk,))
         old_tip = row[0] if row else None
-        pks = [pk for pk, _ in chain]
         start = 0
-        if old_tip is not None:
-            for i in range(len(pks) - 1, -1, -1):
-                if pks[i] == old_tip:
+        if old_tip is not None:  # from the end: the old tip is usually just before this turn's messages
+            for i in range(len(chain) - 1, -1, -1):
+                if chain[i][0] == old_tip:
                     start = i + 1
                     break
-        self._add_members(cur, session_pk, pks[start:])
-        new_tip = pks[-1] if pks else None
+        self._add_members(cur, session_pk, [pk for pk, _ in chain[start:]])
+        new_tip = chain[-1][0] if chain else None
         now = time.time()
         if new_tip != old_tip or force_event:
             self._x(cur, "UPDATE sessions SET tip_pk = ?, updated_at = ? WHERE pk = ?", (new_tip, now, session_pk))
