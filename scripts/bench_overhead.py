@@ -16,7 +16,9 @@ history (``full``), or resending it decoded from JSON each turn as a proxy does 
 decoding is not timed), each with no store and with a SQLite store in a temporary directory;
 and two with the store write deferred (``prepare(defer_record=True)``: the caller runs
 ``flush_records`` while the provider answers), whose write is timed apart
-and reported beside them. Each is run ``--runs`` times; the figures are the medians over runs
+and reported beside them. A last row, ``store append``, times the store's share alone: the same
+turns appended straight to a SQLite store (``append_messages(..., after=last id)``, the write
+each ``+store`` call makes), without the manager. Each is run ``--runs`` times; the figures are the medians over runs
 of each run's p50 and p95 (milliseconds per call). The default engine cuts a due batch of old
 outputs now and then whatever the window: those calls measure a compaction and are left out.
 
@@ -29,6 +31,7 @@ summarizer calls each triggers.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -145,6 +148,23 @@ def overhead_run(
     return out
 
 
+def store_run(msgs: list[Message], *, start: int, calls: int) -> list[float]:
+    """Milliseconds of ``append_messages`` for each of ``calls`` turns after ``start`` messages
+    recorded in a fresh SQLite store: the synchronous write of a ``+store`` call, alone."""
+    with tempfile.TemporaryDirectory(prefix="ctxengine-overhead-") as tmp:
+        store = SqliteStore(Path(tmp) / "s.db")
+        cut = _first_cut(msgs, start)
+        last = store.record_messages("s", msgs[:cut])[-1]
+        out: list[float] = []
+        for end in itertools.islice(turns(msgs, cut), calls):
+            t0 = time.perf_counter()
+            last = store.append_messages("s", msgs[cut:end], after=last)[-1]
+            out.append((time.perf_counter() - t0) * 1000.0)
+            cut = end
+        store.close()
+    return out
+
+
 def bench_overhead(args: argparse.Namespace) -> dict[str, Any]:
     msgs = long_session(args.start + 4 * args.calls)
     result: dict[str, Any] = {"start_messages": args.start, "calls": args.calls, "runs": args.runs}
@@ -165,6 +185,13 @@ def bench_overhead(args: argparse.Namespace) -> dict[str, Any]:
             result[key]["flush_p50_ms"] = round(statistics.median(f50s), 3)
             line += f"  (+ the write apart: p50 {result[key]['flush_p50_ms']:.3f} ms)"
         print(f"{line}  (medians of {args.runs} runs × {args.calls} calls)", flush=True)
+    p50s, p95s = [], []
+    for _ in range(args.runs):
+        times = store_run(msgs, start=args.start, calls=args.calls)
+        p50s.append(percentile(times, 50))
+        p95s.append(percentile(times, 95))
+    result["store append"] = {"p50_ms": round(statistics.median(p50s), 3), "p95_ms": round(statistics.median(p95s), 3)}
+    print(f"{'store append':24s} p50 {result['store append']['p50_ms']:.3f} ms  p95 {result['store append']['p95_ms']:.3f} ms  (medians of {args.runs} runs × {args.calls} calls)", flush=True)
     return result
 
 

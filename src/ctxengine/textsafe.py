@@ -22,7 +22,7 @@ import json
 import re
 from typing import Any
 
-__all__ = ["REPLACEMENT", "clean", "dumps", "has_surrogates"]
+__all__ = ["REPLACEMENT", "clean", "dumps", "escape_surrogates", "has_surrogates"]
 
 REPLACEMENT = "\ufffd"
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -49,6 +49,14 @@ def dumps(value: Any, **kwargs: Any) -> str:
     surrogates (which can only occur inside JSON strings) are written as ``\\uXXXX`` escapes."""
     kwargs.setdefault("ensure_ascii", False)
     text = json.dumps(value, **kwargs)
-    if kwargs["ensure_ascii"] or text.isascii():
+    if kwargs["ensure_ascii"]:
+        return text
+    return escape_surrogates(text)
+
+
+def escape_surrogates(text: str) -> str:
+    """JSON text (from ``json.dumps(..., ensure_ascii=False)``) with every lone surrogate
+    written as a ``\\uXXXX`` escape, as :func:`dumps` returns it."""
+    if text.isascii():
         return text
     return _SURROGATE.sub(_escape, text)

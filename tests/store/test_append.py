@@ -111,3 +111,26 @@ def test_an_append_mixing_stored_and_new_contents_stores_each_content_once(store
     assert store.history_ids("s") == [*ids, *new, *more]
     assert [m["content"] for m in store.history("s")][-2:] == ["fresh words", "last"]
     assert store.history("s", f"message:{new[1]}") == [*first, *batch[:2]]
+
+
+def test_an_append_of_messages_another_session_stored_after_the_same_parent_reuses_them(store: SessionStore) -> None:
+    base = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    shared = [{"role": "user", "content": "shared turn"}, {"role": "assistant", "content": "shared answer"}]
+    other = store.record_messages("t", [*base, *shared])
+    ids = store.record_messages("s", base)
+    # the first appended message is stored already (same parent, same content): so is its id
+    new = store.append_messages("s", [*shared, {"role": "user", "content": "own turn"}], after=ids[-1])
+    assert new == [*other[2:], *_chain_ids([*base, *shared, {"role": "user", "content": "own turn"}])[-1:]]
+    assert store.history_ids("s") == [*ids, *new] and store.history_ids("t") == other
+    assert [h.message_ids for h in store.search("shared answer")] == [[other[3]]]
+    assert sorted(store.search("shared turn")[0].session_ids) == ["s", "t"]
+
+
+def test_an_append_starting_with_new_content_then_stored_content_chains_on_the_stored_blob(store: SessionStore) -> None:
+    ids = store.record_messages("s", [{"role": "user", "content": "old words"}])
+    batch = [{"role": "assistant", "content": "brand new"}, {"role": "user", "content": "old words"}, {"role": "assistant", "content": "brand new"}]
+    new = store.append_messages("s", batch, after=ids[-1])
+    assert new == _chain_ids([{"role": "user", "content": "old words"}, *batch])[1:]
+    assert store.history("s") == [{"role": "user", "content": "old words"}, *batch]
+    assert sorted(store.search("old words")[0].message_ids) == sorted([ids[0], new[1]])
+    assert sorted(store.search("brand new")[0].message_ids) == sorted([new[0], new[2]])

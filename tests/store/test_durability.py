@@ -185,3 +185,20 @@ def test_bulk_import_indexes_at_the_end_and_after_a_crash(tmp_path: Path) -> Non
         assert cur.execute("SELECT COUNT(*) FROM blobs_fts_docsize").fetchone()[0] == 52
     assert [h.snippet for h in again.search("unindexed")] == ["written unindexed"]
     assert again.integrity_check() == ["ok"]
+
+
+@pytest.mark.parametrize("path", [":memory:", "file"])
+def test_a_failed_write_is_rolled_back_and_database_errors_are_store_errors(tmp_path: Path, path: str) -> None:
+    store = SqliteStore(":memory:" if path == ":memory:" else tmp_path / "tx.db")
+    ids = store.record_messages("s", [{"role": "user", "content": "kept"}])
+    with pytest.raises(StoreError, match="session store"), store._write() as cur:
+        cur.execute("UPDATE sessions SET tip_pk = NULL")
+        cur.execute("INSERT INTO no_such_table VALUES (1)")
+    with pytest.raises(KeyError), store._write() as cur:
+        cur.execute("UPDATE sessions SET tip_pk = NULL")
+        raise KeyError("not a database error")
+    assert store.history_ids("s") == ids  # neither write left anything behind
+    # and the store takes the next write (the lock of a ":memory:" store was released)
+    more = store.append_messages("s", [{"role": "assistant", "content": "next"}], after=ids[-1])
+    assert store.history_ids("s") == [*ids, *more]
+    store.close()

@@ -32,7 +32,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -41,7 +41,7 @@ from ctxengine.messages import Message, json_problem, message_text
 from ctxengine.redact import redact_messages, redact_obj
 from ctxengine.store.migrations import Backend, apply_migrations, current_version
 from ctxengine.store.safe_regex import compile_pattern
-from ctxengine.textsafe import clean, dumps
+from ctxengine.textsafe import clean, dumps, escape_surrogates
 from ctxengine.tokens import MESSAGE_OVERHEAD_TOKENS, estimate_message_tokens
 
 __all__ = [
@@ -78,9 +78,13 @@ def canonical_json(message: Mapping[str, Any]) -> str:
     if problem is not None:
         raise InputError(f"message is not JSON data: {problem}")
     try:
-        return dumps(message, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False, check_circular=False)
+        return escape_surrogates(_CANONICAL.encode(message))
     except (TypeError, ValueError) as exc:
         raise InputError(f"message is not JSON-serialisable: {exc}") from exc
+
+
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False, check_circular=False)
+"""The encoder of :func:`canonical_json`, built once (``json.dumps`` with these options builds one per call)."""
 
 
 def blob_hash(canonical: str) -> str:
@@ -426,13 +430,11 @@ class SqlStore(SessionStore):
 
     # -- backend hooks --------------------------------------------------------------------------
     @abstractmethod
-    @contextmanager
-    def _write(self) -> Iterator[Any]:
+    def _write(self) -> AbstractContextManager[Any]:
         """A cursor inside a write transaction that holds the database's write lock."""
 
     @abstractmethod
-    @contextmanager
-    def _read(self) -> Iterator[Any]:
+    def _read(self) -> AbstractContextManager[Any]:
         """A cursor inside a read transaction (one consistent snapshot)."""
 
     @abstractmethod
@@ -506,13 +508,40 @@ class SqlStore(SessionStore):
 
     # -- writing chains -----------------------------------------------------------------------------
     def _store_links(
-        self, cur: Any, links: Sequence[tuple[str | None, _Prepared]], *, chain_is_new: bool = False, stored_parent: tuple[str, int, int] | None = None
+        self,
+        cur: Any,
+        links: Sequence[tuple[str | None, _Prepared]],
+        *,
+        chain: bool = False,
+        stored_parent: tuple[str, int, int] | None = None,
     ) -> dict[str, int]:
         """Store messages given with their parent ids (parents first); return id → pk for all.
 
-        ``chain_is_new``: the caller knows none of these messages is stored yet. ``stored_parent``:
-        ``(id, pk, position)`` of a stored parent the caller already read.
+        ``chain``: the links form one chain (each parent is the link before, the first one's is
+        stored or ``None``). Ids form a hash chain and a message is only ever stored after its
+        parent, so when the first one is not stored, none is: a new conversation or a new turn
+        skips the lookup of the others. ``stored_parent``: ``(id, pk, position)`` of a stored
+        parent the caller already read.
         """
+        keys: tuple[int, int] | None = None
+        added: dict[str, int] = {}
+        have_blobs: dict[str, int] | None = None
+        chain_is_new = False
+        if chain and links:
+            keys = self._next_pks(cur)
+            if keys is not None:
+                # blobs first: no stored message carries a blob that was not stored, so when the
+                # first message's blob is new the whole chain is new (not even one lookup)
+                chain_blobs = {p.blob: p for _, p in links}
+                added, have_blobs = self._insert_blobs(cur, keys[0], list(chain_blobs.values()))
+                chain_is_new = links[0][1].blob in added
+                parent = links[0][0]
+                if chain_is_new and (parent is None or (stored_parent is not None and parent == stored_parent[0])):
+                    # the common turn: every message new, after a known parent (or from the root)
+                    self._index_blobs(cur, [(pk, chain_blobs[h].text) for h, pk in added.items()])
+                    return self._insert_chain(cur, links, keys[1], have_blobs, stored_parent if parent is not None else None)
+            else:
+                chain_is_new = self._one(cur, "SELECT pk FROM messages WHERE id = ?", (links[0][1].id,)) is None
         ids = [p.id for _, p in links]
         known = {} if chain_is_new else self._ids_to_pks(cur, "messages", ids)
         new: dict[str, tuple[str | None, _Prepared]] = {}
@@ -522,34 +551,22 @@ class SqlStore(SessionStore):
         if not new:
             return known
         blobs = {p.blob: p for _, p in new.values()}
-        fresh = list(blobs.values())
-        keys = self._next_pks(cur)
-        if keys is not None:
-            # keys handed out under the write lock. A blob already stored (the same content in
-            # another message) conflicts on its hash and is skipped: only then are keys read back
-            first = keys[0]
-            added = {p.blob: first + i for i, p in enumerate(fresh)}
-            cur.executemany(
-                self._sql("INSERT INTO blobs (pk, hash, role, body, text, tokens) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (hash) DO NOTHING"),
-                [(added[p.blob], p.blob, p.role, p.canonical, p.text, p.tokens) for p in fresh],
-            )
-            if cur.rowcount != len(fresh):
-                have_blobs = self._ids_to_pks(cur, "blobs", list(blobs), column="hash")
-                added = {h: pk for h, pk in have_blobs.items() if added[h] == pk}
+        if have_blobs is None:
+            keys = self._next_pks(cur)
+            if keys is not None:
+                added, have_blobs = self._insert_blobs(cur, keys[0], list(blobs.values()))
             else:
-                have_blobs = dict(added)
-        else:
-            have_blobs = self._ids_to_pks(cur, "blobs", list(blobs), column="hash")
-            fresh = [p for h, p in blobs.items() if h not in have_blobs]
-            self._xm(
-                cur,
-                "INSERT INTO blobs (hash, role, body, text, tokens) VALUES (?, ?, ?, ?, ?) ON CONFLICT (hash) DO NOTHING",
-                [(p.blob, p.role, p.canonical, p.text, p.tokens) for p in fresh],
-            )
-            added = self._ids_to_pks(cur, "blobs", [p.blob for p in fresh], column="hash") if fresh else {}
-            have_blobs.update(added)
+                have_blobs = self._ids_to_pks(cur, "blobs", list(blobs), column="hash")
+                fresh = [p for h, p in blobs.items() if h not in have_blobs]
+                self._xm(
+                    cur,
+                    "INSERT INTO blobs (hash, role, body, text, tokens) VALUES (?, ?, ?, ?, ?) ON CONFLICT (hash) DO NOTHING",
+                    [(p.blob, p.role, p.canonical, p.text, p.tokens) for p in fresh],
+                )
+                added = self._ids_to_pks(cur, "blobs", [p.blob for p in fresh], column="hash") if fresh else {}
+                have_blobs.update(added)
         if added:
-            self._index_blobs(cur, [(added[p.blob], p.text) for p in fresh if p.blob in added])
+            self._index_blobs(cur, [(pk, blobs[h].text) for h, pk in added.items()])
         # positions: a parent's position + 1 (parents outside the batch are looked up)
         positions: dict[str | None, int] = {None: -1}
         if stored_parent is not None:
@@ -585,6 +602,37 @@ class SqlStore(SessionStore):
         known.update(self._ids_to_pks(cur, "messages", list(new)))
         return known
 
+    def _insert_chain(
+        self, cur: Any, links: Sequence[tuple[str | None, _Prepared]], first: int, blob_pks: Mapping[str, int], parent: tuple[str, int, int] | None
+    ) -> dict[str, int]:
+        """Insert a chain of new messages under keys from ``first`` on, after ``parent``
+        (``(id, pk, position)``, ``None``: from the root); return id → pk, the parent's too."""
+        pk, position = (parent[1], parent[2]) if parent is not None else (None, -1)
+        out = {parent[0]: parent[1]} if parent is not None else {}
+        now = time.time()
+        rows = []
+        for i, (_, p) in enumerate(links, start=1):
+            rows.append((first, p.id, pk, blob_pks[p.blob], position + i, now))
+            out[p.id] = pk = first
+            first += 1
+        cur.executemany(self._sql("INSERT INTO messages (pk, id, parent_pk, blob_pk, position, created_at) VALUES (?, ?, ?, ?, ?, ?)"), rows)
+        return out
+
+    def _insert_blobs(self, cur: Any, first: int, fresh: Sequence[_Prepared]) -> tuple[dict[str, int], dict[str, int]]:
+        """Insert blobs under keys from ``first`` on (handed out under the write lock, see
+        :meth:`_next_pks`); return the hash → pk of those added and of all of ``fresh``. A blob
+        already stored (the same content in another message) conflicts on its hash and is
+        skipped: only then are keys read back."""
+        added = {p.blob: first + i for i, p in enumerate(fresh)}
+        cur.executemany(
+            self._sql("INSERT INTO blobs (pk, hash, role, body, text, tokens) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (hash) DO NOTHING"),
+            [(added[p.blob], p.blob, p.role, p.canonical, p.text, p.tokens) for p in fresh],
+        )
+        if cur.rowcount == len(fresh):
+            return added, dict(added)
+        have = self._ids_to_pks(cur, "blobs", list(added), column="hash")
+        return {h: pk for h, pk in have.items() if added[h] == pk}, have
+
     def _prepare_chain(self, messages: Sequence[Message], parent_id: str | None) -> list[_Prepared]:
         # opt-in (redaction.content): key shapes and registered secrets never reach the store
         # redacted copies are new objects each time: nothing to remember
@@ -610,10 +658,7 @@ class SqlStore(SessionStore):
         for p in prepared:
             links.append((parent, p))
             parent = p.id
-        # ids form a hash chain and a message is only ever stored after its parent: when the
-        # first one is not stored, none is (a new conversation skips the lookup of the others)
-        first_new = bool(prepared) and self._one(cur, "SELECT pk FROM messages WHERE id = ?", (prepared[0].id,)) is None
-        pks = self._store_links(cur, links, chain_is_new=first_new, stored_parent=stored_parent)
+        pks = self._store_links(cur, links, chain=True, stored_parent=stored_parent)
         return [(pks[p.id], p.id) for p in prepared]
 
     def _add_members(self, cur: Any, session_pk: int, message_pks: Sequence[int]) -> None:
@@ -626,15 +671,14 @@ class SqlStore(SessionStore):
     def _move_tip(self, cur: Any, session_pk: int, chain: Sequence[tuple[int, str]], kind: str, compaction_pk: int | None = None, *, force_event: bool = False) -> None:
         row = self._one(cur, "SELECT tip_pk FROM sessions WHERE pk = ?", (session_pk,))
         old_tip = row[0] if row else None
-        pks = [pk for pk, _ in chain]
         start = 0
-        if old_tip is not None:
-            for i in range(len(pks) - 1, -1, -1):
-                if pks[i] == old_tip:
+        if old_tip is not None:  # from the end: the old tip is usually just before this turn's messages
+            for i in range(len(chain) - 1, -1, -1):
+                if chain[i][0] == old_tip:
                     start = i + 1
                     break
-        self._add_members(cur, session_pk, pks[start:])
-        new_tip = pks[-1] if pks else None
+        self._add_members(cur, session_pk, [pk for pk, _ in chain[start:]])
+        new_tip = chain[-1][0] if chain else None
         now = time.time()
         if new_tip != old_tip or force_event:
             self._x(cur, "UPDATE sessions SET tip_pk = ?, updated_at = ? WHERE pk = ?", (new_tip, now, session_pk))

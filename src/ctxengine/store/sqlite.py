@@ -21,7 +21,7 @@ import re
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -145,37 +145,14 @@ class SqliteStore(SqlStore):
             self._local.conn = conn
         return conn
 
-    @contextmanager
-    def _tx(self, begin: str) -> Iterator[sqlite3.Cursor]:
-        guard: AbstractContextManager[Any] = self._lock if self.memory else _NULL_LOCK
-        with guard:
-            conn = self._conn()
-            cur = conn.cursor()
-            try:
-                cur.execute(begin)
-            except sqlite3.Error as exc:
-                raise StoreError(f"session store {self.path}: {exc}") from exc
-            try:
-                yield cur
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                _rollback(conn)
-                raise StoreError(f"session store {self.path}: {exc}") from exc
-            except BaseException:
-                _rollback(conn)
-                raise
-            finally:
-                cur.close()
+    def _tx(self, begin: str) -> _Transaction:
+        return _Transaction(self, begin)
 
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Cursor]:
-        with self._tx("BEGIN IMMEDIATE") as cur:
-            yield cur
+    def _write(self) -> AbstractContextManager[sqlite3.Cursor]:
+        return _Transaction(self, "BEGIN IMMEDIATE")
 
-    @contextmanager
-    def _read(self) -> Iterator[sqlite3.Cursor]:
-        with self._tx("BEGIN") as cur:
-            yield cur
+    def _read(self) -> AbstractContextManager[sqlite3.Cursor]:
+        return _Transaction(self, "BEGIN")
 
     def _sql(self, sql: str) -> str:
         return sql
@@ -291,9 +268,59 @@ class SqliteStore(SqlStore):
         return f"SqliteStore({self.path!r})"
 
 
+class _Transaction:
+    """One transaction on the calling thread's connection: ``begin`` on entry, ``COMMIT`` on a
+    clean exit, ``ROLLBACK`` on any exception; database errors become :class:`StoreError`.
+    (A class rather than a generator: it runs twice per recorded turn.)"""
+
+    __slots__ = ("begin", "conn", "cur", "locked", "store")
+
+    def __init__(self, store: SqliteStore, begin: str) -> None:
+        self.store = store
+        self.begin = begin
+        self.locked = False
+
+    def __enter__(self) -> sqlite3.Cursor:
+        store = self.store
+        if store.memory:  # one shared connection: one transaction at a time
+            store._lock.acquire()
+            self.locked = True
+        try:
+            self.conn = conn = store._conn()
+            self.cur = cur = conn.cursor()
+            try:
+                cur.execute(self.begin)
+            except sqlite3.Error as exc:
+                cur.close()
+                raise StoreError(f"session store {store.path}: {exc}") from exc
+        except BaseException:
+            self._unlock()
+            raise
+        return cur
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        conn = self.conn
+        try:
+            if kind is None:
+                try:
+                    conn.execute("COMMIT")
+                except sqlite3.Error as err:
+                    _rollback(conn)
+                    raise StoreError(f"session store {self.store.path}: {err}") from err
+                return
+            _rollback(conn)
+            if isinstance(exc, sqlite3.Error):
+                raise StoreError(f"session store {self.store.path}: {exc}") from exc
+        finally:
+            self.cur.close()
+            self._unlock()
+
+    def _unlock(self) -> None:
+        if self.locked:
+            self.locked = False
+            self.store._lock.release()
+
+
 def _rollback(conn: sqlite3.Connection) -> None:
     with suppress(sqlite3.Error):  # no transaction left when the error already ended it
         conn.execute("ROLLBACK")
-
-
-_NULL_LOCK = nullcontext()
