@@ -15,7 +15,11 @@ Per chat request (``POST /v1/chat/completions``, ``POST /v1/messages``):
    engine offers recall tools, those are added (and stay added for the rest of the session,
    so the tool list, and the cache prefix after it, stays stable);
 4. if nothing changed, the client's bytes go upstream as they came; otherwise the body with
-   its messages (and tools) replaced, every other key untouched;
+   its messages (and tools) replaced, every other key untouched. What is written costs what
+   changed since the session's last turn, not the whole history: cache markers are spliced
+   into the client's bytes, and a context that differs from the history (every turn after a
+   compaction) is converted to the Anthropic form from the first message that changed on
+   (:mod:`ctxengine.proxy.incoming`);
 5. the response comes back verbatim (errors and status codes too); a streamed response is
    relayed chunk by chunk as it arrives, and its usage is read from the final events;
 6. calls the model makes to the engine's tools are answered by the proxy (another upstream
