@@ -69,6 +69,16 @@ def ant(p: ProxyServer, **kw: Any) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=p.anthropic_base_url, api_key=KEY, max_retries=0, **kw)
 
 
+def settled_metric(p: ProxyServer, name: str, expected: float, **labels: str) -> float:
+    """:func:`metric` once it reaches ``expected`` (or after 5 s): a streamed response's usage
+    is read at the end of its stream, which the client may not wait for (it stops at the
+    last event)."""
+    deadline = time.monotonic() + 5
+    while (value := metric(p, name, **labels)) != expected and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return value
+
+
 def metric(p: ProxyServer, name: str, **labels: str) -> float:
     text = httpx.get(p.url + "/metrics").text
     total = 0.0
@@ -107,7 +117,8 @@ def test_openai_streaming_is_relayed_and_usage_read_from_the_final_chunk(proxy: 
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "one two three four five six"
     assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens > 0
-    assert metric(proxy, "ctxengine_proxy_upstream_prompt_tokens_total", api="openai") == chunks[-1].usage.prompt_tokens
+    prompt = chunks[-1].usage.prompt_tokens
+    assert settled_metric(proxy, "ctxengine_proxy_upstream_prompt_tokens_total", prompt, api="openai") == prompt
 
 
 def test_streaming_is_relayed_as_it_arrives_not_buffered(proxy: ProxyServer, stub: StubServer) -> None:
@@ -151,7 +162,7 @@ def test_anthropic_streaming_via_the_sdk(proxy: ProxyServer, stub: StubServer) -
         final = s.get_final_message()
     assert final.content[0].text == "streamed reply here"  # type: ignore[union-attr]
     assert final.usage.output_tokens > 0
-    assert metric(proxy, "ctxengine_proxy_upstream_cache_read_tokens_total", api="anthropic") == 7
+    assert settled_metric(proxy, "ctxengine_proxy_upstream_cache_read_tokens_total", 7, api="anthropic") == 7
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -580,7 +591,8 @@ def test_metrics_and_healthz(proxy: ProxyServer, stub: StubServer) -> None:
     for _ in range(3):
         oai(proxy).chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
     assert metric(proxy, "ctxengine_proxy_requests_total", api="openai", outcome="ok") == 3
-    assert metric(proxy, "ctxengine_proxy_added_latency_seconds_count", api="openai") == 3
+    # the request's timings are observed once its response is out
+    assert settled_metric(proxy, "ctxengine_proxy_added_latency_seconds_count", 3, api="openai") == 3
     assert metric(proxy, "ctxengine_proxy_tokens_in_total", api="openai") > 0
     health = httpx.get(proxy.url + "/healthz").json()
     assert health == {"status": "ok", "store": "SqliteStore", "sessions": 1}
@@ -618,8 +630,9 @@ def test_each_stage_of_a_request_is_timed(proxy: ProxyServer, stub: StubServer) 
     for turn in range(3):
         oai(proxy).chat.completions.create(model="gpt-4o", messages=msgs)
         msgs += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": f"turn {turn}"}]
+    # each request's timings are observed once its response is out
     for stage in ("read", "parse", "upstream"):
-        assert metric(proxy, "ctxengine_proxy_stage_seconds_count", api="openai", stage=stage) == 3, stage
+        assert settled_metric(proxy, "ctxengine_proxy_stage_seconds_count", 3, api="openai", stage=stage) == 3, stage
     # the session's first request opens it in a worker thread; the next ones only append: on the event loop
     for stage in ("plan_queue", "plan", "plan_return"):
         assert metric(proxy, "ctxengine_proxy_stage_seconds_count", api="openai", stage=stage) == 1, stage
