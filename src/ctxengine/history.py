@@ -102,7 +102,7 @@ class TurnInput:
             if not isinstance(m, dict) or m.get("role") != "tool":
                 break
         window = msgs[start:] if start else msgs
-        errors = [v for v in validate(window, allow_pending_calls=True) if v.severity == "error"]
+        errors = validate(window, allow_pending_calls=True, errors_only=True)
         if errors:
             raise InvalidMessages([Violation(self._caller_index(v.index + start), v.code, v.detail, v.severity) for v in errors], context)
 
@@ -139,7 +139,8 @@ def _extends(given: Sequence[Any], seen: list[Any]) -> bool:
     last = given[n - 1]
     if last is not seen[-1] and last != seen[-1]:
         return False
-    return list(given[:n]) == seen
+    # a list's slice is a list already: copying it again would touch every message once more
+    return (given[:n] if isinstance(given, list) else list(given[:n])) == seen
 
 
 class SessionHistory:
@@ -213,7 +214,7 @@ class SessionHistory:
         """The caller's list is the working input; ``given[:base]`` was seen and equals
         ``working[:base]``, whose own dicts are used (a list decoded again each turn then keeps
         every per-message memo of the session: token counts, the planner's sums)."""
-        msgs = [*self.working[:base], *given[base:]] if base else list(given)
+        msgs = self.working[:base] + given[base:] if base else list(given)
         turn = TurnInput(kind, msgs, base, base, reset_engine=kind == "fresh")
         if kind == "continue" or keep_raw:
             k = len(self.wpos) if kind == "continue" else bisect.bisect_left(self.wpos, base)
@@ -363,7 +364,7 @@ class SessionHistory:
         """Running token sums and the last summary's index of ``messages`` when it is the
         working context (what ``prepare`` returned), else ``None``."""
         w = self.working
-        if len(messages) != len(w) or len(self._sums) != len(w) or not w or messages[-1] is not w[-1] or list(messages) != w:
+        if len(messages) != len(w) or len(self._sums) != len(w) or not w or messages[-1] is not w[-1] or (messages if isinstance(messages, list) else list(messages)) != w:
             return None
         return self._sums, self._last_summary
 

@@ -377,7 +377,8 @@ class AnchoredCounter:
             return self.counter.count_messages(messages[start:])
         memo = self._memo
         n = len(memo)
-        if not (len(messages) >= n and (n == 0 or messages[n - 1] is memo[-1]) and list(messages[:n]) == memo):
+        # (a list's slice is a list already: copying it again would touch every message once more)
+        if not (len(messages) >= n and (n == 0 or messages[n - 1] is memo[-1]) and (messages[:n] if isinstance(messages, list) else list(messages[:n])) == memo):
             memo = self._memo = []
             self._sums = [0]
             n = 0

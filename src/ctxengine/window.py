@@ -345,7 +345,7 @@ class WindowCap:
         if n and not (
             len(messages) >= n
             and messages[n - 1] is tally.msgs[-1]
-            and ((n == len(messages) and messages is tally.msgs) or list(messages[:n]) == tally.msgs)
+            and ((n == len(messages) and messages is tally.msgs) or (messages[:n] if isinstance(messages, list) else list(messages[:n])) == tally.msgs)
         ):
             tally.reset()
             n = 0
