@@ -313,21 +313,35 @@ class SessionHistory:
         self, store: SessionRecorder, session_id: str, turn: TurnInput, messages: Sequence[Message], *, appender: SessionAppender | None = None
     ) -> Callable[[], list[str]] | None:
         """:meth:`record` as a job to run later (``prepare(defer_record=True)``): only for a turn
-        that appends to the store's tip (``None`` otherwise: record it now). Run inside the turn
-        (before a compaction or a cap needs the ids), the job hands its ids to :meth:`finish`;
-        run after the turn, it makes them the tip of the next turn's append, provided the turn
-        left the working context as its input and no later turn ran."""
+        that continues the session (``None`` otherwise: record it now), whether it appends to the
+        store's tip or, the tip being unknown (after a compaction), records the whole list. Run
+        inside the turn (before a compaction or a cap needs the ids), the job hands its ids to
+        :meth:`finish`; run after the turn, it makes them the tip of the next turn's append,
+        provided the turn left the working context as its input and no later turn ran."""
         if appender is None and isinstance(store, SessionAppender):
             appender = store
-        known = self._ids
-        if not (known and self.appends(turn) and appender is not None):  # known: for the type checker
+        if self.turns == 0 or turn.kind not in ("continue", "resend"):
             return None
-        new = list(messages[turn.base :])
+        known = self._ids
+        write: Callable[[], list[str]]
+        if known and self.appends(turn) and appender is not None:  # known: for the type checker
+            new = list(messages[turn.base :])
+            after, tip, add = known[-1], known, appender.append_messages
+
+            def write() -> list[str]:
+                return [*tip, *add(session_id, new, after=after)] if new else tip
+
+        else:
+            whole = list(messages)
+
+            def write() -> list[str]:
+                return list(store.record_messages(session_id, whole))
+
         turns = self.turns
         self._next_ids = None
 
         def job() -> list[str]:
-            ids = [*known, *appender.append_messages(session_id, new, after=known[-1])] if new else known
+            ids = write()
             if self.turns == turns:  # still inside the turn
                 self._next_ids = ids
             elif self.turns == turns + 1 and self._clean_turn == self.turns and self._ids is None:

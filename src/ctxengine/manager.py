@@ -697,9 +697,10 @@ class ContextManager:
         the completion reserve and margin (:mod:`ctxengine.window`); when even the system prompt
         and the latest user message cannot fit, :class:`~ctxengine.errors.ContextWindowError`.
 
-        ``defer_record=True`` leaves the store write of a turn that only appends to the
-        session (the common turn) for :meth:`flush_records`, so a caller can run it while the
-        provider answers (an async caller): the turn's result is the same. The write runs
+        ``defer_record=True`` leaves the store write of a turn that continues the session (the
+        common turn: it appends to the record, or records the whole list after a compaction)
+        for :meth:`flush_records`, so a caller can run it while the provider answers (an async
+        caller): the turn's result is the same. The write runs
         anyway before anything else reads or writes the session's record: the next call for
         the session, a compaction or a window cut in this turn, a recall or tool call,
         :meth:`end_session`.
