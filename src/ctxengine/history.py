@@ -143,6 +143,12 @@ def _extends(given: Sequence[Any], seen: list[Any]) -> bool:
     return (given[:n] if isinstance(given, list) else list(given[:n])) == seen
 
 
+def _one_extends_the_other(a: list[Any], b: list[Any]) -> bool:
+    """The shorter of ``a`` and ``b`` is a prefix of the longer."""
+    n = min(len(a), len(b))
+    return a[:n] == b[:n]
+
+
 class SessionHistory:
     """Per-session memory of the raw history seen and the working context it maps to.
 
@@ -167,6 +173,7 @@ class SessionHistory:
         self._tokens: dict[int, tuple[Message, int]] = {}
         self._sums: list[int] = []  # running token sums of ``working``
         self._last_summary = -1  # index of the last summary in ``working``
+        self._last_kind: TurnKind | None = None  # what the last finished turn was
 
     # -- the turn ----------------------------------------------------------------------------
     def begin(self, messages: Sequence[Message]) -> TurnInput:
@@ -179,14 +186,18 @@ class SessionHistory:
         if self.turns == 0:
             return self._take(given, "first", base=0)
         w, raw = self.working, self.raw
+        # A caller that resent its raw history last turn is asked about the raw history first:
+        # when the working context and the raw history part ways (neither is a prefix of the
+        # other; compared mostly by identity, they share their verbatim messages) no list
+        # extends both, so the order of the two questions changes no answer; it spares
+        # comparing a history decoded again by value with the working context, only to fail.
+        raw_first = self._last_kind == "resend" and not _one_extends_the_other(w, raw)
+        if raw_first and _extends(given, raw):
+            return self._resend(given)
         if _extends(given, w):
             return self._take(given, "continue", base=len(w))
-        if _extends(given, raw):
-            new = given[len(raw) :]
-            return TurnInput(
-                "resend", [*w, *new], len(w), len(raw), _seen_index=self._seen_index(),
-                pending=[*self.wpos, *range(len(w), len(w) + len(new))], pending_raw=[*raw, *new], pending_r0=self.r0,
-            )
+        if not raw_first and _extends(given, raw):
+            return self._resend(given)
         p = _common_prefix(given, raw)
         q = _common_prefix(given, w)
         k = p - self.r0
@@ -209,6 +220,15 @@ class SessionHistory:
             return self._take(given, "branch", base=0)
         # the change lies in the compacted part: start over from the caller's list
         return self._take(given, "fresh", base=0)
+
+    def _resend(self, given: list[Message]) -> TurnInput:
+        """The raw history seen so far, extended: the working context plus the new messages."""
+        w, raw = self.working, self.raw
+        new = given[len(raw) :]
+        return TurnInput(
+            "resend", [*w, *new], len(w), len(raw), _seen_index=self._seen_index(),
+            pending=[*self.wpos, *range(len(w), len(w) + len(new))], pending_raw=[*raw, *new], pending_r0=self.r0,
+        )
 
     def _take(self, given: list[Message], kind: TurnKind, *, base: int, keep_raw: bool = False) -> TurnInput:
         """The caller's list is the working input; ``given[:base]`` was seen and equals
@@ -271,6 +291,7 @@ class SessionHistory:
         self.raw = raw
         self.working = result
         self.turns += 1
+        self._last_kind = turn.kind
         self._follow_working(old, result)
 
     def reset(self) -> None:
