@@ -268,7 +268,8 @@ class SessionHistory:
         if turn.kind in ("first", "fresh"):
             self.compacted = False
         result = list(out)
-        if len(result) != len(inp) or result != (inp if isinstance(inp, list) else list(inp)):
+        # (``out is inp``: the turn changed nothing, known without comparing every message)
+        if out is not inp and (len(result) != len(inp) or result != (inp if isinstance(inp, list) else list(inp))):
             # a compaction (or a cap) rewrote the input: the raw messages still held verbatim are
             # those of the common tail of input and output
             k = 0
