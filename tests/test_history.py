@@ -408,3 +408,47 @@ def test_each_message_is_estimated_once_per_session_however_long_it_runs(monkeyp
     # the planner's fallback (a list that is not the working context) finds them memoised too
     assert h.message_tokens(working[1:]) == [estimate_message_tokens(m) for m in working[1:]]
     assert len(estimated) == len(working)
+
+
+def test_asking_a_resending_caller_about_the_raw_history_first_changes_no_turn() -> None:
+    """After a resend the raw history is compared first when no list can extend both it and the
+    working context: every turn maps exactly as with the original order (continue, then resend),
+    for callers that resend (decoded again or not), keep the prepared list, truncate or edit."""
+    import json as _json
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    ops = st.lists(
+        st.tuples(st.sampled_from(["resend", "resend", "json", "prepared", "truncate", "edit"]), st.integers(0, 10_000)), min_size=1, max_size=40
+    )
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.integers(4, 20), ops)
+    def run(grow: int, steps: list[tuple[str, int]]) -> None:
+        mgr = ContextManager(Config(), model="gpt-4o", context_length=WINDOW, engine_factory=_Folding.factory)
+        raw: list[Message] = [{"role": "system", "content": "sys"}]
+        out: list[Message] = []
+        for word, (op, n) in enumerate([("resend", 0)] * grow + steps, start=1):
+            msg = {"role": "user", "content": f"w{word}"}
+            if op == "truncate" and len(raw) > 2:
+                raw = raw[: 1 + n % (len(raw) - 1)]
+            elif op == "edit" and len(raw) > 2:
+                raw = [*raw[: 1 + n % (len(raw) - 1)], msg]
+            else:
+                raw = [*raw, msg]
+            given_ = [*out, msg] if op == "prepared" and out else _json.loads(_json.dumps(raw)) if op == "json" else list(raw)
+            if op == "prepared" and out:
+                raw = [*out, msg]  # a prepared-list caller: its history is what it was given back
+            h = mgr._session("p").history
+            kept = h._last_kind
+            h._last_kind = None  # the original order: the working context first
+            ref = h.begin(given_)
+            h._last_kind = kept
+            got = h.begin(given_)
+            assert (got.kind, got.messages, got.base, got.caller_start, got.pending, got.pending_raw, got.pending_r0) == (
+                ref.kind, ref.messages, ref.base, ref.caller_start, ref.pending, ref.pending_raw, ref.pending_r0,
+            )
+            out = mgr.prepare(given_, session_id="p")
+
+    run()

@@ -15,6 +15,7 @@ from ctxengine.engine import ContextEngine
 from ctxengine.errors import ConfigError, EngineError, InvalidMessages
 from ctxengine.manager import HYGIENE_RATIO, ContextManager, default_store
 from ctxengine.messages import Message, content_text
+from ctxengine.tokens import EstimateCounter
 
 
 class TinyEngine(ContextEngine):
@@ -437,3 +438,36 @@ def test_a_store_that_cannot_be_opened_fails_at_construction_naming_the_path(tmp
     # turned off, the same config runs without a store
     off = Config.from_dict({"store": {"path": str(path), "enabled": False}})
     assert ContextManager.from_config(off, model="gpt-4o").store is None
+
+
+class _PlainEstimate(EstimateCounter):
+    """The estimate without the session's shared memo (the manager shares it only with the
+    plain :class:`EstimateCounter`)."""
+
+
+def test_the_session_shared_estimate_memo_changes_no_decision() -> None:
+    """The engine's counter, the trigger's anchored count and the window counter read the
+    estimates the session's history memoises: every turn's output, count and status are those
+    of a manager that estimates each message anew."""
+
+    def run(counter: Any) -> list[Any]:
+        mgr = ContextManager(Config(), model="gpt-4o", context_length=200_000, store=None, counter=counter)
+        msgs: list[Message] = [{"role": "system", "content": "sys"}, {"role": "user", "content": "do it"}]
+        seen: list[Any] = []
+        for k in range(40):
+            msgs = mgr.prepare(msgs)
+            seen.append((json.dumps(msgs, sort_keys=True), mgr.count_tokens(msgs)))
+            mgr.update_from_response({"prompt_tokens": 900 + 37 * k, "completion_tokens": 5})
+            size = 21_000 if k % 9 == 4 else 400 + 150 * (k % 5)  # some outputs reach EXACT_CHARS
+            msgs = [
+                *msgs,
+                {"role": "assistant", "content": f"step {k}", "tool_calls": [{"id": f"g{k}", "type": "function", "function": {"name": "run", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": f"g{k}", "content": f"line {k} of output, path /src/f{k}.py\n" * (size // 30)},
+            ]
+        st = mgr.status()
+        seen.append({k: st[k] for k in ("compactions", "turns", "last_tokens", "window_cuts")})
+        return seen
+
+    shared = run(None)
+    assert shared == run(_PlainEstimate())
+    assert shared[-1]["compactions"] > 0

@@ -1,4 +1,4 @@
-"""``prepare(defer_record=True)``: a turn that appends to the session leaves its store write for
+"""``prepare(defer_record=True)``: a turn that continues the session leaves its store write for
 ``flush_records``; the result and the store's record end up as without deferral, and nothing
 reads or writes the session's record before the write ran."""
 
@@ -113,6 +113,30 @@ def test_a_turn_the_window_cuts_is_recorded_before_it_returns(tmp_path: Path) ->
     assert big not in json.dumps(capped)  # the cap cut the output ...
     assert store.history(SESSION)[-2]["content"] == big  # ... and its original is in the store already
     assert mgr.retrievable("FATAL: disk quota exceeded in /var/lib/app/data.db", session_id=SESSION)
+
+
+def test_the_turn_after_a_compaction_leaves_its_whole_write_pending_too(tmp_path: Path, trajectories: list[dict[str, Any]]) -> None:
+    """A compaction leaves the store's tip unknown to the history: the next turn records its
+    whole list, and that write waits for ``flush_records`` as an append does."""
+    msgs = _session(trajectories)
+    store = SqliteStore(tmp_path / "s.db")
+    mgr = _mgr(store)
+    start, compactions, after_compaction, checked = 3, 0, False, 0
+    working = mgr.prepare(msgs[:start], session_id=SESSION, defer_record=True)
+    for end in _turn_ends(msgs, start):
+        events = len(store.events(SESSION))
+        working = mgr.prepare([*working, *msgs[start:end]], session_id=SESSION, defer_record=True)
+        now = mgr.counters(SESSION)["compactions"]
+        if after_compaction and now == compactions:
+            assert len(store.events(SESSION)) == events  # left pending
+            mgr.flush_records(SESSION)
+            assert len(store.events(SESSION)) == events + 1
+            assert store.history(SESSION) == working
+            checked += 1
+        after_compaction, compactions = now > compactions, now
+        mgr.flush_records(SESSION)
+        start = end
+    assert checked >= 1
 
 
 def test_recall_sees_a_pending_turn(tmp_path: Path) -> None:

@@ -463,6 +463,28 @@ def test_prop_validate_never_crashes_and_indexes_are_in_range(messages: Any) -> 
         assert codes(vs) == [(-1, "not_a_list")]
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.lists(message_like | json_values, max_size=8) | json_values, st.booleans())
+def test_prop_errors_only_gives_exactly_the_errors(messages: Any, pending: bool) -> None:
+    """``validate(errors_only=True)`` is ``validate()`` without its warnings, in the same order."""
+    full = validate(messages, allow_pending_calls=pending)
+    assert validate(messages, allow_pending_calls=pending, errors_only=True) == [v for v in full if v.severity == "error"]
+
+
+def test_errors_only_keeps_the_errors_of_reused_ids_and_bad_arguments() -> None:
+    call = {"id": "a", "type": "function", "function": {"name": "f", "arguments": "not json"}}
+    msgs = [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "a", "content": "r"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},  # a reused id: a warning
+        {"role": "tool", "tool_call_id": "a", "content": "r"},
+        {"role": "tool", "tool_call_id": "a", "content": "again"},  # an error
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "b", "type": "function", "function": {"name": "f", "arguments": 3}}]},
+    ]
+    assert {v.code for v in validate(msgs)} == {"non_json_arguments", "reused_tool_call_id", "duplicate_result", "bad_tool_calls", "tool_call_without_result"}
+    assert [v.code for v in validate(msgs, errors_only=True)] == ["duplicate_result", "bad_tool_calls", "tool_call_without_result"]
+
+
 # -- json_problem: the fast check agrees with the path-building walk -----------------------------
 class _StrSub(str):
     pass

@@ -359,6 +359,50 @@ def test_anchored_reset_and_custom_counter() -> None:
     assert ac.count(msgs) == ExactCounter().count_messages(msgs)
 
 
+_TEXT = st.text(st.characters(codec="utf-8"), max_size=60)
+_MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "tool"]), "content": _TEXT | st.none()})
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_MESSAGE, max_size=12), st.lists(st.tuples(st.integers(0, 14), st.integers(0, 5_000)), max_size=6))
+def test_anchored_with_a_per_message_memo_counts_as_without(msgs: list[dict[str, Any]], steps: list[tuple[int, int]]) -> None:
+    """``per_message`` (an owner's memo of ``count_messages([m])``) changes no count: anchored or
+    not, on lists that extend the last one, shrink or start over."""
+    calls: list[int] = []
+
+    def one(m: Any) -> int:
+        calls.append(1)
+        return EstimateCounter().count_messages([m])
+
+    plain, memo = AnchoredCounter(), AnchoredCounter(per_message=one)
+    for cut, tokens in steps:
+        view = msgs[: min(cut, len(msgs))]
+        assert memo.count(view) == plain.count(view)
+        if tokens % 3:
+            plain.anchor(view, tokens)
+            memo.anchor(view, tokens)
+        else:
+            plain.reset()
+            memo.reset()
+        assert memo.count(msgs) == plain.count(msgs)
+    assert not msgs or not steps or calls
+
+
+def test_anchored_per_message_is_ignored_by_a_counter_that_is_not_additive() -> None:
+    class Whole:
+        name = "whole"
+
+        def count(self, text: str) -> int:
+            return len(text)
+
+        def count_messages(self, messages: Any) -> int:
+            return 1000 + sum(len(m["content"]) for m in messages)
+
+    msgs = _conv(3)
+    ac = AnchoredCounter(Whole(), per_message=lambda m: 1)
+    assert ac.count(msgs) == Whole().count_messages(msgs)
+
+
 def test_anchor_on_empty_list_counts_everything_on_top() -> None:
     msgs = _conv(2)
     ac = AnchoredCounter()

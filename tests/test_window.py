@@ -14,7 +14,7 @@ from ctxengine.errors import ConfigError, ContextWindowError
 from ctxengine.manager import ContextManager
 from ctxengine.messages import Message, content_text, validate
 from ctxengine.store.sqlite import SqliteStore
-from ctxengine.tokens import ExactCounter
+from ctxengine.tokens import ExactCounter, estimate_message_tokens
 from ctxengine.window import (
     WindowCap,
     WindowCounter,
@@ -334,3 +334,27 @@ def test_without_recall_nothing_is_folded() -> None:
     res = WindowCap(WindowLimit.for_window(500)).fit(msgs)  # no ref_for: no store behind
     assert res.tokens <= res.limit
     assert not any(content_text(m.get("content")).startswith("[ctxengine:folded") for m in res.messages)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "user", "content": "short text " * 10},
+        {"role": "tool", "tool_call_id": "c1", "content": "x = 1\n" * 5_000},  # over EXACT_CHARS
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "run", "arguments": "{\"a\": 1}"}}]},
+        {"role": "assistant", "content": "ok", "tool_calls": [{"id": "c2", "type": "function", "function": {"name": "w", "arguments": "y" * 30_000}}]},
+        {"role": "user", "content": [{"type": "text", "text": "z" * 25_000}, {"type": "image_url", "image_url": {"url": "data:"}}]},
+        {"role": "user", "content": {"weird": "q" * 21_000}},
+    ],
+)
+def test_count_message_from_an_estimate_equals_count_messages(message: dict[str, Any]) -> None:
+    """``count_message(m, estimated)`` is ``count_messages([m])``: the estimate for a message of
+    short texts, an exact count as soon as one text reaches ``exact_chars``."""
+    counter = WindowCounter()
+    seen: list[Any] = []
+
+    def estimated(m: Any) -> int:
+        seen.append(m)
+        return estimate_message_tokens(m)
+
+    assert counter.count_message(message, estimated) == WindowCounter().count_messages([message])

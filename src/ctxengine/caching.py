@@ -199,6 +199,11 @@ def apply_anthropic_cache_control(
     )
 
 
+def _same(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    """``list(a) == list(b)``, without copying what is a list already."""
+    return (a if isinstance(a, list) else list(a)) == (b if isinstance(b, list) else list(b))
+
+
 def plan_breakpoints(
     messages: Sequence[Mapping[str, Any]],
     *,
@@ -242,7 +247,7 @@ def plan_breakpoints(
         # the end of what this request shares with the previous one: its cache entries (or
         # those within the lookback of it) are what this request can still read
         limit = min(len(previous), n)
-        if limit and list(previous[:limit]) == list(messages[:limit]):
+        if limit and _same(previous[:limit], messages[:limit]):
             k = limit  # the agent loop's usual case, compared in one pass
         else:
             k = 0

@@ -102,7 +102,7 @@ class TurnInput:
             if not isinstance(m, dict) or m.get("role") != "tool":
                 break
         window = msgs[start:] if start else msgs
-        errors = [v for v in validate(window, allow_pending_calls=True) if v.severity == "error"]
+        errors = validate(window, allow_pending_calls=True, errors_only=True)
         if errors:
             raise InvalidMessages([Violation(self._caller_index(v.index + start), v.code, v.detail, v.severity) for v in errors], context)
 
@@ -139,7 +139,14 @@ def _extends(given: Sequence[Any], seen: list[Any]) -> bool:
     last = given[n - 1]
     if last is not seen[-1] and last != seen[-1]:
         return False
-    return list(given[:n]) == seen
+    # a list's slice is a list already: copying it again would touch every message once more
+    return (given[:n] if isinstance(given, list) else list(given[:n])) == seen
+
+
+def _one_extends_the_other(a: list[Any], b: list[Any]) -> bool:
+    """The shorter of ``a`` and ``b`` is a prefix of the longer."""
+    n = min(len(a), len(b))
+    return a[:n] == b[:n]
 
 
 class SessionHistory:
@@ -166,6 +173,7 @@ class SessionHistory:
         self._tokens: dict[int, tuple[Message, int]] = {}
         self._sums: list[int] = []  # running token sums of ``working``
         self._last_summary = -1  # index of the last summary in ``working``
+        self._last_kind: TurnKind | None = None  # what the last finished turn was
 
     # -- the turn ----------------------------------------------------------------------------
     def begin(self, messages: Sequence[Message]) -> TurnInput:
@@ -178,14 +186,18 @@ class SessionHistory:
         if self.turns == 0:
             return self._take(given, "first", base=0)
         w, raw = self.working, self.raw
+        # A caller that resent its raw history last turn is asked about the raw history first:
+        # when the working context and the raw history part ways (neither is a prefix of the
+        # other; compared mostly by identity, they share their verbatim messages) no list
+        # extends both, so the order of the two questions changes no answer; it spares
+        # comparing a history decoded again by value with the working context, only to fail.
+        raw_first = self._last_kind == "resend" and not _one_extends_the_other(w, raw)
+        if raw_first and _extends(given, raw):
+            return self._resend(given)
         if _extends(given, w):
             return self._take(given, "continue", base=len(w))
-        if _extends(given, raw):
-            new = given[len(raw) :]
-            return TurnInput(
-                "resend", [*w, *new], len(w), len(raw), _seen_index=self._seen_index(),
-                pending=[*self.wpos, *range(len(w), len(w) + len(new))], pending_raw=[*raw, *new], pending_r0=self.r0,
-            )
+        if not raw_first and _extends(given, raw):
+            return self._resend(given)
         p = _common_prefix(given, raw)
         q = _common_prefix(given, w)
         k = p - self.r0
@@ -209,11 +221,20 @@ class SessionHistory:
         # the change lies in the compacted part: start over from the caller's list
         return self._take(given, "fresh", base=0)
 
+    def _resend(self, given: list[Message]) -> TurnInput:
+        """The raw history seen so far, extended: the working context plus the new messages."""
+        w, raw = self.working, self.raw
+        new = given[len(raw) :]
+        return TurnInput(
+            "resend", [*w, *new], len(w), len(raw), _seen_index=self._seen_index(),
+            pending=[*self.wpos, *range(len(w), len(w) + len(new))], pending_raw=[*raw, *new], pending_r0=self.r0,
+        )
+
     def _take(self, given: list[Message], kind: TurnKind, *, base: int, keep_raw: bool = False) -> TurnInput:
         """The caller's list is the working input; ``given[:base]`` was seen and equals
         ``working[:base]``, whose own dicts are used (a list decoded again each turn then keeps
         every per-message memo of the session: token counts, the planner's sums)."""
-        msgs = [*self.working[:base], *given[base:]] if base else list(given)
+        msgs = self.working[:base] + given[base:] if base else list(given)
         turn = TurnInput(kind, msgs, base, base, reset_engine=kind == "fresh")
         if kind == "continue" or keep_raw:
             k = len(self.wpos) if kind == "continue" else bisect.bisect_left(self.wpos, base)
@@ -247,7 +268,8 @@ class SessionHistory:
         if turn.kind in ("first", "fresh"):
             self.compacted = False
         result = list(out)
-        if len(result) != len(inp) or result != (inp if isinstance(inp, list) else list(inp)):
+        # (``out is inp``: the turn changed nothing, known without comparing every message)
+        if out is not inp and (len(result) != len(inp) or result != (inp if isinstance(inp, list) else list(inp))):
             # a compaction (or a cap) rewrote the input: the raw messages still held verbatim are
             # those of the common tail of input and output
             k = 0
@@ -270,6 +292,7 @@ class SessionHistory:
         self.raw = raw
         self.working = result
         self.turns += 1
+        self._last_kind = turn.kind
         self._follow_working(old, result)
 
     def reset(self) -> None:
@@ -312,21 +335,35 @@ class SessionHistory:
         self, store: SessionRecorder, session_id: str, turn: TurnInput, messages: Sequence[Message], *, appender: SessionAppender | None = None
     ) -> Callable[[], list[str]] | None:
         """:meth:`record` as a job to run later (``prepare(defer_record=True)``): only for a turn
-        that appends to the store's tip (``None`` otherwise: record it now). Run inside the turn
-        (before a compaction or a cap needs the ids), the job hands its ids to :meth:`finish`;
-        run after the turn, it makes them the tip of the next turn's append, provided the turn
-        left the working context as its input and no later turn ran."""
+        that continues the session (``None`` otherwise: record it now), whether it appends to the
+        store's tip or, the tip being unknown (after a compaction), records the whole list. Run
+        inside the turn (before a compaction or a cap needs the ids), the job hands its ids to
+        :meth:`finish`; run after the turn, it makes them the tip of the next turn's append,
+        provided the turn left the working context as its input and no later turn ran."""
         if appender is None and isinstance(store, SessionAppender):
             appender = store
-        known = self._ids
-        if not (known and self.appends(turn) and appender is not None):  # known: for the type checker
+        if self.turns == 0 or turn.kind not in ("continue", "resend"):
             return None
-        new = list(messages[turn.base :])
+        known = self._ids
+        write: Callable[[], list[str]]
+        if known and self.appends(turn) and appender is not None:  # known: for the type checker
+            new = list(messages[turn.base :])
+            after, tip, add = known[-1], known, appender.append_messages
+
+            def write() -> list[str]:
+                return [*tip, *add(session_id, new, after=after)] if new else tip
+
+        else:
+            whole = list(messages)
+
+            def write() -> list[str]:
+                return list(store.record_messages(session_id, whole))
+
         turns = self.turns
         self._next_ids = None
 
         def job() -> list[str]:
-            ids = [*known, *appender.append_messages(session_id, new, after=known[-1])] if new else known
+            ids = write()
             if self.turns == turns:  # still inside the turn
                 self._next_ids = ids
             elif self.turns == turns + 1 and self._clean_turn == self.turns and self._ids is None:
@@ -363,7 +400,7 @@ class SessionHistory:
         """Running token sums and the last summary's index of ``messages`` when it is the
         working context (what ``prepare`` returned), else ``None``."""
         w = self.working
-        if len(messages) != len(w) or len(self._sums) != len(w) or not w or messages[-1] is not w[-1] or list(messages) != w:
+        if len(messages) != len(w) or len(self._sums) != len(w) or not w or messages[-1] is not w[-1] or (messages if isinstance(messages, list) else list(messages)) != w:
             return None
         return self._sums, self._last_summary
 
@@ -387,4 +424,6 @@ class SessionHistory:
 
     def _prune_tokens(self, keep: Sequence[Mapping[str, Any]]) -> None:
         ids = {id(m) for m in keep}
-        self._tokens = {k: v for k, v in self._tokens.items() if k in ids}
+        # the items copied at once: an engine's compress that ran past its deadline may still
+        # be counting through this memo on its worker thread (the manager's _SessionEstimate)
+        self._tokens = {k: v for k, v in list(self._tokens.items()) if k in ids}

@@ -181,7 +181,7 @@ def check_output(engine: ContextEngine, before: Sequence[Message], out: Sequence
     (rule 1) or lost an anchor (rule 5: the system prompt first, the latest user message
     verbatim — an engine's own user-role summary is not the user's latest message)."""
     label = engine_label(engine)
-    errors = [v for v in validate(list(out), allow_pending_calls=True) if v.severity == "error"]
+    errors = validate(list(out), allow_pending_calls=True, errors_only=True)
     if errors:
         shown = "; ".join(str(v) for v in errors[:3])
         raise EngineError(

@@ -219,6 +219,19 @@ class _Session:
     tally: WindowTally = field(default_factory=WindowTally)  # the window cap's running sums
 
 
+class _SessionEstimate(EstimateCounter):
+    """The estimate an engine of one session counts with: the same numbers as
+    :class:`EstimateCounter`, memoised per message in the session's history (which keeps them
+    for the cache planner), so each new message is estimated once a turn, not once by the
+    engine's trigger and again when the turn is remembered."""
+
+    def __init__(self, history: SessionHistory) -> None:
+        self._history = history
+
+    def count_messages(self, messages: Sequence[Mapping[str, Any]]) -> int:
+        return sum(self._history.message_tokens(messages))
+
+
 def _tool_name(schema: Mapping[str, Any]) -> str:
     fn = schema.get("function")
     if isinstance(fn, Mapping) and isinstance(fn.get("name"), str):
@@ -337,14 +350,17 @@ class ContextManager:
         )
 
     # -- sessions ---------------------------------------------------------------------------
-    def _services(self, sid: str) -> Services:
+    def _services(self, sid: str, history: SessionHistory | None = None) -> Services:
         recall = Recall(self.store, sid) if isinstance(self.store, RecallStore) else None
+        counter = self._counter
+        if history is not None and type(counter) is EstimateCounter:
+            counter = _SessionEstimate(history)
         return Services(
             context_length=self.context_length,
             session_id=sid,
             store=self.store,
             recall=recall,
-            counter=self._counter,
+            counter=counter,
             model=self.model,
             config=self.config,
         )
@@ -354,8 +370,9 @@ class ContextManager:
             self._registry = EngineRegistry(plugin_dirs=self.config.plugins.dirs, entry_points=self.config.plugins.entry_points)
         return self._registry
 
-    def _new_engine(self, sid: str, name: str | None = None) -> ContextEngine:
-        """A fresh engine for session ``sid`` (never shared between sessions)."""
+    def _new_engine(self, sid: str, name: str | None = None, history: SessionHistory | None = None) -> ContextEngine:
+        """A fresh engine for session ``sid`` (never shared between sessions); ``history`` is
+        the session's, whose per-message estimates the engine's counter shares."""
         if self._engine_factory is not None and name is None:
             engine = self._engine_factory()
         else:
@@ -363,7 +380,7 @@ class ContextManager:
                 name or self.config.context.engine,
                 self.config,
                 context_length=self.context_length,
-                services=self._services(sid),
+                services=self._services(sid, history),
             )
         if engine.context_length != self.context_length:
             engine.update_model(self.model, self.context_length)
@@ -382,15 +399,15 @@ class ContextManager:
             name,
             reason,
         )
-        engine = self._new_engine(s.id, name)
+        engine = self._new_engine(s.id, name, s.history)
         engine.on_session_start(s.id, model=self.model, context_length=self.context_length)
         s.engine = engine
         s.fallback_reason = reason
         return True
 
-    def _start_engine(self, sid: str) -> ContextEngine:
+    def _start_engine(self, sid: str, history: SessionHistory) -> ContextEngine:
         try:
-            return self._new_engine(sid)
+            return self._new_engine(sid, history=history)
         except EngineError as exc:
             name = self.config.context.fallback_engine
             if not name or self._engine_factory is not None:
@@ -402,14 +419,28 @@ class ContextManager:
                 name,
                 exc,
             )
-            return self._new_engine(sid, name)
+            return self._new_engine(sid, name, history)
+
+    def _anchored_counter(self, history: SessionHistory) -> AnchoredCounter:
+        """The session's token count for decisions (anchored on the provider's prompt tokens)."""
+        wc = self.window_counter
+        if self._session_counter is not wc or type(self._counter) is not EstimateCounter:
+            return AnchoredCounter(self._session_counter)
+
+        # the window counter's count of a message without long texts is its estimate, which
+        # the session's history memoises (the engine's trigger and the planner count with it)
+        def one(m: Mapping[str, Any]) -> int:
+            return wc.count_message(m, lambda x: history.message_tokens((x,))[0])
+
+        return AnchoredCounter(wc, per_message=one)
 
     def _session(self, session_id: str | None) -> _Session:
         sid = session_id or self.default_session
         with self._lock:
             s = self._sessions.get(sid)
             if s is None:
-                s = _Session(sid, self._start_engine(sid), AnchoredCounter(self._session_counter))
+                history = SessionHistory()
+                s = _Session(sid, self._start_engine(sid, history), self._anchored_counter(history), history=history)
                 if isinstance(self.store, RecallStore):
                     s.recall = Recall(self.store, sid)
                 self._sessions[sid] = s
@@ -666,9 +697,10 @@ class ContextManager:
         the completion reserve and margin (:mod:`ctxengine.window`); when even the system prompt
         and the latest user message cannot fit, :class:`~ctxengine.errors.ContextWindowError`.
 
-        ``defer_record=True`` leaves the store write of a turn that only appends to the
-        session (the common turn) for :meth:`flush_records`, so a caller can run it while the
-        provider answers (an async caller): the turn's result is the same. The write runs
+        ``defer_record=True`` leaves the store write of a turn that continues the session (the
+        common turn: it appends to the record, or records the whole list after a compaction)
+        for :meth:`flush_records`, so a caller can run it while the provider answers (an async
+        caller): the turn's result is the same. The write runs
         anyway before anything else reads or writes the session's record: the next call for
         the session, a compaction or a window cut in this turn, a recall or tool call,
         :meth:`end_session`.

@@ -155,7 +155,7 @@ def _part_ok(part: Any) -> bool:
     return isinstance(part, dict) and isinstance(part.get("type", "text"), str)
 
 
-def validate(messages: Any, *, allow_pending_calls: bool = False) -> list[Violation]:
+def validate(messages: Any, *, allow_pending_calls: bool = False, errors_only: bool = False) -> list[Violation]:
     """Return every violation in ``messages`` (empty list when valid).
 
     Checks: the list and each message have the right types; roles are known; content is a
@@ -165,6 +165,8 @@ def validate(messages: Any, *, allow_pending_calls: bool = False) -> list[Violat
 
     ``allow_pending_calls`` accepts tool calls of the *last* assistant message that have no
     result yet (an agent loop about to run them); a request to a provider never has those.
+    ``errors_only`` leaves the warnings out (and the JSON parse of every tool call's arguments
+    that only a warning needs): what a caller that raises on errors asks for, every turn.
     """
     out: list[Violation] = []
     if not isinstance(messages, list | tuple):
@@ -241,7 +243,8 @@ def validate(messages: Any, *, allow_pending_calls: bool = False) -> list[Violat
                 if cid in seen_ids:
                     # OpenAI-compatible providers accept an id reused in a later, separate group
                     # (real trajectories contain this); results are matched by position.
-                    out.append(Violation(i, "reused_tool_call_id", f"tool call id {cid!r} already used at message {seen_ids[cid]}", "warning"))
+                    if not errors_only:
+                        out.append(Violation(i, "reused_tool_call_id", f"tool call id {cid!r} already used at message {seen_ids[cid]}", "warning"))
                     answered.discard(cid)
                 seen_ids[cid] = i
                 open_calls[cid] = i
@@ -250,12 +253,13 @@ def validate(messages: Any, *, allow_pending_calls: bool = False) -> list[Violat
                     out.append(Violation(i, "bad_tool_calls", f"tool call {cid!r} has no function name"))
                     continue
                 args = fn.get("arguments")
-                if isinstance(args, str) and args.strip():
-                    try:
-                        json.loads(args)
-                    except ValueError:
-                        out.append(Violation(i, "non_json_arguments", f"arguments of tool call {cid!r} are not JSON", "warning"))
-                elif args is not None and not isinstance(args, str | dict):
+                if isinstance(args, str):
+                    if not errors_only and args.strip():
+                        try:
+                            json.loads(args)
+                        except ValueError:
+                            out.append(Violation(i, "non_json_arguments", f"arguments of tool call {cid!r} are not JSON", "warning"))
+                elif args is not None and not isinstance(args, dict):
                     out.append(Violation(i, "bad_tool_calls", f"arguments of tool call {cid!r} are a {type(args).__name__}"))
     if open_calls:
         if allow_pending_calls and all(idx == last_assistant_with_calls for idx in open_calls.values()):
@@ -271,7 +275,7 @@ def check(messages: Any, *, context: str = "messages", allow_pending_calls: bool
 
     Warnings (non-JSON tool arguments) do not raise.
     """
-    violations = [v for v in validate(messages, allow_pending_calls=allow_pending_calls) if v.severity == "error"]
+    violations = validate(messages, allow_pending_calls=allow_pending_calls, errors_only=True)
     if violations:
         raise InvalidMessages(violations, context)
     return list(messages)

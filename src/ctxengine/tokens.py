@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import json
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from ctxengine.errors import TokenizerError
@@ -326,7 +326,9 @@ class AnchoredCounter:
     message); otherwise (after a compaction, or for another list) it estimates everything.
     """
 
-    def __init__(self, counter: TokenCounter | None = None) -> None:
+    def __init__(
+        self, counter: TokenCounter | None = None, *, per_message: Callable[[Any], int] | None = None
+    ) -> None:
         self.counter: TokenCounter = counter or EstimateCounter()
         self._tokens: int | None = None
         self._n = 0
@@ -337,6 +339,12 @@ class AnchoredCounter:
         self._sums: list[int] = [0]
         # counters that sum per-message counts say so (``per_message = True``)
         self._additive = bool(getattr(self.counter, "per_message", False))
+        # ``per_message(m)``: ``counter.count_messages([m])`` from a memo the owner keeps anyway
+        # (an engine's per-message token memo), so a new message is not counted twice a turn
+        self._one: Callable[[Mapping[str, Any]], int] = per_message if per_message is not None and self._additive else self._count_one
+
+    def _count_one(self, message: Mapping[str, Any]) -> int:
+        return self.counter.count_messages([message])
 
     @property
     def anchored_tokens(self) -> int | None:
@@ -369,15 +377,17 @@ class AnchoredCounter:
             return self.counter.count_messages(messages[start:])
         memo = self._memo
         n = len(memo)
-        if not (len(messages) >= n and (n == 0 or messages[n - 1] is memo[-1]) and list(messages[:n]) == memo):
+        # (a list's slice is a list already: copying it again would touch every message once more)
+        if not (len(messages) >= n and (n == 0 or messages[n - 1] is memo[-1]) and (messages[:n] if isinstance(messages, list) else list(messages[:n])) == memo):
             memo = self._memo = []
             self._sums = [0]
             n = 0
+        one = self._one
         if len(messages) - start < len(messages) - n:
             # fewer messages after ``start`` than new ones: count them directly
-            return self.counter.count_messages(messages[start:])
+            return sum(one(m) for m in messages[start:])
         sums = self._sums
         for m in messages[n:]:
             memo.append(m)
-            sums.append(sums[-1] + self.counter.count_messages([m]))
+            sums.append(sums[-1] + one(m))
         return sums[-1] - sums[start]

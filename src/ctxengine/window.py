@@ -189,6 +189,22 @@ class WindowCounter:
     def count_messages(self, messages: Sequence[Mapping[str, Any]]) -> int:
         return sum(message_tokens(m, self.count) for m in messages)
 
+    def count_message(self, message: Mapping[str, Any], estimated: Callable[[Mapping[str, Any]], int]) -> int:
+        """``count_messages([message])`` when ``estimated(message)`` is the message's estimate
+        (memoised by the caller): below :attr:`exact_chars` every text counts as its estimate,
+        so only a message holding a longer text is counted here (finding one costs a walk over
+        the message, not the estimate's pass over each character)."""
+        limit = self.exact_chars
+        long = False
+
+        def probe(text: str) -> int:
+            nonlocal long
+            long = long or len(text) >= limit
+            return 0
+
+        message_tokens(message, probe)
+        return message_tokens(message, self.count) if long else estimated(message)
+
     def exact_text(self, text: str) -> int:
         """The exact count of any text (memoised)."""
         return self._exact_count(text) if text else 0
@@ -329,7 +345,7 @@ class WindowCap:
         if n and not (
             len(messages) >= n
             and messages[n - 1] is tally.msgs[-1]
-            and ((n == len(messages) and messages is tally.msgs) or list(messages[:n]) == tally.msgs)
+            and ((n == len(messages) and messages is tally.msgs) or (messages[:n] if isinstance(messages, list) else list(messages[:n])) == tally.msgs)
         ):
             tally.reset()
             n = 0

@@ -47,7 +47,8 @@ class SummaryTrigger(CachedCuts, ContextEngine):
         self.backoff_turns = int(backoff_turns)
         self.max_consecutive = max(1, int(max_consecutive))
         self.enabled = bool(enabled)
-        self._anchor = AnchoredCounter(self.counter)
+        # the anchored count reads the scan's per-message memo: each new message is counted once
+        self._anchor = AnchoredCounter(self.counter, per_message=self._tokens)
         self._reset_trigger()
 
     def _reset_trigger(self) -> None:
