@@ -17,6 +17,7 @@ from ctxengine.messages import (
     check,
     content_text,
     copy_messages,
+    identical_prefix,
     is_summary,
     message_text,
     roles,
@@ -535,3 +536,15 @@ def test_json_problem_nesting_limit_is_unchanged(depth: int) -> None:
     assert json_problem(value) == _json_problem_at(value)
     assert (json_problem(value) is None) == (depth <= MAX_NESTING)
     assert json_problem({"role": "tool", "content": [{"x": float("nan")}]}) == "content[0].x is nan, which JSON cannot carry"
+
+
+@given(st.lists(st.integers(0, 5), max_size=12), st.lists(st.integers(0, 5), max_size=12), st.integers(0, 12))
+def test_identical_prefix_counts_the_leading_same_objects(a: list[int], b: list[int], shared: int) -> None:
+    objs = [{"i": i} for i in range(12)]
+    left = objs[:shared] + [{"i": i} for i in a]  # equal values, other objects after the shared part
+    right = objs[:shared] + [{"i": i} for i in b]
+    expected = 0
+    while expected < min(len(left), len(right)) and left[expected] is right[expected]:
+        expected += 1
+    assert identical_prefix(left, right) == identical_prefix(right, left) == expected == min(shared, len(left), len(right))
+    assert identical_prefix(left, left[: len(left) // 2]) == len(left) // 2

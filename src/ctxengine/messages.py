@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -25,6 +26,7 @@ __all__ = [
     "check",
     "content_text",
     "copy_messages",
+    "identical_prefix",
     "is_summary",
     "json_problem",
     "message_blocks",
@@ -279,6 +281,19 @@ def check(messages: Any, *, context: str = "messages", allow_pending_calls: bool
     if violations:
         raise InvalidMessages(violations, context)
     return list(messages)
+
+
+def identical_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """How many leading items of ``a`` and ``b`` are the same objects: a list that grew from
+    another one (a resent history, the working context turn after turn) is recognised in one
+    pass in C, checking its last shared item first; otherwise the first difference is looked for."""
+    n = min(len(a), len(b))
+    if n and a[n - 1] is b[n - 1] and all(map(operator.is_, a[:n], b[:n])):
+        return n
+    k = 0
+    while k < n and a[k] is b[k]:
+        k += 1
+    return k
 
 
 def copy_messages(messages: Iterable[Message]) -> list[Message]:

@@ -623,7 +623,7 @@ class Proxy:
             plan.engine_tools = frozenset(str((t.get("function") or t)["name"]) for t in tools)
         if new_body is not body:
             plan.body = new_body
-            known = [a for a in rewritten if a >= 0] if rewritten is not None and not tools else None
+            known = [a for a in rewritten if a >= 0] if rewritten is not None else None
             spliced = cache.splice(raw, body, new_body, known) if cache is not None else None
             plan.content = spliced if spliced is not None else orjson.dumps(new_body)
         return plan

@@ -13,7 +13,6 @@ that carry one, leaving every other message of the body as the client sent it.
 from __future__ import annotations
 
 import bisect
-import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +25,7 @@ from ctxengine.anthropic_adapter import (
 )
 from ctxengine.caching import apply_breakpoints
 from ctxengine.errors import InputError
-from ctxengine.messages import Message
+from ctxengine.messages import Message, identical_prefix
 from ctxengine.tokens import estimate_message_tokens
 
 __all__ = ["Converted", "IncomingHistory", "TokenTally"]
@@ -42,13 +41,8 @@ class TokenTally:
     sums: list[int] = field(default_factory=list)  # sums[k]: the tokens of messages[: k + 1]
 
     def count(self, messages: Sequence[Message]) -> int:
-        old, sums = self.messages, self.sums
-        n = min(len(old), len(messages))
-        if not (n and messages[n - 1] is old[n - 1] and all(map(operator.is_, messages[:n], old[:n]))):
-            n = 0
-            while n < len(old) and n < len(messages) and messages[n] is old[n]:
-                n += 1
-        sums = sums[:n]
+        n = identical_prefix(messages, self.messages)
+        sums = self.sums[:n]
         total = sums[-1] if sums else 0
         for m in messages[n:]:
             total += estimate_message_tokens(m)
@@ -149,15 +143,7 @@ class IncomingHistory:
         reverse) are last turn's; the rest is converted again, each message once (the memo)."""
         setting = (cache_ttl, native_anthropic)
         marks = frozenset(marked)
-        prev = self.out_context
-        n = min(len(prev), len(context))
-        if not (n and context[n - 1] is prev[n - 1] and all(map(operator.is_, context[:n], prev[:n]))):
-            k = 0
-            while k < n and context[k] is prev[k]:
-                k += 1
-            n = k
-        if setting != self.out_setting:
-            n = 0
+        n = identical_prefix(context, self.out_context) if setting == self.out_setting else 0
         n = min([n, *(i for i in marks ^ self.out_marks if i < n)])
         # the Anthropic messages that ended before the change (never the last: it may go on)
         keep = max(0, min(bisect.bisect_right(self.out_starts, n) - 1, len(self.out_starts) - 1)) if n else 0
@@ -211,7 +197,7 @@ class IncomingHistory:
             objs = tuple(context[start:end])
             where = tuple(i - start for i in idx)
             hit = self.marked.get(a)
-            if hit is not None and hit[1] == where and hit[2] == setting and len(hit[0]) == len(objs) and all(map(operator.is_, hit[0], objs)):
+            if hit is not None and hit[1] == where and hit[2] == setting and len(hit[0]) == len(objs) == identical_prefix(hit[0], objs):
                 value = hit[3]
             else:
                 group = apply_breakpoints(objs, where, cache_ttl=cache_ttl, native_anthropic=native_anthropic, share_unmarked=True)

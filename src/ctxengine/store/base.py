@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import operator
 import re
 import threading
 import time
@@ -37,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from ctxengine.errors import InputError, NotFoundError, StoreError
-from ctxengine.messages import Message, json_problem, message_text
+from ctxengine.messages import Message, identical_prefix, json_problem, message_text
 from ctxengine.redact import redact_messages, redact_obj
 from ctxengine.store.migrations import Backend, apply_migrations, current_version
 from ctxengine.store.safe_regex import compile_pattern
@@ -699,13 +698,7 @@ class SqlStore(SessionStore):
         if hit is None or not messages:
             return []
         objs, chain = hit
-        n = min(len(objs), len(messages))
-        if n and messages[n - 1] is objs[n - 1] and all(map(operator.is_, messages[:n], objs[:n])):
-            return chain[:n]
-        k = 0
-        while k < n and messages[k] is objs[k]:
-            k += 1
-        return chain[:k]
+        return chain[: identical_prefix(messages, objs)]
 
     def _remember_chain(self, session_id: str, messages: list[Message], chain: list[tuple[int, str]]) -> None:
         """Remember a committed history of ``session_id`` (see :meth:`_known_chain`)."""
