@@ -31,6 +31,7 @@ __all__ = [
     "json_problem",
     "message_blocks",
     "message_text",
+    "plain_json_kind",
     "tool_call_args",
     "tool_call_id",
     "tool_call_name",
@@ -82,18 +83,23 @@ def json_problem(value: Any) -> str | None:
     One rule for :func:`validate`, the store and every engine: such a message is rejected
     with its index (``not_json``), never silently changed or dropped.
     """
-    if _plain_json(value):
+    if plain_json_kind(value):
         return None
     return _json_problem_at(value)
 
 
 _INF = (float("inf"), float("-inf"))
 
+PLAIN_NO_FLOAT = 2
+""":func:`plain_json_kind` of plain JSON without a float."""
 
-def _plain_json(value: Any) -> bool:
-    """True when ``value`` is plain JSON built of the exact builtin types (the common case,
-    checked without building a path for every item); False when :func:`_json_problem_at`
-    must look (a problem, or a subclass or tuple whose verdict it gives)."""
+
+def plain_json_kind(value: Any) -> int:
+    """:data:`PLAIN_NO_FLOAT` (2) when ``value`` is plain JSON built of the exact builtin
+    types with no float, 1 when it has floats, 0 when :func:`_json_problem_at` must look (a
+    problem, or a subclass or tuple whose verdict it gives). The common case is checked
+    without building a path for every item."""
+    kind = PLAIN_NO_FLOAT
     stack: list[tuple[Any, int]] = [(value, 0)]
     pop, push = stack.pop, stack.append
     while stack:
@@ -101,17 +107,17 @@ def _plain_json(value: Any) -> bool:
         t = type(v)
         if t is dict:
             if depth >= MAX_NESTING:
-                return False
+                return 0
             for k, item in v.items():
                 if type(k) is not str:
-                    return False
+                    return 0
                 ti = type(item)
                 if ti is str or item is None or ti is int or ti is bool:
                     continue
                 push((item, depth + 1))
         elif t is list:
             if depth >= MAX_NESTING:
-                return False
+                return 0
             for item in v:
                 ti = type(item)
                 if ti is str or item is None or ti is int or ti is bool:
@@ -121,10 +127,11 @@ def _plain_json(value: Any) -> bool:
             continue
         elif t is float:
             if v != v or v in _INF:
-                return False
+                return 0
+            kind = 1
         else:
-            return False
-    return True
+            return 0
+    return kind
 
 
 def _json_problem_at(value: Any) -> str | None:

@@ -12,6 +12,7 @@ from ctxengine.errors import InputError, NotFoundError, StoreError
 from ctxengine.storage import SessionRecorder
 from ctxengine.store import EXPORT_FORMAT, SessionStore
 from ctxengine.store.base import blob_hash, canonical_json, message_id
+from ctxengine.store.migrations import latest_version
 
 
 def _conversation(n_turns: int = 3, tag: str = "") -> list[dict[str, Any]]:
@@ -303,4 +304,4 @@ def test_reopening_keeps_everything(store_factory: Any) -> None:
         s.history("s")
     again = store_factory()
     assert again.history("s") == _conversation(1)
-    assert again.schema_version() == 3
+    assert again.schema_version() == latest_version()

@@ -92,3 +92,33 @@ def test_canonical_json_is_sorted_compact_json_with_lone_surrogates_escaped(mess
     text = canonical_json(message)
     assert text == dumps(message, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     text.encode("utf-8")  # always encodable (a lone surrogate is written as its escape)
+
+
+_plain_values = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70) | st.text(max_size=8) | _texts,
+    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=4) | _texts, kids, max_size=3),
+    max_leaves=16,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(st.text(max_size=4) | _texts, _plain_values, max_size=5))
+def test_canonical_json_without_floats_is_byte_for_byte_the_reference_encoding(message: dict[str, object]) -> None:
+    # messages without floats take the fast encoder: every control character, quote, backslash,
+    # line separator, non-BMP character, 64-bit boundary and key order must come out exactly as
+    # the reference encoder writes them, or a message would change its content hash
+    assert canonical_json(message) == dumps(message, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "user", "content": "\x00\x1f\x7f\b\t\n\f\r\"\\/\u2028\u2029\U0001f600"},
+        {"role": "tool", "content": "", "n": 2**63 - 1, "m": -(2**63), "big": 2**64},
+        {"b": {"é": 1, "z": 2, "\U0001f600": 3, "\uffff": 4, "": 0}, "a": [True, False, None, [], {}]},
+        {"role": "user", "content": "lone \ud800"},
+        {"role": "user", "content": "x", "score": 1e-07, "other": 1e16, "t": (1, 2)},
+    ],
+)
+def test_canonical_json_edge_cases_match_the_reference_encoding(message: dict[str, object]) -> None:
+    assert canonical_json(message) == dumps(message, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)

@@ -176,10 +176,30 @@ def _nodes_postgres(cur: Cursor) -> None:
     cur.execute("CREATE INDEX nodes_fts ON nodes USING GIN (to_tsvector('simple', text))")
 
 
+# -- 4. append journal --------------------------------------------------------------------------
+# Why: recording a turn wrote seven statements over four tables and their indexes (the store's
+# share was two thirds of a turn's overhead). A turn that appends after the message the same
+# store object wrote last (an append, or a whole history that extends the one it wrote last)
+# is now one row here (its messages' ids, hashes, canonical JSON),
+# folded into the tables in commit order by the next transaction that needs them (see
+# SqlStore._fold_journal). PostgreSQL records appends in place (its writers run concurrently
+# and its commit is a round trip either way): nothing to create there.
+def _journal_sqlite(cur: Cursor) -> None:
+    cur.execute(
+        "CREATE TABLE append_journal (pk INTEGER PRIMARY KEY, session_pk INTEGER NOT NULL, kind TEXT NOT NULL, "
+        "after_id TEXT NOT NULL, meta TEXT NOT NULL, body TEXT NOT NULL, created_at REAL NOT NULL)"
+    )
+
+
+def _journal_postgres(cur: Cursor) -> None:
+    """Nothing: PostgreSQL records appends in place."""
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("core_tables", "immutable content-addressed messages, sessions, events, compactions", _core_sqlite, _core_postgres),
     Migration("full_text_search", "fast word search over every message", _fts_sqlite, _fts_postgres),
     Migration("summary_nodes", "lcm summary nodes with links down to the originals", _nodes_sqlite, _nodes_postgres),
+    Migration("append_journal", "a turn's append is one row, folded into the tables when they are next needed", _journal_sqlite, _journal_postgres),
 )
 """Every migration, in order. Append only."""
 

@@ -9,6 +9,9 @@
 * ``synchronous=NORMAL``: in WAL mode a process crash (even SIGKILL) never loses a committed
   transaction; only a power cut may lose the last few. ``durable=True`` selects ``FULL`` for
   machines where that matters.
+* A turn's append after the message the same store object wrote last is one row of an append
+  journal (one small commit), folded into the tables, in commit order, by the next transaction
+  of any process before it reads or writes them (see ``SqlStore._fold_journal``).
 * Each thread gets its own connection (SQLite connections must not be shared across threads
   while in use); a forked child opens fresh ones. ``":memory:"`` gives a private in-memory
   store with one connection guarded by a lock (tests, the ``lcm`` engine without a store).
@@ -16,6 +19,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sqlite3
@@ -30,6 +34,11 @@ from ctxengine.store.base import SearchHit, SearchMode, SqlStore
 from ctxengine.store.migrations import Backend, current_version
 
 __all__ = ["SqliteStore", "default_path"]
+
+log = logging.getLogger(__name__)
+
+JOURNAL_VERSION = 4
+"""The schema version that has the append journal."""
 
 _FTS_TOKEN = re.compile(r"\w+")
 
@@ -83,12 +92,24 @@ class SqliteStore(SqlStore):
 
     backend: ClassVar[Backend] = "sqlite"
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, timeout: float = 30.0, durable: bool = False, migrate: bool = True, target_version: int | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        timeout: float = 30.0,
+        durable: bool = False,
+        migrate: bool = True,
+        target_version: int | None = None,
+        journal: bool = True,
+    ) -> None:
         """Open (creating if needed) the store at ``path`` (default: :func:`default_path`).
 
         ``timeout``: seconds a writer waits for the lock before failing (30 s: longer than any
         single write, short enough to surface a stuck process). ``target_version`` stops the
-        migrations at that schema version (tests of the migrations).
+        migrations at that schema version (tests of the migrations). ``journal``: a turn that
+        appends after the message this object wrote last for the session is one row of the
+        append journal, folded into the tables before anything reads them (``False``: every
+        append writes the tables at once; both give the same store).
         """
         super().__init__()
         self.memory = str(path) == ":memory:"
@@ -107,7 +128,13 @@ class SqliteStore(SqlStore):
         if migrate:
             with self._write() as cur:
                 self._migrate(cur, target_version)
+                self._journal = journal and current_version(cur, "sqlite", ensure_table=False) >= JOURNAL_VERSION
+                if self._journal:
+                    self._fold_journal(cur)  # appends a killed process left
                 self._index_missing(cur)
+        elif journal:
+            with self._read() as cur:
+                self._journal = current_version(cur, "sqlite", ensure_table=False) >= JOURNAL_VERSION
 
     # -- connections ---------------------------------------------------------------------------
     def _open(self) -> sqlite3.Connection:
@@ -147,6 +174,9 @@ class SqliteStore(SqlStore):
 
     def _tx(self, begin: str) -> _Transaction:
         return _Transaction(self, begin)
+
+    def _journal_tx(self) -> AbstractContextManager[sqlite3.Cursor]:
+        return _Transaction(self, "BEGIN IMMEDIATE", fold=False)
 
     def _write(self) -> AbstractContextManager[sqlite3.Cursor]:
         return _Transaction(self, "BEGIN IMMEDIATE")
@@ -255,6 +285,10 @@ class SqliteStore(SqlStore):
         return rows
 
     def close(self) -> None:
+        if self._journaled and not self._closed:
+            # fold what this object journaled (a store opened later, or any read, would too)
+            with suppress(StoreError), self._write():
+                pass
         with self._lock:
             self._closed = True
             conns, self._all_conns = self._all_conns, []
@@ -271,13 +305,18 @@ class SqliteStore(SqlStore):
 class _Transaction:
     """One transaction on the calling thread's connection: ``begin`` on entry, ``COMMIT`` on a
     clean exit, ``ROLLBACK`` on any exception; database errors become :class:`StoreError`.
-    (A class rather than a generator: it runs twice per recorded turn.)"""
+    (A class rather than a generator: it runs on every recorded turn.)
 
-    __slots__ = ("begin", "conn", "cur", "locked", "store")
+    With the append journal on, a transaction first folds the journal (``fold``, the default):
+    a write folds it inside itself; a read that finds it not empty folds it in a write of its
+    own first (when it cannot, read-only or locked, it reads what is folded)."""
 
-    def __init__(self, store: SqliteStore, begin: str) -> None:
+    __slots__ = ("begin", "conn", "cur", "fold", "locked", "store")
+
+    def __init__(self, store: SqliteStore, begin: str, *, fold: bool = True) -> None:
         self.store = store
         self.begin = begin
+        self.fold = fold
         self.locked = False
 
     def __enter__(self) -> sqlite3.Cursor:
@@ -290,13 +329,34 @@ class _Transaction:
             self.cur = cur = conn.cursor()
             try:
                 cur.execute(self.begin)
+                if self.fold and store._journal:
+                    self._fold(cur)
             except sqlite3.Error as exc:
+                _rollback(conn)
                 cur.close()
                 raise StoreError(f"session store {store.path}: {exc}") from exc
+            except BaseException:
+                _rollback(conn)
+                cur.close()
+                raise
         except BaseException:
             self._unlock()
             raise
         return cur
+
+    def _fold(self, cur: sqlite3.Cursor) -> None:
+        if self.begin != "BEGIN":
+            self.store._fold_journal(cur)
+            return
+        if cur.execute("SELECT 1 FROM append_journal LIMIT 1").fetchone() is None:
+            return
+        cur.execute("COMMIT")
+        try:
+            with _Transaction(self.store, "BEGIN IMMEDIATE"):
+                pass  # folds on entry
+        except StoreError as exc:
+            log.debug("session store %s: reading without folding the append journal: %s", self.store.path, exc)
+        cur.execute("BEGIN")
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         conn = self.conn
