@@ -852,7 +852,7 @@ class SqlStore(SessionStore):
             # the history this object wrote last, and more (the turn after a compaction): the journal
             k = len(hit[0])
             new = self._prepare_chain(msgs[k:], hit[1][-1][1])
-            return [*(mid for _, mid in hit[1]), *self._journal_append(session_id, known_pk, hit, msgs[k:], new, kind="messages")]
+            return [mid for _, mid in hit[1]] + self._journal_append(session_id, known_pk, hit, msgs[k:], new, kind="messages")
         with self._write() as cur:
             spk = known_pk if known_pk is not None else self._ensure_session(cur, session_id, meta)
             chain = self._chain_from_root(cur, session_id, msgs)
