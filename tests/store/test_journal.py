@@ -285,3 +285,38 @@ def test_the_journal_changes_nothing_a_reader_can_see(ops: list[tuple[Any, ...]]
         assert journaled.integrity_check() == plain.integrity_check() == ["ok"]
         journaled.close()
         plain.close()
+
+
+def test_threads_appending_to_one_session_through_one_store_object_keep_every_branch(tmp_path: Path) -> None:
+    import threading
+
+    store = SqliteStore(tmp_path / "s.db")
+    root = store.record_messages("s", [{"role": "user", "content": "go"}])[-1]
+    results: dict[int, list[str]] = {}
+    errors: list[BaseException] = []
+
+    def work(t: int) -> None:
+        try:
+            last = root
+            chain = []
+            for i in range(30):
+                new = store.append_messages("s", [{"role": "assistant", "content": f"t{t} m{i}"}], after=last)
+                chain += new
+                last = new[-1]
+            results[t] = chain
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors
+    # each thread's chain is a branch of its own, whole and in order
+    for t, chain in results.items():
+        history = store.history("s", f"message:{chain[-1]}")
+        assert [m["content"] for m in history] == ["go", *(f"t{t} m{i}" for i in range(30))]
+        assert store.history_ids("s", f"message:{chain[-1]}") == [root, *chain]
+    assert store.integrity_check() == ["ok"]
+    store.close()

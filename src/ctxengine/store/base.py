@@ -759,6 +759,20 @@ class SqlStore(SessionStore):
             while len(self._chains) > _CHAINS_MAX:
                 del self._chains[next(iter(self._chains))]
 
+    def _extend_chain(self, session_id: str, hit: tuple[list[Message], _Chain], n: int, msgs: Sequence[Message], links: _Chain) -> None:
+        """Remember the first ``n`` messages of ``hit`` (the session's chain this object wrote
+        last) followed by ``msgs``: in place while ``hit`` is still the session's memory of n
+        messages (a turn then copies nothing of its history), else as new lists."""
+        if self.redact_content:
+            return
+        with self._chains_lock:
+            if self._chains.get(session_id) is hit and len(hit[1]) == n:
+                hit[0].extend(msgs)
+                hit[1].extend(links)
+                self._chains[session_id] = self._chains.pop(session_id)  # the most recent last
+                return
+        self._remember_chain(session_id, [*hit[0][:n], *msgs], [*hit[1][:n], *links])
+
     def _chain_from_root(self, cur: Any, session_id: str, messages: list[Message]) -> list[tuple[int, str]]:
         """:meth:`_store_chain` of a whole history, skipping the prefix already known."""
         known = self._known_chain(cur, session_id, messages)
@@ -786,12 +800,12 @@ class SqlStore(SessionStore):
         return self._write()
 
     def _journal_append(
-        self, session_id: str, session_pk: int, hit: tuple[list[Message], _Chain], msgs: list[Message], prepared: list[_Prepared], kind: str = "append"
+        self, session_id: str, session_pk: int, hit: tuple[list[Message], _Chain], n: int, msgs: list[Message], prepared: list[_Prepared], kind: str = "append"
     ) -> list[str]:
-        """Journal ``msgs`` (``prepared`` after the last message of ``hit``, the session's chain
+        """Journal ``msgs`` (``prepared`` after the n-th message of ``hit``, the session's chain
         this object wrote last); ``kind``: the event the fold records, as the direct write would."""
-        after = hit[1][-1][1]
-        meta = json.dumps([[p.id, p.blob, p.role, p.tokens] for p in prepared])
+        after = hit[1][n - 1][1]
+        meta = orjson.dumps([[p.id, p.blob, p.role, p.tokens] for p in prepared]).decode()
         body = "\n".join(p.canonical for p in prepared)  # canonical JSON has no raw line break
         with self._journal_tx() as cur:
             self._x(
@@ -802,7 +816,7 @@ class SqlStore(SessionStore):
             self._journaled = True
             if (cur.lastrowid or 0) >= _FOLD_EVERY:
                 self._fold_journal(cur)
-        self._remember_chain(session_id, [*hit[0], *msgs], [*hit[1], *((None, p.id) for p in prepared)])
+        self._extend_chain(session_id, hit, n, msgs, [(None, p.id) for p in prepared])
         return [p.id for p in prepared]
 
     def _fold_journal(self, cur: Any) -> int:
@@ -848,11 +862,11 @@ class SqlStore(SessionStore):
         msgs = list(messages)
         known_pk = self._session_pks.get(session_id) if meta is None else None
         hit = self._chains.get(session_id)
-        if self._journal and known_pk is not None and hit is not None and hit[1] and len(msgs) > len(hit[1]) and identical_prefix(msgs, hit[0]) == len(hit[0]):
+        k = len(hit[1]) if hit is not None else 0
+        if self._journal and known_pk is not None and hit is not None and k and len(msgs) > k and identical_prefix(msgs, hit[0][:k]) == k:
             # the history this object wrote last, and more (the turn after a compaction): the journal
-            k = len(hit[0])
-            new = self._prepare_chain(msgs[k:], hit[1][-1][1])
-            return [mid for _, mid in hit[1]] + self._journal_append(session_id, known_pk, hit, msgs[k:], new, kind="messages")
+            new = self._prepare_chain(msgs[k:], hit[1][k - 1][1])
+            return [mid for _, mid in hit[1][:k]] + self._journal_append(session_id, known_pk, hit, k, msgs[k:], new, kind="messages")
         with self._write() as cur:
             spk = known_pk if known_pk is not None else self._ensure_session(cur, session_id, meta)
             chain = self._chain_from_root(cur, session_id, msgs)
@@ -880,9 +894,10 @@ class SqlStore(SessionStore):
         # once; other writers wait only for the rows to be written)
         early = self._prepare_chain(msgs, after) if after is not None else None
         hit = self._chains.get(session_id)
-        if self._journal and early and known_pk is not None and hit is not None and hit[1] and hit[1][-1][1] == after:
+        n = len(hit[1]) if hit is not None else 0
+        if self._journal and early and known_pk is not None and hit is not None and n and hit[1][n - 1][1] == after:
             # after the message this store object wrote last for the session: the journal
-            return self._journal_append(session_id, known_pk, hit, msgs, early)
+            return self._journal_append(session_id, known_pk, hit, n, msgs, early)
         with self._write() as cur:
             spk = known_pk if known_pk is not None else self._ensure_session(cur, session_id)
             self._lock_session(cur, spk)
@@ -909,7 +924,7 @@ class SqlStore(SessionStore):
         self._session_pks[session_id] = spk
         hit = self._chains.get(session_id)
         if hit is not None and hit[1] and parent is not None and hit[1][-1][1] == parent:
-            self._remember_chain(session_id, [*hit[0], *msgs], [*hit[1], *chain])
+            self._extend_chain(session_id, hit, len(hit[1]), msgs, list(chain))
         return [mid for _, mid in chain]
 
     def record_compaction(self, session_id: str, report: Mapping[str, Any], before: Sequence[Message], after: Sequence[Message]) -> str:
