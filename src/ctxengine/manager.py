@@ -569,19 +569,27 @@ class ContextManager:
             out.append(_as_openai_tool(schema))
         return out
 
-    def _pending_calls(self, messages: list[Message], names: set[str]) -> list[tuple[str, str, Any]]:
+    def _pending_calls(self, messages: list[Message], names: set[str] | Callable[[], set[str]]) -> list[tuple[str, str, Any]]:
         """``(call id, name, args)`` of the last assistant message's calls to ``names`` that
-        have no result yet."""
+        have no result yet (``names`` may be a function: asked only when a call is unanswered,
+        which most turns, ending on the results of the agent's own calls, are not)."""
         if not names:
             return []
         last = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") != "tool"), -1)
         if last < 0 or messages[last].get("role") != "assistant":
             return []
+        calls = tool_calls(messages[last])
+        if not calls:
+            return []
         answered = {m.get("tool_call_id") for m in messages[last + 1 :]}
+        open_calls = [(tool_call_id(call), tool_call_name(call), call) for call in calls]
+        open_calls = [c for c in open_calls if c[0] not in answered]
+        if not open_calls:
+            return []
+        wanted = names() if callable(names) else names
         out = []
-        for call in tool_calls(messages[last]):
-            cid, name = tool_call_id(call), tool_call_name(call)
-            if name in names and cid not in answered:
+        for cid, name, call in open_calls:
+            if name in wanted:
                 args = tool_call_args(call)
                 out.append((cid, name, args if isinstance(args, dict) else {"input": args}))
         return out
@@ -590,9 +598,9 @@ class ContextManager:
         """Answer the model's recall calls. Runs without the session lock: a search may take
         long, and other calls for this session must not wait on it."""
         recall = s.recall
-        if recall is None or not self._recall_offered(s):
+        if recall is None:
             return messages
-        pending = self._pending_calls(messages, recall.names())
+        pending = self._pending_calls(messages, lambda: recall.names() if self._recall_offered(s) else set())
         if not pending:
             return messages
         out = list(messages)
@@ -601,8 +609,7 @@ class ContextManager:
         return out
 
     def _dispatch_engine_tools(self, s: _Session, messages: list[Message]) -> list[Message]:
-        names = {_tool_name(t) for t in s.engine.get_tool_schemas()}
-        pending = self._pending_calls(messages, names)
+        pending = self._pending_calls(messages, lambda: {_tool_name(t) for t in s.engine.get_tool_schemas()})
         if not pending:
             return messages
         out = list(messages)
@@ -772,9 +779,11 @@ class ContextManager:
         the decisions :meth:`prepare` makes next, asked before anything changes (under the
         session's lock)."""
         msgs = turn.messages
-        names = {_tool_name(t) for t in s.engine.get_tool_schemas()}
-        if s.recall is not None and self._recall_offered(s):
-            names |= s.recall.names()
+
+        def names() -> set[str]:
+            own = {_tool_name(t) for t in s.engine.get_tool_schemas()}
+            return own | s.recall.names() if s.recall is not None and self._recall_offered(s) else own
+
         if self._pending_calls(msgs, names):
             raise CompactionDue("tool calls to answer")
         if self.store is not None and not (defer_record and self._appender is not None and s.history.appends(turn)):
