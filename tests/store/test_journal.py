@@ -227,14 +227,14 @@ def _observe(store: SqliteStore, sid: str) -> Any:
     )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=st.lists(_OP, min_size=1, max_size=25))
-def test_the_journal_changes_nothing_a_reader_can_see(ops: list[tuple[Any, ...]]) -> None:
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(st.tuples(st.integers(0, 1), _OP), min_size=1, max_size=25))
+def test_the_journal_changes_nothing_a_reader_can_see(ops: list[tuple[int, tuple[Any, ...]]]) -> None:
+    # two store objects on each file (two processes, say), each op by one of them
     with tempfile.TemporaryDirectory() as tmp:
-        journaled = SqliteStore(Path(tmp) / "j.db")
-        plain = SqliteStore(Path(tmp) / "p.db", journal=False)
-        stores = (journaled, plain)
-        wrote: dict[str, tuple[list[dict[str, Any]], list[str]]] = {}  # objects and ids each session last wrote
+        pairs = [(SqliteStore(Path(tmp) / "j.db"), SqliteStore(Path(tmp) / "p.db", journal=False)) for _ in range(2)]
+        journaled, plain = pairs[0]
+        wrote: dict[tuple[int, str], tuple[list[dict[str, Any]], list[str]]] = {}  # what each object last wrote, by session
         counter = [0]
 
         def fresh(texts: list[str]) -> list[dict[str, Any]]:
@@ -246,7 +246,7 @@ def test_the_journal_changes_nothing_a_reader_can_see(ops: list[tuple[Any, ...]]
 
         def same(method: str, *args: Any, **kwargs: Any) -> Any:
             results = []
-            for s in stores:
+            for s in pairs[who]:
                 try:
                     results.append(("ok", getattr(s, method)(*args, **kwargs)))
                 except Exception as exc:
@@ -254,37 +254,39 @@ def test_the_journal_changes_nothing_a_reader_can_see(ops: list[tuple[Any, ...]]
             assert results[0] == results[1]
             return results[0]
 
-        for op in ops:
+        for who, op in ops:
             kind, sid = op[0], op[1]
-            have = wrote.get(sid)
+            key = (who, sid)
+            have = wrote.get(key)
             if kind == "append" and have:
                 msgs = fresh(op[2])
                 r = same("append_messages", sid, msgs, after=have[1][-1])
-                wrote[sid] = ([*have[0], *msgs], [*have[1], *r[1]])
+                wrote[key] = ([*have[0], *msgs], [*have[1], *r[1]])
             elif kind == "append_at" and have:
                 msgs = fresh(op[3])
                 at = min(op[2], len(have[1]) - 1)
                 r = same("append_messages", sid, msgs, after=have[1][at])
-                wrote[sid] = ([*have[0][: at + 1], *msgs], [*have[1][: at + 1], *r[1]])
+                wrote[key] = ([*have[0][: at + 1], *msgs], [*have[1][: at + 1], *r[1]])
             elif kind == "extend" and have:
                 objs = [*have[0], *fresh(op[2])]
-                wrote[sid] = (objs, same("record_messages", sid, objs)[1])
+                wrote[key] = (objs, same("record_messages", sid, objs)[1])
             elif kind in ("record_new", "extend", "append", "append_at"):
                 objs = fresh(op[-1])
-                wrote[sid] = (objs, same("record_messages", sid, objs)[1])
+                wrote[key] = (objs, same("record_messages", sid, objs)[1])
             elif kind == "compact" and have:
                 after = [have[0][0], *fresh(["[summary]"]), *have[0][-1:]]
                 same("record_compaction", sid, {"engine": "t", "tokens_before": 10, "tokens_after": 5}, have[0], after)
-                wrote[sid] = (after, same("history_ids", sid)[1])
+                wrote[key] = (after, same("history_ids", sid)[1])
             elif kind == "restore" and have:
                 same("restore", sid, f"event:{op[2]}")
             elif kind == "read":
-                assert _observe(journaled, sid) == _observe(plain, sid)
+                assert _observe(pairs[who][0], sid) == _observe(pairs[who][1], sid)
         for sid in "ab":
             assert _observe(journaled, sid) == _observe(plain, sid)
         assert journaled.integrity_check() == plain.integrity_check() == ["ok"]
-        journaled.close()
-        plain.close()
+        for pair in pairs:
+            for store in pair:
+                store.close()
 
 
 def test_threads_appending_to_one_session_through_one_store_object_keep_every_branch(tmp_path: Path) -> None:
