@@ -728,15 +728,15 @@ class ContextManager:
             turn = self._input(s, messages, quiet=not may_compact)
         msgs = self._dispatch_recall(s, turn.messages) if may_compact else turn.messages
         with s.lock if may_compact else _held_now(s.lock):
-            if not may_compact:
-                self._check_quiet(s, turn, defer_record)
+            counted = None if may_compact else self._check_quiet(s, turn, defer_record)
             if tools is not None:
                 self.tools(tools, session_id=s.id)
             msgs = self._dispatch_engine_tools(s, msgs)
             history = msgs
             ids = self._record(s, turn, history, defer=defer_record)
             enabled = self.config.compression.enabled
-            tokens = s.counter.count(msgs)
+            # the quiet check counted this very list (no tool answer was added since)
+            tokens = counted if counted is not None and msgs is turn.messages else s.counter.count(msgs)
             compacted = False
             resting = s.streak >= MAX_CONSECUTIVE_COMPACTIONS
             if resting:
@@ -774,10 +774,10 @@ class ContextManager:
         """Whether session hygiene compacts ``msgs`` (``tokens``) when compaction may run."""
         return tokens >= self.hygiene_threshold and s.hygiene_armed and len(msgs) >= HYGIENE_MIN_MESSAGES
 
-    def _check_quiet(self, s: _Session, turn: TurnInput, defer_record: bool) -> None:
+    def _check_quiet(self, s: _Session, turn: TurnInput, defer_record: bool) -> int:
         """:class:`CompactionDue` unless this turn (``prepare(may_compact=False)``) only appends:
         the decisions :meth:`prepare` makes next, asked before anything changes (under the
-        session's lock)."""
+        session's lock). Returns the tokens of the turn's messages (the count the turn uses)."""
         msgs = turn.messages
 
         def names() -> set[str]:
@@ -800,6 +800,7 @@ class ContextManager:
                 raise CompactionDue("the engine compacts")
         if self.cap_window and self.window.over(msgs, tally=s.tally):
             raise CompactionDue("the window cap cuts")
+        return tokens
 
     def _should_compact(self, s: _Session, tokens: int, msgs: list[Message]) -> bool:
         try:
