@@ -795,9 +795,14 @@ class SqlStore(SessionStore):
     # store is closed or opened. Every read therefore sees every committed append; what
     # changes is when the rows are written: an append costs one small row instead of seven
     # statements over four tables and their indexes.
-    def _journal_tx(self) -> AbstractContextManager[Any]:
-        """A write transaction that does not fold the journal first (the backend's hook)."""
-        return self._write()
+    _JOURNAL_INSERT = "INSERT INTO append_journal (session_pk, kind, after_id, meta, body, created_at) VALUES (?, ?, ?, ?, ?, ?)"
+
+    def _journal_insert(self, row: Sequence[Any]) -> int:
+        """Insert one journal row in a transaction of its own, without folding the journal
+        first; return its key (the backend's hook)."""
+        with self._write() as cur:
+            self._x(cur, self._JOURNAL_INSERT, row)
+            return int(cur.lastrowid or 0)
 
     def _journal_append(
         self, session_id: str, session_pk: int, hit: tuple[list[Message], _Chain], n: int, msgs: list[Message], prepared: list[_Prepared], kind: str = "append"
@@ -807,15 +812,11 @@ class SqlStore(SessionStore):
         after = hit[1][n - 1][1]
         meta = orjson.dumps([[p.id, p.blob, p.role, p.tokens] for p in prepared]).decode()
         body = "\n".join(p.canonical for p in prepared)  # canonical JSON has no raw line break
-        with self._journal_tx() as cur:
-            self._x(
-                cur,
-                "INSERT INTO append_journal (session_pk, kind, after_id, meta, body, created_at) VALUES (?, ?, ?, ?, ?, ?)",
-                (session_pk, kind, after, meta, body, time.time()),
-            )
-            self._journaled = True
-            if (cur.lastrowid or 0) >= _FOLD_EVERY:
-                self._fold_journal(cur)
+        key = self._journal_insert((session_pk, kind, after, meta, body, time.time()))
+        self._journaled = True
+        if key >= _FOLD_EVERY:
+            with self._write():
+                pass  # a write folds the journal first
         self._extend_chain(session_id, hit, n, msgs, [(None, p.id) for p in prepared])
         return [p.id for p in prepared]
 

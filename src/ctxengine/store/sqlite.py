@@ -175,8 +175,18 @@ class SqliteStore(SqlStore):
     def _tx(self, begin: str) -> _Transaction:
         return _Transaction(self, begin)
 
-    def _journal_tx(self) -> AbstractContextManager[sqlite3.Cursor]:
-        return _Transaction(self, "BEGIN IMMEDIATE", fold=False)
+    def _journal_insert(self, row: Sequence[Any]) -> int:
+        # one statement: SQLite runs it as its own transaction (no BEGIN and COMMIT to send)
+        if self.memory:
+            with self._lock:
+                return self._insert_now(row)
+        return self._insert_now(row)
+
+    def _insert_now(self, row: Sequence[Any]) -> int:
+        try:
+            return int(self._conn().execute(self._JOURNAL_INSERT, tuple(row)).lastrowid or 0)
+        except sqlite3.Error as exc:
+            raise StoreError(f"session store {self.path}: {exc}") from exc
 
     def _write(self) -> AbstractContextManager[sqlite3.Cursor]:
         return _Transaction(self, "BEGIN IMMEDIATE")
@@ -307,16 +317,15 @@ class _Transaction:
     clean exit, ``ROLLBACK`` on any exception; database errors become :class:`StoreError`.
     (A class rather than a generator: it runs on every recorded turn.)
 
-    With the append journal on, a transaction first folds the journal (``fold``, the default):
-    a write folds it inside itself; a read that finds it not empty folds it in a write of its
-    own first (when it cannot, read-only or locked, it reads what is folded)."""
+    With the append journal on, a transaction first folds the journal: a write folds it
+    inside itself; a read that finds it not empty folds it in a write of its own first (when
+    it cannot, read-only or locked, it reads what is folded)."""
 
-    __slots__ = ("begin", "conn", "cur", "fold", "locked", "store")
+    __slots__ = ("begin", "conn", "cur", "locked", "store")
 
-    def __init__(self, store: SqliteStore, begin: str, *, fold: bool = True) -> None:
+    def __init__(self, store: SqliteStore, begin: str) -> None:
         self.store = store
         self.begin = begin
-        self.fold = fold
         self.locked = False
 
     def __enter__(self) -> sqlite3.Cursor:
@@ -329,7 +338,7 @@ class _Transaction:
             self.cur = cur = conn.cursor()
             try:
                 cur.execute(self.begin)
-                if self.fold and store._journal:
+                if store._journal:
                     self._fold(cur)
             except sqlite3.Error as exc:
                 _rollback(conn)
