@@ -322,3 +322,20 @@ def test_threads_appending_to_one_session_through_one_store_object_keep_every_br
         assert store.history_ids("s", f"message:{chain[-1]}") == [root, *chain]
     assert store.integrity_check() == ["ok"]
     store.close()
+
+
+def test_an_append_that_cannot_fold_the_full_journal_is_still_recorded(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "s.db"
+    store = SqliteStore(path)
+    last = store.record_messages("s", [{"role": "user", "content": "go"}])[-1]
+    with sqlite3.connect(path) as conn:  # a row the fold cannot apply, first in line
+        conn.execute("INSERT INTO append_journal (pk, session_pk, kind, after_id, meta, body, created_at) VALUES (1, 1, 'append', 'nowhere', '[]', '', 0)")
+    ids = [last]
+    for i in range(_FOLD_EVERY):
+        ids += store.append_messages("s", _turn(i), after=ids[-1])
+    assert "folding the append journal failed" in caplog.text
+    assert _journal_rows(path) == _FOLD_EVERY + 1  # nothing dropped
+    with sqlite3.connect(path) as conn:
+        conn.execute("DELETE FROM append_journal WHERE pk = 1")
+    assert store.history_ids("s") == ids
+    store.close()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import threading
 import time
@@ -65,6 +66,8 @@ __all__ = [
     "canonical_json",
     "message_id",
 ]
+
+log = logging.getLogger(__name__)
 
 EXPORT_FORMAT = "ctxengine.session/1"
 """The ``format`` field of :meth:`SessionStore.export_session` documents."""
@@ -815,8 +818,11 @@ class SqlStore(SessionStore):
         key = self._journal_insert((session_pk, kind, after, meta, body, time.time()))
         self._journaled = True
         if key >= _FOLD_EVERY:
-            with self._write():
-                pass  # a write folds the journal first
+            try:
+                with self._write():
+                    pass  # a write folds the journal first
+            except StoreError as exc:  # the append is committed; the next transaction folds
+                log.warning("session store: folding the append journal failed: %s", exc)
         self._extend_chain(session_id, hit, n, msgs, [(None, p.id) for p in prepared])
         return [p.id for p in prepared]
 
