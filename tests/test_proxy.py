@@ -218,6 +218,32 @@ def test_anthropic_beta_flags_stay_for_the_session(proxy: ProxyServer, stub: Stu
     ]
 
 
+def test_anthropic_beta_flags_start_with_the_first_request_that_sends_one(proxy: ProxyServer, stub: StubServer) -> None:
+    c = ant(proxy, default_headers={SESSION_HEADER: "late-betas"})
+    msgs = [{"role": "user", "content": "x"}]
+    c.messages.create(model="claude-opus-4-5", max_tokens=4, messages=msgs)  # type: ignore[arg-type]
+    c.messages.create(model="claude-opus-4-5", max_tokens=4, messages=msgs, extra_headers={"anthropic-beta": "context-1m-2025-08-07"})  # type: ignore[arg-type]
+    c.messages.create(model="claude-opus-4-5", max_tokens=4, messages=msgs)  # type: ignore[arg-type]
+    assert [r.headers.get("anthropic-beta") for r in stub.requests] == [None, "context-1m-2025-08-07", "context-1m-2025-08-07"]
+
+
+@pytest.mark.parametrize("passthrough", [False, True])
+def test_request_headers_go_upstream_as_named_without_hop_by_hop_or_the_proxys_own(passthrough: bool) -> None:
+    from starlette.requests import Request
+
+    from ctxengine.proxy.app import Proxy
+
+    raw = [
+        (b"Host", b"127.0.0.1:1"), (b"Connection", b"keep-alive"), (b"content-length", b"2"), (b"Accept-Encoding", b"gzip"),
+        (b"X-Api-Key", b"sk-\xe9"), (b"anthropic-version", b"2023-06-01"), (b"x-ctxengine-session", b"s"), (b"X-Ctxengine-Token", b"t"),
+        (b"TE", b"trailers"), (b"content-type", b"application/json"),
+    ]
+    out = Proxy._request_headers(Request({"type": "http", "headers": raw}), passthrough=passthrough)
+    expected = {"X-Api-Key": "sk-\xe9", "anthropic-version": "2023-06-01", "content-type": "application/json"}
+    expected |= {"Accept-Encoding": "gzip"} if passthrough else {"accept-encoding": "identity"}
+    assert out == expected
+
+
 def test_parallel_sessions_never_cross(proxy: ProxyServer, stub: StubServer) -> None:
     stub.responder = lambda req: StubReply.ok("echo:" + req.body["messages"][-1]["content"])
     errors: list[str] = []

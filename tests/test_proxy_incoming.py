@@ -115,6 +115,49 @@ def test_owner_and_starts_match_a_fresh_conversion_turn_after_turn() -> None:
         assert conv.owner[: conv.system_index + 1] == ([-1] if system is not None else [])
 
 
+_PLAIN_SHAPES = st.one_of(
+    st.text(max_size=12),  # a plain message (the empty string is not one)
+    st.just([{"type": "text", "text": "a part"}]),
+    st.just([{"type": "text", "text": "a part"}, {"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}]),
+    st.just([{"type": "tool_result", "tool_use_id": "t9", "content": "r"}]),
+    st.just([{"type": "tool_result", "tool_use_id": "t9", "content": "r"}, {"type": "text", "text": "and this"}]),
+)
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from(["user", "assistant"]), _PLAIN_SHAPES, st.booleans()), min_size=1, max_size=6),
+    st.sets(st.integers(0, 12), max_size=3),
+    st.sampled_from(["5m", "1h"]),
+    st.booleans(),
+)
+def test_marked_messages_are_what_a_full_conversion_gives_whatever_their_shape(
+    shapes: list[tuple[str, Any, bool]], picks: set[int], ttl: str, native: bool
+) -> None:
+    # a plain message (a string) is marked in place of its conversion: the bytes must not change
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "start"}]
+    for role, content, extra in shapes:
+        if isinstance(content, list) and content[0]["type"] == "tool_result":
+            if msgs[-1]["role"] != "assistant":
+                msgs.append({"role": "assistant", "content": [{"type": "tool_use", "id": "t9", "name": "read", "input": {}}]})
+            role = "user"
+        elif role == msgs[-1]["role"]:
+            msgs.append({"role": "assistant" if role == "user" else "user", "content": "between"})
+        msg: dict[str, Any] = {"role": role, "content": copy.deepcopy(content)}
+        if extra:
+            msg["x-client-key"] = 1  # a key the adapter carries: not a plain message
+        msgs.append(msg)
+    inc = IncomingHistory()
+    conv = inc.from_anthropic(SYSTEM, msgs)
+    indices = sorted({i % len(conv.messages) for i in picks} | {len(conv.messages) - 1})
+    body = {"model": "claude", "system": SYSTEM, "messages": msgs}
+    original = copy.deepcopy(body)
+    out, _ = inc.with_markers(body, conv, conv.messages, indices, cache_ttl=ttl, native_anthropic=native)
+    system, full = openai_to_anthropic(apply_breakpoints(conv.messages, indices, cache_ttl=ttl, native_anthropic=native))
+    assert json.dumps(out["messages"]) == json.dumps(full)
+    assert json.dumps(out["system"]) == json.dumps(system)
+    assert body == original
+
+
 @given(st.lists(st.tuples(st.sampled_from(["append", "edit", "truncate", "same"]), st.integers(0, 30), st.text(max_size=40)), max_size=25))
 def test_a_token_tally_counts_what_a_full_estimate_counts(steps: list[tuple[str, int, str]]) -> None:
     tally = TokenTally()

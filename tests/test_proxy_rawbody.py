@@ -92,3 +92,41 @@ def test_splice_rewrites_a_key_before_the_messages_too() -> None:
     assert out is not None and orjson.loads(out) == new
     assert cache.splice(raw, parsed, new, [2]) == out
     assert cache.splice(raw, parsed, dict(parsed, max_tokens=9)) is None  # after the array: not remembered
+
+
+def test_the_keys_before_the_messages_are_last_bodys_values_and_the_keys_after_are_read_again() -> None:
+    cache = BodyCache()
+    system = [{"type": "text", "text": "You are an agent. " * 50}]
+    first = cache.parse(json.dumps({"model": "claude", "system": system, **body(3), "stream": True}).encode())
+    second = cache.parse(json.dumps({"model": "claude", "system": system, **body(5), "stream": False, "metadata": {"a": 1}}).encode())
+    assert second == {"model": "claude", "system": system, **body(5), "stream": False, "metadata": {"a": 1}}
+    assert list(second) == ["model", "system", "messages", "stream", "metadata"]
+    assert first["system"] == system
+    again = cache.parse(json.dumps({"model": "claude", "system": system, **body(6)}).encode())
+    assert again["system"] is second["system"]  # not decoded again
+    third = cache.parse(json.dumps({"model": "claude", "system": "another", **body(6)}).encode())
+    assert third["system"] == "another"
+
+
+@pytest.mark.parametrize(
+    "ending",
+    [b"}", b" }\n", b', "stream": true}', b' ,\n "stream" : true , "max_tokens": 5 }', b', "model": "other"}', b', "system": "s2"}', b", }", b"} x", b', "stream": true', b"]", b', "messages": []}'],
+)
+def test_whatever_follows_the_messages_parses_as_a_full_parse_does(ending: bytes) -> None:
+    head = b'{"model": "m", "system": "s", "model": "m2", "messages": '
+    cache = BodyCache()
+    cache.parse(head + json.dumps(body(2)["messages"]).encode() + b"}")
+    raw = head + json.dumps(body(3)["messages"]).encode() + ending
+    try:
+        expected = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        with pytest.raises(orjson.JSONDecodeError):
+            cache.parse(raw)
+    else:
+        got = cache.parse(raw)
+        assert got == expected and list(got) == list(expected)
+    # and a body that resent one of the keys before the messages after them, then stopped
+    cache = BodyCache()
+    cache.parse(head + json.dumps(body(2)["messages"]).encode() + b', "system": "late"}')
+    raw = head + json.dumps(body(3)["messages"]).encode() + b"}"
+    assert cache.parse(raw) == orjson.loads(raw) == {"model": "m2", "system": "s", "messages": body(3)["messages"]}

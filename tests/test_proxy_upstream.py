@@ -158,3 +158,26 @@ def test_an_injected_transport_serves_the_upstream_calls() -> None:
     assert chat.headers["x-upstream"] == "yes" and chat.headers[TOKENS_SAVED_HEADER] == "0" and chat.headers[SESSION_HEADER].startswith("px-")
     assert seen[0].headers["authorization"] == "Bearer k" and json.loads(seen[0].content)["messages"] == [{"role": "user", "content": "hi"}]
     assert models.status_code == 418 and models.json() == {"error": "teapot"}  # status and body verbatim
+
+
+def test_each_upstream_url_is_parsed_once_and_the_parsed_urls_are_bounded(odd: tuple[str, list[dict[str, str]]], monkeypatch: pytest.MonkeyPatch) -> None:
+    from ctxengine.proxy import upstream
+
+    base, seen = odd
+    monkeypatch.setattr(upstream, "_URLS_KEPT", 2)
+    paths = ["/v1/models?x=%2F&y=1", "/v1/models?x=%2F&y=1", "/v1/a%2Fb", "/v1/c", "/v1/models?x=%2F&y=1"]
+
+    async def run() -> list[int]:
+        client = upstream.AiohttpUpstream(timeout=5, connect_timeout=5)
+        sizes = []
+        try:
+            for p in paths:
+                resp = await client.send("GET", base + p, {}, None)
+                await resp.read()
+                sizes.append(len(client._urls))
+        finally:
+            await client.aclose()
+        return sizes
+
+    assert asyncio.run(run()) == [1, 1, 2, 1, 2]
+    assert [s["path"] for s in seen] == paths  # sent as the client named them, reused or not

@@ -105,6 +105,9 @@ _HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-autho
 _OURS = (SESSION_HEADER, TOKEN_HEADER)
 _SESSION_RAW, _SAVED_RAW = SESSION_HEADER.encode(), TOKENS_SAVED_HEADER.encode()
 _HOP_RAW = frozenset(h.encode() for h in _HOP)
+# request headers not forwarded (lowercased names): a passthrough request's, and a chat request's
+_NOT_FORWARDED = _HOP_RAW | {h.encode() for h in _OURS}
+_NOT_FORWARDED_CHAT = _NOT_FORWARDED | {b"accept-encoding"}
 # a chat response's headers not relayed: also the encoding of a body the client gets decoded,
 # and the proxy's own headers (it sets them itself)
 _NOT_RELAYED = _HOP_RAW | {b"content-encoding", SESSION_HEADER.encode(), TOKENS_SAVED_HEADER.encode()}
@@ -309,12 +312,13 @@ class Proxy:
 
     @staticmethod
     def _request_headers(request: Request, *, passthrough: bool = False) -> dict[str, str]:
+        """The client's headers that go upstream (names as sent), from the raw ones: the same
+        pairs :class:`~starlette.datastructures.Headers` would decode, without building it."""
         out = {}
-        for k, v in request.headers.items():
-            lk = k.lower()
-            if lk in _HOP or lk in _OURS or (lk == "accept-encoding" and not passthrough):
-                continue
-            out[k] = v
+        dropped = _NOT_FORWARDED if passthrough else _NOT_FORWARDED_CHAT
+        for k, v in request.scope["headers"]:
+            if k.lower() not in dropped:
+                out[k.decode("latin-1")] = v.decode("latin-1")
         if not passthrough:
             out["accept-encoding"] = "identity"  # the proxy reads the stream it relays
         return out
@@ -455,7 +459,10 @@ class Proxy:
     def _sticky_betas(self, session: str, headers: dict[str, str]) -> None:
         """Keep a session's ``anthropic-beta`` flags once sent: a turn that drops one would
         change how the request is processed and miss the cache built with it."""
-        key = next((k for k in headers if k.lower() == "anthropic-beta"), "anthropic-beta")
+        key = next((k for k in headers if k.lower() == "anthropic-beta"), None)
+        if key is None and not self._betas.get(session):
+            return  # the usual request: no flags sent, none kept
+        key = key or "anthropic-beta"
         sent = [b.strip() for b in headers.get(key, "").split(",") if b.strip()]
         with self._lock:
             betas = self._betas.setdefault(session, [])

@@ -23,7 +23,7 @@ from ctxengine.anthropic_adapter import (
     anthropic_to_openai,
     openai_to_anthropic,
 )
-from ctxengine.caching import apply_breakpoints
+from ctxengine.caching import apply_breakpoints, cache_marker
 from ctxengine.errors import InputError
 from ctxengine.messages import Message, identical_prefix
 from ctxengine.tokens import estimate_message_tokens
@@ -199,6 +199,8 @@ class IncomingHistory:
             hit = self.marked.get(a)
             if hit is not None and hit[1] == where and hit[2] == setting and len(hit[0]) == len(objs) == identical_prefix(hit[0], objs):
                 value = hit[3]
+            elif a >= 0 and len(objs) == 1 and (plain := _marked_plain(messages[a], where, cache_ttl)) is not None:
+                value = plain  # the usual new breakpoint: the latest user message, a string
             else:
                 group = apply_breakpoints(objs, where, cache_ttl=cache_ttl, native_anthropic=native_anthropic, share_unmarked=True)
                 value = _converted_back(a, group)
@@ -210,6 +212,20 @@ class IncomingHistory:
         self.marked = memo
         out["messages"] = messages
         return out, sorted(groups)
+
+
+def _marked_plain(message: Any, where: tuple[int, ...], cache_ttl: str) -> Any:
+    """The Anthropic ``message`` with a cache marker, when it is a plain one (a user or
+    assistant message of non-empty string content and no other key, whose OpenAI form is one
+    message, marked at ``where == (0,)``): what marking that form and converting it back gives
+    (:func:`apply_breakpoints`, then :func:`_converted_back`), written directly. ``None`` for
+    any other message."""
+    if where != (0,) or type(message) is not dict or len(message) != 2:
+        return None
+    role, content = message.get("role"), message.get("content")
+    if role not in ("user", "assistant") or type(content) is not str or not content:
+        return None
+    return {"role": role, "content": [{"type": "text", "text": content, "cache_control": cache_marker(cache_ttl)}]}
 
 
 def _converted_back(a: int, group: Sequence[Message]) -> Any:

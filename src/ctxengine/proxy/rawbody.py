@@ -42,6 +42,7 @@ class BodyCache:
     messages: list[Any] = field(default_factory=list)
     state: tuple[bytes, int, list[int], list[Any]] | None = None  # the four above, read at once
     before: dict[str, tuple[int, int]] = field(default_factory=dict)  # spans of the keys before the messages
+    head: dict[str, Any] = field(default_factory=dict)  # and their values (last body's objects)
 
     def parse(self, raw: bytes) -> Any:
         """``raw`` decoded (as :func:`orjson.loads` would); raises :class:`orjson.JSONDecodeError`."""
@@ -97,11 +98,23 @@ class BodyCache:
         end = pos + i + 1
         if raw.find(b'"messages"', end) >= 0:
             return None  # maybe a second "messages" key: the full parse decides which counts
-        rest = orjson.loads(raw[: self.start] + b"[]" + raw[end:])
-        if not isinstance(rest, dict) or rest.get("messages") != []:
+        # the keys before the array are last body's bytes: last body's values (the same
+        # objects); only the keys after it are decoded
+        j = _skip_bytes(raw, end)
+        if raw[j : j + 1] == b",":
+            j = _skip_bytes(raw, j + 1)
+            if raw[j : j + 1] != b'"':
+                return None  # not JSON (e.g. a trailing comma): the full parse says why
+            after = orjson.loads(b"{" + raw[j:])
+        elif raw[j : j + 1] == b"}" and not raw[j + 1 :].strip(b" \t\n\r"):
+            after = {}
+        else:
             return None
+        head = self.head
+        if not isinstance(after, dict) or any(key in head or key == "messages" for key in after):
+            return None  # a key given twice: the full parse decides which value counts
         messages = [*self.messages[:k], *new]
-        rest["messages"] = messages
+        rest = {**head, "messages": messages, **after}
         self.raw = raw
         self.ends = [*ends[:k], *new_ends]
         self.messages = messages
@@ -152,6 +165,8 @@ class BodyCache:
         if start < 0 or len(ends) != len(messages):
             raise ValueError("messages not found")
         self.raw, self.start, self.ends, self.messages, self.before = raw, start, ends, messages, before
+        # each key's value as its bytes give it (``body`` holds a later one for a key given again after the array)
+        self.head = {key: orjson.loads(raw[a:b]) for key, (a, b) in before.items()}
         self.state = (raw, start, ends, messages)
 
     def splice(self, raw: bytes, body: Mapping[str, Any], new_body: Mapping[str, Any], changed: Sequence[int] | None = None) -> bytes | None:

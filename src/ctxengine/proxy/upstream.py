@@ -36,6 +36,9 @@ Headers = Mapping[str, str]
 RawHeaders = list[tuple[bytes, bytes]]
 
 
+_URLS_KEPT = 1024  # distinct upstream URLs remembered (parsed) before starting over
+
+
 class UpstreamError(Exception):
     """The upstream could not be reached, timed out, or broke off its response."""
 
@@ -135,9 +138,17 @@ class AiohttpUpstream:
             max_field_size=16_384,
         )
         self._proxies: dict[str, tuple[URL | None, aiohttp.BasicAuth | None]] = {}
+        # each URL parsed once: a chat endpoint is the same URL every request, and yarl keeps
+        # what aiohttp reads from it (host, port, origin, path) on the object
+        self._urls: dict[str, URL] = {}
 
     async def send(self, method: str, url: str, headers: Headers, content: bytes | None, *, decode: bool = True) -> _AiohttpResponse:
-        target = URL(url, encoded=True)  # the path and query exactly as the client sent them
+        target = self._urls.get(url)
+        if target is None:
+            if len(self._urls) >= _URLS_KEPT:
+                self._urls.clear()
+            # the path and query exactly as the client sent them
+            target = self._urls[url] = URL(url, encoded=True)
         proxy, proxy_auth = self._proxy_for(target)
         try:
             resp = await self._session.request(
