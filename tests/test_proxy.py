@@ -553,6 +553,27 @@ def test_unreachable_upstream_is_a_502_in_the_providers_shape(tmp_path: Path) ->
         assert e.value.status_code == 502 and "upstream unreachable" in str(e.value)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_upstream_that_drops_or_stalls_is_a_502_and_the_next_request_is_served(stub: StubServer, tmp_path: Path, stream: bool) -> None:
+    cfg = make_config(stub, tmp_path).with_overrides(proxy={"timeout": 0.5})
+    with ProxyServer(cfg) as p:
+        msgs: list[Any] = [{"role": "user", "content": "x"}]
+        assert oai(p).chat.completions.create(model="gpt-4o", messages=msgs).choices[0].message.content  # a pooled connection now
+        for broken in (StubReply(reset=True), StubReply(text="late", delay=1.5)):
+            stub.script(broken, StubReply(text="fine"))
+            before = len(stub.requests)
+            with pytest.raises(openai.InternalServerError) as e1:
+                oai(p).chat.completions.create(model="gpt-4o", messages=msgs, stream=stream)
+            assert e1.value.status_code == 502 and "upstream unreachable" in str(e1.value)
+            assert len(stub.requests) == before + 1  # sent once: the upstream may have acted on it
+            reply = oai(p).chat.completions.create(model="gpt-4o", messages=msgs)
+            assert reply.choices[0].message.content == "fine"
+        stub.script(StubReply(reset=True))
+        with pytest.raises(anthropic.InternalServerError) as e2:
+            ant(p).messages.create(model="claude-opus-4-5", max_tokens=8, messages=[{"role": "user", "content": "x"}], stream=stream)
+        assert e2.value.status_code == 502 and e2.value.body["error"]["type"] == "api_error"  # type: ignore[index]
+
+
 # -- passthrough -------------------------------------------------------------------------------------
 def test_other_v1_paths_are_forwarded_unchanged(proxy: ProxyServer, stub: StubServer) -> None:
     c = oai(proxy)

@@ -150,15 +150,14 @@ def test_bodies_delimited_by_length_chunks_or_the_connections_end() -> None:
     asyncio.run(run())
 
 
-def test_a_pooled_connection_the_upstream_dropped_is_retried_once_on_a_new_one() -> None:
+def test_a_request_on_a_pooled_connection_the_upstream_drops_is_not_sent_again() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
-        await _request(reader, boxes[0])
-        writer.write(_reply(b"first"))
-        await writer.drain()
-        if n == 1:
-            await _request(reader, boxes[0])  # the next request arrives, then the connection goes
-            return
-        await reader.read()
+        while True:
+            _, body = await _request(reader, boxes[0])
+            if body == b"drop":
+                return  # read, then the connection goes without a byte of response
+            writer.write(_reply(b"ok " + body))
+            await writer.drain()
 
     boxes: list[_Server] = []
 
@@ -166,16 +165,18 @@ def test_a_pooled_connection_the_upstream_dropped_is_retried_once_on_a_new_one()
         async with _serve(handler) as state:
             boxes.append(state)
             client = _client()
-            assert await (await client.post(_origin(state), "/", {}, b"1")).read() == b"first"
-            resp = await client.post(_origin(state), "/", {}, b"2")  # written on the pooled one, which closes
-            assert await resp.read() == b"first"
-            assert state.connections == 2 and [b for _, b in state.requests] == [b"1", b"2", b"2"]
+            assert await (await client.post(_origin(state), "/", {}, b"1")).read() == b"ok 1"
+            with pytest.raises(UpstreamError, match="closed the connection before its response"):
+                await client.post(_origin(state), "/", {}, b"drop")  # on the pooled connection
+            assert await (await client.post(_origin(state), "/", {}, b"2")).read() == b"ok 2"
+            # the dropped request reached the upstream once (it may have acted on it): never resent
+            assert [b for _, b in state.requests] == [b"1", b"drop", b"2"] and state.connections == 2
             await client.aclose()
 
     asyncio.run(run())
 
 
-def test_no_retry_once_response_bytes_came_or_on_a_new_connection() -> None:
+def test_a_connection_dropped_before_or_during_the_head_is_an_error() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         _, body = await _request(reader, boxes[0])
         if body == b"partial":
@@ -193,7 +194,7 @@ def test_no_retry_once_response_bytes_came_or_on_a_new_connection() -> None:
                 await client.post(_origin(state), "/", {}, b"nothing")
             with pytest.raises(UpstreamError, match="closed the connection"):
                 await client.post(_origin(state), "/", {}, b"partial")
-            assert state.connections == 2  # each sent once
+            assert state.connections == 2 and len(state.requests) == 2  # each sent once
             await asyncio.sleep(0.05)
             assert client.open == 0
 

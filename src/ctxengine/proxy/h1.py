@@ -16,9 +16,10 @@ environment proxy, the pool at its limit) stays with aiohttp:
 What it keeps of aiohttp's behaviour: the same timeouts (connecting; each wait for the head or
 the next bytes), no redirects followed, no cookies kept, ``Host`` and ``Content-Length``
 computed, a connection reused only after its response was read to its end, a ``gzip`` or
-``deflate`` body decoded when asked. A request written on a pooled connection the upstream had
-closed meanwhile (servers idle them out) is sent once more on a new connection, only when not
-a byte of response came back. Every failure is an :class:`UpstreamError`.
+``deflate`` body decoded when asked, and no request sent twice (a ``POST`` is not idempotent:
+an upstream that drops the connection fails the request). An idle pooled connection is reused
+for 4 s at most, under the 5 s after which servers commonly close one (aiohttp's pool kept them
+5 s). Every failure is an :class:`UpstreamError`.
 """
 
 from __future__ import annotations
@@ -72,7 +73,6 @@ class _Connection(asyncio.Protocol):
         if resp is None:  # bytes nobody asked for: the connection cannot be trusted any more
             self.close()
             return
-        resp.received = True
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -160,7 +160,6 @@ class H1Response:
         "_timeout",
         "_waiter",
         "raw_headers",
-        "received",
         "status",
     )
 
@@ -171,7 +170,6 @@ class H1Response:
         self._timeout = timeout
         self.status = 0
         self.raw_headers: list[tuple[bytes, bytes]] = []
-        self.received = False  # any byte of response came
         self._head: asyncio.Future[None] = conn.loop.create_future()
         self._head_size = 0
         self._chunks: collections.deque[bytes] = collections.deque()
@@ -404,39 +402,27 @@ class H1Client:
                 raise UpstreamError(f"header {name!r} cannot be sent: not latin-1") from None
         lines.append(b"content-length: %d\r\n\r\n" % len(content))
         request = b"".join(lines)
-        for attempt in (0, 1):
-            conn, reused = await self._connection(origin)
-            resp = H1Response(self, origin, conn, self.timeout)
-            conn.response = resp
-            try:
-                await _write(conn, request, content)
-                await resp.wait_head()
-            except TimeoutError:
-                conn.response = None
-                conn.close()
-                raise UpstreamError(f"no response head from the upstream within {self.timeout:g} s") from None
-            except UpstreamError:
-                conn.response = None
-                conn.close()
-                if reused and not resp.received and attempt == 0:
-                    continue  # the upstream had closed the pooled connection: once more on a new one
-                raise
-            except BaseException:
-                conn.response = None
-                conn.close()
-                raise
+        conn = await self._connection(origin)
+        resp = H1Response(self, origin, conn, self.timeout)
+        conn.response = resp
+        try:
+            await _write(conn, request, content)
+            await resp.wait_head()
             if decode:
-                try:
-                    resp.decode_body()
-                except UpstreamError:
-                    conn.response = None
-                    conn.close()
-                    raise
-            return resp
-        raise AssertionError("unreachable")  # pragma: no cover
+                resp.decode_body()
+        except TimeoutError:
+            conn.response = None
+            conn.close()
+            raise UpstreamError(f"no response head from the upstream within {self.timeout:g} s") from None
+        except BaseException:
+            # never sent again: the upstream may have acted on it (a POST is not idempotent)
+            conn.response = None
+            conn.close()
+            raise
+        return resp
 
-    async def _connection(self, origin: Origin) -> tuple[_Connection, bool]:
-        """A pooled connection to ``origin`` (and ``True``), else a new one."""
+    async def _connection(self, origin: Origin) -> _Connection:
+        """A pooled connection to ``origin``, else a new one."""
         loop = asyncio.get_running_loop()
         idle = self._idle.get(origin)
         if idle:
@@ -444,7 +430,7 @@ class H1Client:
             while idle:
                 conn = idle.pop()
                 if not conn.closed and conn.transport is not None and not conn.transport.is_closing() and now - conn.idle_since < _IDLE_SECONDS:
-                    return conn, True
+                    return conn
                 conn.close()
         scheme, host, port = origin
         conn = _Connection(loop, self)
@@ -462,7 +448,7 @@ class H1Client:
         except BaseException:
             conn.close()
             raise
-        return conn, False
+        return conn
 
     def put_back(self, origin: Origin, conn: _Connection) -> None:
         """``conn``, its response read to its end, to the pool."""
