@@ -494,3 +494,44 @@ def test_the_upstream_hands_direct_posts_to_the_lean_client_and_the_rest_to_aioh
         assert calls == []
 
     asyncio.run(via_proxy())
+
+
+def test_the_upstreams_https_requests_trust_ssl_cert_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """What the README promises for every upstream request: certificates checked against the
+    system store, or the one ``SSL_CERT_FILE`` names (read when the client is made)."""
+    ca = trustme.CA()
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("localhost").configure_cert(server_ctx)
+    pem = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(pem))
+    for name in ("https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        while True:
+            await _request(reader, boxes[0])
+            writer.write(_reply(b"trusted"))
+            await writer.drain()
+
+    boxes: list[_Server] = []
+
+    async def run(trust: bool) -> None:
+        if trust:
+            monkeypatch.setenv("SSL_CERT_FILE", str(pem))
+        else:
+            monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+        async with _serve(handler, ssl_context=server_ctx) as state:
+            boxes[:] = [state]
+            up = AiohttpUpstream(timeout=5, connect_timeout=5)
+            try:
+                if trust:
+                    resp = await up.send("POST", f"https://localhost:{state.port}/v1/messages", {}, b"{}")
+                    assert isinstance(resp, h1.H1Response) and await resp.read() == b"trusted"
+                else:
+                    with pytest.raises(UpstreamError, match="certificate verify failed"):
+                        await up.send("POST", f"https://localhost:{state.port}/v1/messages", {}, b"{}")
+            finally:
+                await up.aclose()
+
+    asyncio.run(run(trust=True))
+    asyncio.run(run(trust=False))
