@@ -20,7 +20,7 @@ from ctxengine.proxy import h1
 from ctxengine.proxy.h1 import H1Client, UpstreamError
 from ctxengine.proxy.upstream import AiohttpUpstream
 
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, "_Server"], Awaitable[None]]
 
 
 class _Server:
@@ -32,7 +32,8 @@ class _Server:
 
 @asynccontextmanager
 async def _serve(handler: Handler, ssl_context: ssl.SSLContext | None = None) -> AsyncIterator[_Server]:
-    """A server calling ``handler(reader, writer, n)`` for its ``n``-th connection."""
+    """A server calling ``handler(reader, writer, state)`` for each connection (``state.connections``
+    counts them, this one included)."""
     state = _Server()
     tasks: set[asyncio.Task[None]] = set()
 
@@ -42,7 +43,7 @@ async def _serve(handler: Handler, ssl_context: ssl.SSLContext | None = None) ->
         assert task is not None
         tasks.add(task)
         try:
-            await handler(reader, writer, state.connections)
+            await handler(reader, writer, state)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
             pass  # the client went, or the test is over
         finally:
@@ -88,18 +89,16 @@ def _origin(state: _Server) -> tuple[str, str, int]:
 
 
 def test_a_request_goes_out_as_given_and_its_connection_is_reused() -> None:
-    state_box: list[_Server] = []
 
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, state: _Server) -> None:
         while True:
-            await _request(reader, state_box[0])
+            await _request(reader, state)
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nx-a: 1\r\nx-a: 2\r\ntransfer-encoding: chunked\r\n\r\n")
             writer.write(_chunked([b"data: one\n\n", b"data: two\n\n"]))
             await writer.drain()
 
     async def run() -> list[list[bytes]]:
         async with _serve(handler) as state:
-            state_box.append(state)
             client = _client()
             got = []
             for k in range(3):
@@ -121,9 +120,9 @@ def test_a_request_goes_out_as_given_and_its_connection_is_reused() -> None:
 
 
 def test_bodies_delimited_by_length_chunks_or_the_connections_end() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, state: _Server) -> None:
         while True:
-            _, body = await _request(reader, boxes[0])
+            _, body = await _request(reader, state)
             if body == b"length":
                 writer.write(_reply(b"x" * 100_000))
             elif body == b"chunks":
@@ -134,11 +133,9 @@ def test_bodies_delimited_by_length_chunks_or_the_connections_end() -> None:
                 return
             await writer.drain()
 
-    boxes: list[_Server] = []
 
     async def run() -> None:
         async with _serve(handler) as state:
-            boxes.append(state)
             client = _client()
             for body, status, want in ((b"length", 200, b"x" * 100_000), (b"chunks", 201, b"a" * 10 + b"b" * 70_000), (b"close", 200, b"until the end")):
                 resp = await client.post(_origin(state), "/", {}, body)
@@ -151,19 +148,17 @@ def test_bodies_delimited_by_length_chunks_or_the_connections_end() -> None:
 
 
 def test_a_request_on_a_pooled_connection_the_upstream_drops_is_not_sent_again() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, state: _Server) -> None:
         while True:
-            _, body = await _request(reader, boxes[0])
+            _, body = await _request(reader, state)
             if body == b"drop":
                 return  # read, then the connection goes without a byte of response
             writer.write(_reply(b"ok " + body))
             await writer.drain()
 
-    boxes: list[_Server] = []
 
     async def run() -> None:
         async with _serve(handler) as state:
-            boxes.append(state)
             client = _client()
             assert await (await client.post(_origin(state), "/", {}, b"1")).read() == b"ok 1"
             with pytest.raises(UpstreamError, match="closed the connection before its response"):
@@ -177,18 +172,16 @@ def test_a_request_on_a_pooled_connection_the_upstream_drops_is_not_sent_again()
 
 
 def test_a_connection_dropped_before_or_during_the_head_is_an_error() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
-        _, body = await _request(reader, boxes[0])
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, state: _Server) -> None:
+        _, body = await _request(reader, state)
         if body == b"partial":
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-le")
             await writer.drain()
         # otherwise: closed without a byte of response
 
-    boxes: list[_Server] = []
 
     async def run() -> None:
         async with _serve(handler) as state:
-            boxes.append(state)
             client = _client()
             with pytest.raises(UpstreamError, match="closed the connection before its response"):
                 await client.post(_origin(state), "/", {}, b"nothing")
@@ -202,16 +195,14 @@ def test_a_connection_dropped_before_or_during_the_head_is_an_error() -> None:
 
 
 def test_a_body_cut_short_is_an_error_and_its_connection_is_not_reused() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
-        await _request(reader, boxes[0])
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, state: _Server) -> None:
+        await _request(reader, state)
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly this")
         await writer.drain()
 
-    boxes: list[_Server] = []
 
     async def run() -> None:
         async with _serve(handler) as state:
-            boxes.append(state)
             client = _client()
             resp = await client.post(_origin(state), "/", {}, b"x")
             with pytest.raises(UpstreamError, match="in the middle of its response"):
@@ -223,18 +214,16 @@ def test_a_body_cut_short_is_an_error_and_its_connection_is_not_reused() -> None
 
 
 def test_timeouts_for_the_head_and_between_body_chunks() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
-        _, body = await _request(reader, boxes[0])
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, state: _Server) -> None:
+        _, body = await _request(reader, state)
         if body == b"stall-body":
             writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n")
             await writer.drain()
         await asyncio.sleep(30)
 
-    boxes: list[_Server] = []
 
     async def run() -> None:
         async with _serve(handler) as state:
-            boxes.append(state)
             client = _client(timeout=0.2)
             loop = asyncio.get_running_loop()
             t0 = loop.time()
@@ -264,18 +253,16 @@ def test_encodings_are_undone_only_when_asked() -> None:
         b"br": b"not really brotli",
     }
 
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, state: _Server) -> None:
         while True:
-            _, body = await _request(reader, boxes[0])
+            _, body = await _request(reader, state)
             encoding = b"deflate" if body == b"raw-deflate" else body
             writer.write(_reply(bodies[body], headers=(f"content-encoding: {encoding.decode()}",)))
             await writer.drain()
 
-    boxes: list[_Server] = []
 
     async def run() -> None:
         async with _serve(handler) as state:
-            boxes.append(state)
             client = _client()
             for name in (b"gzip", b"deflate", b"raw-deflate"):
                 assert await (await client.post(_origin(state), "/", {}, name)).read() == text
@@ -290,20 +277,18 @@ def test_encodings_are_undone_only_when_asked() -> None:
 
 
 def test_an_interim_response_is_skipped_and_a_broken_one_is_an_error() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, state: _Server) -> None:
         while True:
-            _, body = await _request(reader, boxes[0])
+            _, body = await _request(reader, state)
             if body == b"interim":
                 writer.write(b"HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n" + _reply(b"final", headers=("x-final: yes",)))
             else:
                 writer.write(b"SMTP ready\r\n\r\n")
             await writer.drain()
 
-    boxes: list[_Server] = []
 
     async def run() -> None:
         async with _serve(handler) as state:
-            boxes.append(state)
             client = _client()
             resp = await client.post(_origin(state), "/", {}, b"interim")
             assert resp.status == 200 and resp.raw_headers == [(b"content-length", b"5"), (b"x-final", b"yes")]
@@ -317,7 +302,7 @@ def test_an_interim_response_is_skipped_and_a_broken_one_is_an_error() -> None:
 
 @pytest.mark.parametrize("headers", [{"x-evil": "a\r\nx-injected: 1"}, {"x\nbad": "1"}, {"x-name:": "1"}, {"x-text": "naïve ☃"}])
 def test_a_header_that_cannot_be_sent_safely_is_refused_before_connecting(headers: dict[str, str]) -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, state: _Server) -> None:
         await reader.read()
 
     async def run() -> None:
@@ -333,7 +318,7 @@ def test_a_header_that_cannot_be_sent_safely_is_refused_before_connecting(header
 def test_large_bodies_both_ways_with_flow_control() -> None:
     big = bytes(range(256)) * (8 * 4096)  # 8 MiB
 
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, state: _Server) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
         length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
         got = bytearray()
@@ -367,20 +352,18 @@ def test_large_bodies_both_ways_with_flow_control() -> None:
 
 
 def test_a_response_left_unread_closes_its_connection() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, state: _Server) -> None:
         while True:
-            await _request(reader, boxes[0])
+            await _request(reader, state)
             writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n")
             await writer.drain()
             await asyncio.sleep(0.05)
             writer.write(b"6\r\nsecond\r\n0\r\n\r\n")
             await writer.drain()
 
-    boxes: list[_Server] = []
 
     async def run() -> None:
         async with _serve(handler) as state:
-            boxes.append(state)
             client = _client()
             resp = await client.post(_origin(state), "/", {}, b"a")
             stream = resp.stream()
@@ -417,17 +400,15 @@ def test_https_with_the_servers_name_checked() -> None:
     trusted = ssl.create_default_context()
     ca.configure_trust(trusted)
 
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, state: _Server) -> None:
         while True:
-            _, body = await _request(reader, boxes[0])
+            _, body = await _request(reader, state)
             writer.write(_reply(b"secure " + body))
             await writer.drain()
 
-    boxes: list[_Server] = []
 
     async def run() -> None:
         async with _serve(handler, ssl_context=server_ctx) as state:
-            boxes.append(state)
             client = _client(ssl_context=trusted)
             for k in range(2):
                 resp = await client.post(("https", "localhost", state.port), "/v1/messages", {}, b"%d" % k)
@@ -452,17 +433,15 @@ def test_the_upstream_hands_direct_posts_to_the_lean_client_and_the_rest_to_aioh
     for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY", "no_proxy", "NO_PROXY"):
         monkeypatch.delenv(name, raising=False)
 
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, state: _Server) -> None:
         while True:
-            head, _ = await _request(reader, boxes[0])
+            head, _ = await _request(reader, state)
             writer.write(_reply(head.split(b" ")[0]))
             await writer.drain()
 
-    boxes: list[_Server] = []
 
     async def run() -> None:
         async with _serve(handler) as state:
-            boxes.append(state)
             up = AiohttpUpstream(timeout=5, connect_timeout=5)
             base = f"http://127.0.0.1:{state.port}"
             try:
@@ -507,13 +486,12 @@ def test_the_upstreams_https_requests_trust_ssl_cert_file(monkeypatch: pytest.Mo
     for name in ("https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
         monkeypatch.delenv(name, raising=False)
 
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, state: _Server) -> None:
         while True:
-            await _request(reader, boxes[0])
+            await _request(reader, state)
             writer.write(_reply(b"trusted"))
             await writer.drain()
 
-    boxes: list[_Server] = []
 
     async def run(trust: bool) -> None:
         if trust:
@@ -521,7 +499,6 @@ def test_the_upstreams_https_requests_trust_ssl_cert_file(monkeypatch: pytest.Mo
         else:
             monkeypatch.delenv("SSL_CERT_FILE", raising=False)
         async with _serve(handler, ssl_context=server_ctx) as state:
-            boxes[:] = [state]
             up = AiohttpUpstream(timeout=5, connect_timeout=5)
             try:
                 if trust:
