@@ -180,3 +180,25 @@ def test_contains_searches_only_the_new_bytes_of_a_resent_body() -> None:
     raw = json.dumps(marked).encode()
     cache.parse(raw)
     assert cache.contains(raw, _NEEDLE)
+
+
+def test_splice_serialises_a_value_written_last_turn_once() -> None:
+    cache = BodyCache()
+    system = [{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}]
+    first = {"model": "claude", "system": "be brief", "messages": [{"role": "user", "content": "a"}]}
+    raw = json.dumps(first).encode()
+    parsed = cache.parse(raw)
+    out = cache.splice(raw, parsed, dict(parsed, system=system))
+    assert out is not None and orjson.loads(out) == dict(parsed, system=system)
+    assert cache.dumped[id(system)] == (system, orjson.dumps(system))
+    second = dict(first, messages=[*first["messages"], {"role": "assistant", "content": "b"}])
+    raw = json.dumps(second).encode()
+    parsed = cache.parse(raw)
+    marked = {"role": "assistant", "content": [{"type": "text", "text": "b", "cache_control": {"type": "ephemeral"}}]}
+    new = dict(parsed, system=system, messages=[parsed["messages"][0], marked])
+    out = cache.splice(raw, parsed, new, [1])
+    assert out is not None and orjson.loads(out) == new
+    assert set(cache.dumped) == {id(system), id(marked)}  # only this turn's values are kept
+    other = [{"type": "text", "text": "be brief!", "cache_control": {"type": "ephemeral"}}]  # another object: serialised
+    out = cache.splice(raw, parsed, dict(new, system=other), [1])
+    assert out is not None and orjson.loads(out) == dict(new, system=other)

@@ -45,6 +45,8 @@ class BodyCache:
     head: dict[str, Any] = field(default_factory=dict)  # and their values (last body's objects)
     # (needle, body, n): ``needle`` is not in ``body[:n]`` (:meth:`contains`), read at once
     searched: tuple[bytes, bytes, int] | None = None
+    # what :meth:`splice` serialised last, by the value's id (the value kept: its id stays its own)
+    dumped: dict[int, tuple[Any, bytes]] = field(default_factory=dict)
 
     def parse(self, raw: bytes) -> Any:
         """``raw`` decoded (as :func:`orjson.loads` would); raises :class:`orjson.JSONDecodeError`."""
@@ -226,10 +228,17 @@ class BodyCache:
         parts: list[bytes | memoryview] = []
         pos = 0
         view = memoryview(raw)
+        # a value written last turn too (the marked system prompt, last turn's marked message:
+        # the write-back's memo gives the same objects, never edited) is not serialised again
+        last, dumped = self.dumped, {}
         for j, end, value in sorted(edits, key=lambda e: e[0]):
-            parts += [view[pos:j], orjson.dumps(value)]  # views: the client's bytes are copied once, by the join
+            hit = last.get(id(value))
+            data = hit[1] if hit is not None and hit[0] is value else orjson.dumps(value)
+            dumped[id(value)] = (value, data)
+            parts += [view[pos:j], data]  # views: the client's bytes are copied once, by the join
             pos = end
         parts.append(view[pos:])
+        self.dumped = dumped
         return b"".join(parts)
 
 
