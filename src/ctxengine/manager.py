@@ -582,7 +582,9 @@ class ContextManager:
         which most turns, ending on the results of the agent's own calls, are not)."""
         if not names:
             return []
-        last = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") != "tool"), -1)
+        last = len(messages) - 1  # the last message that is not a tool result (a loop: no generator a turn)
+        while last >= 0 and messages[last].get("role") == "tool":
+            last -= 1
         if last < 0 or messages[last].get("role") != "assistant":
             return []
         calls = tool_calls(messages[last])

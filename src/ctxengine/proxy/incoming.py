@@ -222,7 +222,7 @@ class IncomingHistory:
             start = conv.system_index if a < 0 else starts[a] + shift
             end = start + 1 if a < 0 else starts[a + 1] + shift if a + 1 < len(starts) else len(context)
             objs = tuple(context[start:end])
-            where = tuple(i - start for i in idx)
+            where = (idx[0] - start,) if len(idx) == 1 else tuple(i - start for i in idx)  # mostly one
             hit = self.marked.get(a)
             if hit is not None and hit[1] == where and hit[2] == setting and len(hit[0]) == len(objs) == identical_prefix(hit[0], objs):
                 value = hit[3]

@@ -118,7 +118,7 @@ class BodyCache:
         else:
             return None
         head = self.head
-        if not isinstance(after, dict) or any(key in head or key == "messages" for key in after):
+        if not isinstance(after, dict) or "messages" in after or not head.keys().isdisjoint(after):
             return None  # a key given twice: the full parse decides which value counts
         messages = [*self.messages[:k], *new]
         rest = {**head, "messages": messages, **after}
