@@ -353,7 +353,7 @@ def test_the_scan_carried_over_a_compaction_equals_a_fresh_scan(trajectories: li
     (the engine got a deep copy of it, as the manager hands it): it must equal a scan of the
     result from scratch, or the next checks would decide on stale tokens and candidates."""
     def fields(s: CutScan) -> tuple[Any, ...]:
-        return (s.n, s.toks, s.cum, s.total, s.groups, s.cands)
+        return (s.n, s.toks, s.cum, s.total, s.groups, s.cands, s.cand_max)
 
     engine = ContextCompressor(context_length=32_000, quiet_mode=True)
     msgs = max((t["messages"] for t in trajectories), key=len)
@@ -374,3 +374,35 @@ def test_the_scan_carried_over_a_compaction_equals_a_fresh_scan(trajectories: li
         t = estimate_messages_tokens(ctx)
         engine.update_from_response({"prompt_tokens": t, "completion_tokens": 10, "total_tokens": t + 10})
     assert carried >= 3
+
+
+@pytest.mark.parametrize("context_length", [8_000, 32_000])
+def test_the_per_call_checks_kept_incrementally_equal_a_pass_over_the_candidates(trajectories: list[dict[str, Any]], context_length: int) -> None:
+    """The largest candidate (for a giant output) and the candidates before the kept tail are
+    kept or found without a pass over every candidate: each call they equal that pass, through
+    appended turns and compactions (the scan carried over)."""
+    engine = ContextCompressor(context_length=context_length, quiet_mode=True)
+    msgs = max((t["messages"] for t in trajectories), key=len)
+    ctx: list[Message] = list(msgs[:2])
+    seen_cands = giants = 0
+    for m in msgs[2:]:
+        ctx = [*ctx, m]
+        scan = engine._scan(ctx)
+        assert scan.cands == sorted(set(scan.cands))
+        assert scan.cand_max == max((scan.toks[i] for i in scan.cands), default=-1)
+        giant = any(scan.toks[i] > engine.giant_tokens for i in scan.cands)
+        assert engine._giant_waits(scan) == giant
+        keep = engine.keep_recent
+        tail = len(ctx) if keep <= 0 or not scan.groups else scan.groups[-keep] if len(scan.groups) >= keep else scan.groups[0]
+        waiting = [i for i in scan.cands if i < tail]
+        due = bool(engine._batch_pays(waiting, scan.toks, scan.total, scan.cum.__getitem__))
+        assert engine._scan_batch_due(ctx, scan) == due
+        seen_cands += bool(scan.cands)
+        giants += giant
+        tokens = estimate_messages_tokens(ctx)
+        if engine.should_compress(tokens) or engine.should_compress_preflight(ctx):
+            ctx = engine.compress(copy.deepcopy(ctx), current_tokens=tokens)
+        t = estimate_messages_tokens(ctx)
+        engine.update_from_response({"prompt_tokens": t, "completion_tokens": 10, "total_tokens": t + 10})
+    assert seen_cands > 0
+    assert giants > 0  # a giant output was met (and cut)

@@ -14,7 +14,7 @@ import pytest
 
 from ctxengine.config import Config
 from ctxengine.errors import InvalidMessages
-from ctxengine.history import SessionHistory
+from ctxengine.history import SessionHistory, TurnInput
 from ctxengine.manager import ContextManager
 from ctxengine.messages import Message, content_text
 from ctxengine.store import SqliteStore
@@ -452,3 +452,15 @@ def test_asking_a_resending_caller_about_the_raw_history_first_changes_no_turn()
             out = mgr.prepare(given_, session_id="p")
 
     run()
+
+
+def test_the_token_memo_stays_bounded_by_the_working_context() -> None:
+    h = SessionHistory()
+    working = _head()
+    h.finish(TurnInput("first", working, 0, 0), working, working)
+    limit = 4 * len(h.working) + 256
+    for k in range(2_000):  # messages asked once each (the planner's fallback for other lists)
+        h.message_tokens([{"role": "user", "content": f"m{k}"}])
+        h.message_tokens(working)  # and the working context again: read only
+        assert len(h._tokens) <= limit + 1
+    assert all(id(m) in h._tokens for m in working)  # the working context stays memoised

@@ -266,6 +266,25 @@ def test_the_cheap_turn_never_waits_for_the_session_lock(tmp_path: Path) -> None
     assert mgr.prepare(turn, session_id=SESSION, defer_record=True, may_compact=False) == turn
 
 
+def test_the_cheap_turn_releases_the_session_lock_when_it_refuses(tmp_path: Path) -> None:
+    mgr = _mgr(SqliteStore(tmp_path / "s.db"))
+    first = [{"role": "system", "content": "sys"}, {"role": "user", "content": "one"}]
+    with pytest.raises(CompactionDue, match="written to the store now"):  # raised inside the held block
+        mgr.prepare(first, session_id=SESSION, defer_record=True, may_compact=False)
+    free: list[bool] = []
+
+    def take() -> None:  # another thread: an RLock left held by this one would refuse it
+        lock = mgr._session(SESSION).lock
+        free.append(lock.acquire(blocking=False))
+        if free[-1]:
+            lock.release()
+
+    t = threading.Thread(target=take)
+    t.start()
+    t.join()
+    assert free == [True]
+
+
 def test_the_cheap_turn_refuses_a_write_now_and_a_reset(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "s.db")
     mgr = _mgr(store)

@@ -7,6 +7,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ctxengine.proxy.rawbody import BodyCache
 
@@ -130,3 +132,73 @@ def test_whatever_follows_the_messages_parses_as_a_full_parse_does(ending: bytes
     cache.parse(head + json.dumps(body(2)["messages"]).encode() + b', "system": "late"}')
     raw = head + json.dumps(body(3)["messages"]).encode() + b"}"
     assert cache.parse(raw) == orjson.loads(raw) == {"model": "m2", "system": "s", "messages": body(3)["messages"]}
+
+
+_NEEDLE = b'"cache_control"'
+# texts that make the needle appear anywhere: inside a message, across the end of the bytes
+# shared with last turn's body, in a key after the messages, or not at all
+_TEXTS = st.sampled_from(["a", "cache_control", '"cache_control"', "x" * 30, "é", "cache_", "control"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    turns=st.lists(
+        st.tuples(st.lists(_TEXTS, max_size=3), st.sampled_from(["", "search", "others"]), st.integers(0, 3), st.sampled_from(["", "cache_control", "other"])),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_contains_is_a_search_of_the_whole_body(turns: list[tuple[list[str], str, int, str]]) -> None:
+    """Searching only the bytes new since last turn answers what ``needle in raw`` answers,
+    whatever the bodies (appended, cut back, edited, non-ASCII, or with a key after the array);
+    also when the same body is searched twice, or not searched on some turns."""
+    cache = BodyCache()
+    msgs: list[dict[str, Any]] = []
+    for texts, search, cut, key in turns:
+        msgs = [*msgs[: max(0, len(msgs) - cut)], *({"role": "user", "content": t} for t in texts)]
+        extra = {key: True} if key else {}
+        raw = json.dumps({"model": "m", "system": "s", "messages": msgs, **extra}, ensure_ascii=False).encode()
+        assert cache.parse(raw) == orjson.loads(raw)
+        if search == "search":
+            assert cache.contains(raw, _NEEDLE) == (_NEEDLE in raw)
+            assert cache.contains(raw, _NEEDLE) == (_NEEDLE in raw)
+        elif search == "others":
+            assert cache.contains(raw, b'"content"') == (b'"content"' in raw)  # another needle
+            assert cache.contains(raw + b" ", _NEEDLE) == (_NEEDLE in raw)  # not the body parsed last: searched whole
+
+
+def test_contains_searches_only_the_new_bytes_of_a_resent_body() -> None:
+    cache = BodyCache()
+    first = json.dumps(body(3)).encode()
+    cache.parse(first)
+    assert not cache.contains(first, _NEEDLE)
+    later = json.dumps(body(4)).encode()
+    cache.parse(later)
+    assert cache.searched is not None and cache.searched[1] is later
+    assert cache.searched[2] == len(json.dumps(body(3)["messages"][:3])[:-1]) + len('{"model": "gpt-4o", "messages": ')
+    marked = dict(body(4), messages=[*body(4)["messages"], {"role": "user", "content": [{"type": "text", "text": "x", "cache_control": {}}]}])
+    raw = json.dumps(marked).encode()
+    cache.parse(raw)
+    assert cache.contains(raw, _NEEDLE)
+
+
+def test_splice_serialises_a_value_written_last_turn_once() -> None:
+    cache = BodyCache()
+    system = [{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}]
+    first = {"model": "claude", "system": "be brief", "messages": [{"role": "user", "content": "a"}]}
+    raw = json.dumps(first).encode()
+    parsed = cache.parse(raw)
+    out = cache.splice(raw, parsed, dict(parsed, system=system))
+    assert out is not None and orjson.loads(out) == dict(parsed, system=system)
+    assert cache.dumped[id(system)] == (system, orjson.dumps(system))
+    second = dict(first, messages=[*first["messages"], {"role": "assistant", "content": "b"}])
+    raw = json.dumps(second).encode()
+    parsed = cache.parse(raw)
+    marked = {"role": "assistant", "content": [{"type": "text", "text": "b", "cache_control": {"type": "ephemeral"}}]}
+    new = dict(parsed, system=system, messages=[parsed["messages"][0], marked])
+    out = cache.splice(raw, parsed, new, [1])
+    assert out is not None and orjson.loads(out) == new
+    assert set(cache.dumped) == {id(system), id(marked)}  # only this turn's values are kept
+    other = [{"type": "text", "text": "be brief!", "cache_control": {"type": "ephemeral"}}]  # another object: serialised
+    out = cache.splice(raw, parsed, dict(new, system=other), [1])
+    assert out is not None and orjson.loads(out) == dict(new, system=other)

@@ -430,3 +430,31 @@ def test_exact_loads_lazily_and_never_downloads(tmp_path: Any) -> None:
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["2", "2"]
     assert not (tmp_path / "empty-cache").exists()
+
+
+_KEYS = {
+    "role": st.sampled_from(["user", "assistant", "tool"]),
+    "content": st.one_of(st.none(), st.text(max_size=20), st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=10)}), max_size=2)),
+    "tool_calls": st.lists(st.fixed_dictionaries({"id": st.just("c"), "type": st.just("function"), "function": st.fixed_dictionaries({"name": st.text(max_size=5), "arguments": st.text(max_size=10)})}), max_size=2),
+    "reasoning_content": st.text(max_size=10),
+    "reasoning": st.text(max_size=10),
+    "name": st.text(max_size=10),
+    "tool_call_id": st.text(max_size=10),
+}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.fixed_dictionaries({}, optional=_KEYS))
+def test_a_plain_dict_message_counts_as_any_mapping_does(message: dict[str, Any]) -> None:
+    """The shortcut for a dict of only a role and a content counts what the full walk counts
+    (a read-only view of the same message is not a dict: it takes the walk)."""
+    import types
+
+    assert estimate_message_tokens(message) == estimate_message_tokens(types.MappingProxyType(message))
+
+
+def test_a_name_or_a_call_id_beside_role_and_content_counts() -> None:
+    plain = {"role": "user", "content": "abcde"}
+    assert estimate_message_tokens(plain) == MESSAGE_OVERHEAD_TOKENS + 1
+    assert estimate_message_tokens({**plain, "name": "abcde"}) == MESSAGE_OVERHEAD_TOKENS + 2
+    assert estimate_message_tokens({**plain, "tool_call_id": "abcdeabcde"}) == MESSAGE_OVERHEAD_TOKENS + 3

@@ -7,6 +7,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from ctxengine.config import Config
 from ctxengine.engine import ContextEngine
@@ -14,7 +16,7 @@ from ctxengine.errors import ConfigError, ContextWindowError
 from ctxengine.manager import ContextManager
 from ctxengine.messages import Message, content_text, validate
 from ctxengine.store.sqlite import SqliteStore
-from ctxengine.tokens import ExactCounter, estimate_message_tokens
+from ctxengine.tokens import ExactCounter, estimate, estimate_message_tokens
 from ctxengine.window import (
     WindowCap,
     WindowCounter,
@@ -358,3 +360,26 @@ def test_count_message_from_an_estimate_equals_count_messages(message: dict[str,
         return estimate_message_tokens(m)
 
     assert counter.count_message(message, estimated) == WindowCounter().count_messages([message])
+
+
+# texts near any length, of four-space runs (the cheapest characters to estimate), digits,
+# letters, CJK and lone surrogates
+_PIECES = st.sampled_from(["    ", " ", "a", "1", "{", "\n", "é", "漢", "😀", "\ud800"])
+_TEXTS = st.builds(lambda parts, k: "".join(parts) * k, st.lists(_PIECES, max_size=12), st.integers(1, 40))
+
+
+@settings(max_examples=400, deadline=None)
+@given(texts=st.lists(_TEXTS, min_size=1, max_size=3), exact_chars=st.integers(0, 200), calls=st.booleans())
+@example(texts=[" " * 200], exact_chars=200, calls=False)  # estimated at 14 tokens: the walk finds it long
+@example(texts=["    " * 50 + "a"], exact_chars=201, calls=False)
+def test_count_message_skips_the_walk_only_for_messages_without_a_long_text(texts: list[str], exact_chars: int, calls: bool) -> None:
+    """The shortcut (an estimate too small for any text of ``exact_chars``) answers what the
+    walk answers, whatever the texts and the limit; its bound holds for each text."""
+    for t in texts:
+        assert 20 * estimate(t) >= len(t) - 3
+    message: dict[str, Any] = {"role": "user", "content": [{"type": "text", "text": t} for t in texts[1:]] or texts[0]}
+    if calls:
+        message = {"role": "assistant", "content": texts[0], "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": texts[-1]}}]}
+    exact = ExactCounter()
+    counter = WindowCounter(exact, exact_chars=exact_chars)
+    assert counter.count_message(message, estimate_message_tokens) == WindowCounter(exact, exact_chars=exact_chars).count_messages([message])

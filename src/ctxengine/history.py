@@ -408,6 +408,7 @@ class SessionHistory:
         """Estimated tokens of each message, each message estimated once per session."""
         memo = self._tokens
         out = []
+        grew = False
         for m in messages:
             hit = memo.get(id(m))
             if hit is not None and hit[0] is m:
@@ -416,7 +417,9 @@ class SessionHistory:
             t = estimate_message_tokens(m)
             memo[id(m)] = (m, t)  # type: ignore[assignment]
             out.append(t)
-        if len(memo) > 4 * max(len(messages), len(self.working)) + 256:
+            grew = True
+        # (checked when the memo grew: most calls, a turn's messages asked again, only read it)
+        if grew and len(memo) > 4 * max(len(messages), len(self.working)) + 256:
             # bounded by the working context (and this call's messages), which stay memoised:
             # a call for a turn's few new messages must not forget the session's other ones
             self._prune_tokens([*self.working, *messages])

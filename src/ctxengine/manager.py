@@ -46,13 +46,12 @@ on a session's first use, ``on_session_reset`` on :meth:`ContextManager.reset_se
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import json
 import logging
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -125,15 +124,23 @@ class CompactionDue(CtxEngineError):
         self.reason = reason
 
 
-@contextlib.contextmanager
-def _held_now(lock: threading.RLock) -> Iterator[None]:
-    """``lock`` held for the block, or :class:`CompactionDue` when taking it would wait."""
-    if not lock.acquire(blocking=False):
-        raise CompactionDue("another call holds the session")
-    try:
-        yield
-    finally:
-        lock.release()
+class _HeldNow:
+    """``lock`` held for the block, or :class:`CompactionDue` when taking it would wait.
+
+    A class rather than a generator context manager: the quick turn enters one twice, and
+    each generator-based one costs a generator and its frames (~4K instructions)."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self, lock: threading.RLock) -> None:
+        self._lock = lock
+
+    def __enter__(self) -> None:
+        if not self._lock.acquire(blocking=False):
+            raise CompactionDue("another call holds the session")
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
 
 
 def default_store(config: Config) -> SessionRecorder | None:
@@ -575,7 +582,9 @@ class ContextManager:
         which most turns, ending on the results of the agent's own calls, are not)."""
         if not names:
             return []
-        last = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") != "tool"), -1)
+        last = len(messages) - 1  # the last message that is not a tool result (a loop: no generator a turn)
+        while last >= 0 and messages[last].get("role") == "tool":
+            last -= 1
         if last < 0 or messages[last].get("role") != "assistant":
             return []
         calls = tool_calls(messages[last])
@@ -721,13 +730,13 @@ class ContextManager:
         same as without the flag. The engine's trigger is asked once either way.
         """
         s = self._session(session_id)
-        with s.lock if may_compact else _held_now(s.lock):
+        with s.lock if may_compact else _HeldNow(s.lock):
             if not may_compact and s.pending is not None:
                 raise CompactionDue("a deferred store write is pending")
             self._flush(s)
             turn = self._input(s, messages, quiet=not may_compact)
         msgs = self._dispatch_recall(s, turn.messages) if may_compact else turn.messages
-        with s.lock if may_compact else _held_now(s.lock):
+        with s.lock if may_compact else _HeldNow(s.lock):
             counted = None if may_compact else self._check_quiet(s, turn, defer_record)
             if tools is not None:
                 self.tools(tools, session_id=s.id)

@@ -195,6 +195,14 @@ class WindowCounter:
         so only a message holding a longer text is counted here (finding one costs a walk over
         the message, not the estimate's pass over each character)."""
         limit = self.exact_chars
+        n = estimated(message)
+        # A text of L characters is estimated at 20 * tokens >= L - 3 (ASCII: at most 3/4 of
+        # its bytes are four-space runs, the rest 1/5 token each; other characters cost more),
+        # and a message's estimate is at least each of its texts': a message estimated below
+        # that bound for ``limit`` holds no long text, and its count is its estimate, without
+        # the walk over the message looking for one (~4K instructions a new message a turn)
+        if 20 * n < limit - 3:
+            return n
         long = False
 
         def probe(text: str) -> int:
@@ -203,7 +211,7 @@ class WindowCounter:
             return 0
 
         message_tokens(message, probe)
-        return message_tokens(message, self.count) if long else estimated(message)
+        return message_tokens(message, self.count) if long else n
 
     def exact_text(self, text: str) -> int:
         """The exact count of any text (memoised)."""

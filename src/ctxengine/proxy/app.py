@@ -609,8 +609,11 @@ class Proxy:
         else:
             plan.tokens_in = plan.tokens_out = after_status["last_tokens"]
         indices: list[int] = []
-        # the byte check is quick; only a body that names the key is walked
-        if mgr.caching.enabled and not (b'"cache_control"' in raw and has_cache_control(body)):
+        # the byte check is quick (only the bytes new since last turn, when the cache parsed
+        # this body); only a body that names the key is walked
+        if mgr.caching.enabled and not (
+            (cache.contains(raw, b'"cache_control"') if cache is not None else b'"cache_control"' in raw) and has_cache_control(body)
+        ):
             indices = mgr.breakpoints(out, session_id=session)
         new_body = body
         rewritten: list[int] | None = None  # the Anthropic messages written back (-1: the system prompt)

@@ -53,12 +53,37 @@ class TokenTally:
 
 @dataclass(slots=True)
 class Converted:
-    """One Anthropic request in OpenAI form, and where each OpenAI message came from."""
+    """One Anthropic request in OpenAI form, and where each OpenAI message came from.
+
+    The positions are kept as :class:`IncomingHistory` has them, without the system message
+    (``body_owner``, ``body_starts``: its own lists, never edited once handed out), and
+    shifted past it when asked (:meth:`owner_of`, :meth:`start_of`): building shifted copies
+    cost two passes over the history in Python every turn."""
 
     messages: list[Message]
     system_index: int  # index of the system message in ``messages``, -1 without one
-    owner: list[int]  # per OpenAI message: the Anthropic message index (-1: the system)
-    starts: list[int]  # per Anthropic message: index of its first OpenAI message
+    body_owner: list[int]  # per OpenAI message after the system one: the Anthropic message index
+    body_starts: list[int]  # per Anthropic message: index of its first OpenAI message, not counting the system one
+
+    @property
+    def owner(self) -> list[int]:
+        """Per OpenAI message: the Anthropic message index (-1: the system)."""
+        return [-1, *self.body_owner] if self.system_index >= 0 else list(self.body_owner)
+
+    @property
+    def starts(self) -> list[int]:
+        """Per Anthropic message: index of its first OpenAI message."""
+        shift = 1 if self.system_index >= 0 else 0
+        return [i + shift for i in self.body_starts]
+
+    def owner_of(self, i: int) -> int:
+        """``owner[i]`` (``i`` an index of ``messages``)."""
+        shift = 1 if self.system_index >= 0 else 0
+        return self.body_owner[i - shift] if i >= shift else -1
+
+    def start_of(self, a: int) -> int:
+        """``starts[a]``."""
+        return self.body_starts[a] + (1 if self.system_index >= 0 else 0)
 
 
 @dataclass(slots=True)
@@ -131,9 +156,9 @@ class IncomingHistory:
         if self.system_msg is not None and system is not None:
             out = [self.system_msg, *body]
             self.messages = out
-            return Converted(out, 0, [-1, *owner], [i + 1 for i in starts])
+            return Converted(out, 0, owner, starts)
         self.messages = list(body)
-        return Converted(self.messages, -1, list(owner), list(starts))
+        return Converted(self.messages, -1, owner, starts)
 
     def outgoing_anthropic(self, context: Sequence[Message], marked: Sequence[int], *, cache_ttl: str, native_anthropic: bool) -> tuple[Any, list[Any]]:
         """:func:`openai_to_anthropic` of ``context`` with cache markers on the messages at
@@ -186,16 +211,18 @@ class IncomingHistory:
         (messages handed to ctxengine are never edited in place)."""
         setting = (cache_ttl, native_anthropic)
         groups: dict[int, list[int]] = {}
+        shift = 1 if conv.system_index >= 0 else 0  # conv.owner_of and start_of, inline
+        owner, starts = conv.body_owner, conv.body_starts
         for i in sorted(set(marked)):
-            groups.setdefault(conv.owner[i], []).append(i)
+            groups.setdefault(owner[i - shift] if i >= shift else -1, []).append(i)
         out = dict(body)
         messages = list(body["messages"])
         memo: dict[int, tuple[tuple[Message, ...], tuple[int, ...], tuple[str, bool], Any]] = {}
         for a, idx in groups.items():
-            start = conv.system_index if a < 0 else conv.starts[a]
-            end = start + 1 if a < 0 else conv.starts[a + 1] if a + 1 < len(conv.starts) else len(context)
+            start = conv.system_index if a < 0 else starts[a] + shift
+            end = start + 1 if a < 0 else starts[a + 1] + shift if a + 1 < len(starts) else len(context)
             objs = tuple(context[start:end])
-            where = tuple(i - start for i in idx)
+            where = (idx[0] - start,) if len(idx) == 1 else tuple(i - start for i in idx)  # mostly one
             hit = self.marked.get(a)
             if hit is not None and hit[1] == where and hit[2] == setting and len(hit[0]) == len(objs) == identical_prefix(hit[0], objs):
                 value = hit[3]

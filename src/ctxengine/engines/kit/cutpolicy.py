@@ -14,6 +14,7 @@ settled prefix stays byte-stable.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -85,7 +86,9 @@ class CutScan:
     groups: list[int] = field(default_factory=list)
     """Indices of assistant messages whose tool results follow (tool exchanges)."""
     cands: list[int] = field(default_factory=list)
-    """Tool outputs large enough to cut and not cut yet."""
+    """Tool outputs large enough to cut and not cut yet (in increasing order)."""
+    cand_max: int = -1
+    """The largest of their token counts (-1: none), so finding a giant is no pass over them."""
     seen: list[Message] | None = None
     """The list scanned last (a reference, for :meth:`CachedCuts._carry_scan`)."""
 
@@ -101,6 +104,7 @@ def _push(st: CutScan, msgs: list[Message], i: int, tokens: int, cuttable: bool)
             st.groups.append(i - 1)
         if cuttable:
             st.cands.append(i)
+            st.cand_max = max(st.cand_max, tokens)
 
 
 class CachedCuts:
@@ -235,14 +239,15 @@ class CachedCuts:
 
     def _giant_waits(self, scan: CutScan) -> bool:
         """True when a giant output waits to be cut (never sent yet: cutting it costs nothing)."""
-        limit = self.giant_tokens
-        return any(scan.toks[i] > limit for i in scan.cands)
+        # any(scan.toks[i] > limit for i in scan.cands), without the pass over every
+        # candidate each call (a long session holds hundreds)
+        return scan.cand_max > self.giant_tokens
 
     def _scan_batch_due(self, messages: list[Message], scan: CutScan) -> bool:
         """True when a batch of older whole outputs is due and pays for itself."""
         keep = self.keep_recent
         tail = len(messages) if keep <= 0 or not scan.groups else scan.groups[-keep] if len(scan.groups) >= keep else scan.groups[0]
-        waiting = [i for i in scan.cands if i < tail]
+        waiting = scan.cands[: bisect.bisect_left(scan.cands, tail)]  # the candidates before ``tail`` (in order)
         return bool(self._batch_pays(waiting, scan.toks, scan.total, lambda k: scan.cum[k]))
 
     def _cuttable(self, m: Message, tokens: int) -> bool:
@@ -281,7 +286,7 @@ class CachedCuts:
         of the first ``k`` messages)."""
         if not waiting:
             return []
-        sizes = [toks[i] for i in waiting]
+        sizes = list(map(toks.__getitem__, waiting))  # (a loop in C: checked every call)
         # when the provider reads little of a kept prefix from cache (a rolling placement such
         # as system_and_3 re-reads only the system prompt after any edit), every cut rewrites
         # nearly everything: batches grow so that rewrites are rarer (up to 8x; measured on the
