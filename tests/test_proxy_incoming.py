@@ -113,9 +113,6 @@ def test_owner_and_starts_match_a_fresh_conversion_turn_after_turn() -> None:
         assert (conv.system_index, conv.owner, conv.starts) == (fresh.system_index, fresh.owner, fresh.starts)
         assert all(conv.owner[start] == a for a, start in enumerate(conv.starts))
         assert conv.owner[: conv.system_index + 1] == ([-1] if system is not None else [])
-        # the accessors the write-back uses give what the shifted lists hold
-        assert [conv.owner_of(i) for i in range(len(conv.messages))] == conv.owner
-        assert [conv.start_of(a) for a in range(len(msgs))] == conv.starts
         assert len(conv.owner) == len(conv.messages) and len(conv.starts) == len(msgs)
 
 

@@ -57,7 +57,7 @@ class Converted:
 
     The positions are kept as :class:`IncomingHistory` has them, without the system message
     (``body_owner``, ``body_starts``: its own lists, never edited once handed out), and
-    shifted past it when asked (:meth:`owner_of`, :meth:`start_of`): building shifted copies
+    shifted past it where they are read (``shift``): building shifted copies
     cost two passes over the history in Python every turn."""
 
     messages: list[Message]
@@ -66,24 +66,20 @@ class Converted:
     body_starts: list[int]  # per Anthropic message: index of its first OpenAI message, not counting the system one
 
     @property
+    def shift(self) -> int:
+        """How far the system message moves the history's positions (1 with one, else 0)."""
+        return 1 if self.system_index >= 0 else 0
+
+    @property
     def owner(self) -> list[int]:
         """Per OpenAI message: the Anthropic message index (-1: the system)."""
-        return [-1, *self.body_owner] if self.system_index >= 0 else list(self.body_owner)
+        return [-1, *self.body_owner] if self.shift else list(self.body_owner)
 
     @property
     def starts(self) -> list[int]:
         """Per Anthropic message: index of its first OpenAI message."""
-        shift = 1 if self.system_index >= 0 else 0
+        shift = self.shift
         return [i + shift for i in self.body_starts]
-
-    def owner_of(self, i: int) -> int:
-        """``owner[i]`` (``i`` an index of ``messages``)."""
-        shift = 1 if self.system_index >= 0 else 0
-        return self.body_owner[i - shift] if i >= shift else -1
-
-    def start_of(self, a: int) -> int:
-        """``starts[a]``."""
-        return self.body_starts[a] + (1 if self.system_index >= 0 else 0)
 
 
 @dataclass(slots=True)
@@ -211,7 +207,7 @@ class IncomingHistory:
         (messages handed to ctxengine are never edited in place)."""
         setting = (cache_ttl, native_anthropic)
         groups: dict[int, list[int]] = {}
-        shift = 1 if conv.system_index >= 0 else 0  # conv.owner_of and start_of, inline
+        shift = conv.shift
         owner, starts = conv.body_owner, conv.body_starts
         for i in sorted(set(marked)):
             groups.setdefault(owner[i - shift] if i >= shift else -1, []).append(i)
