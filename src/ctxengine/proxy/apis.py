@@ -13,14 +13,20 @@ Bodies are never mutated: every ``with_*`` returns a shallow copy with the chang
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ctxengine.anthropic_adapter import anthropic_to_openai, openai_to_anthropic
+from ctxengine.caching import apply_breakpoints
 from ctxengine.messages import Message
+from ctxengine.proxy.incoming import Converted, IncomingHistory
+from ctxengine.proxy.streams import AnthropicStream, OpenAIStream, StreamTracker
 
-__all__ = ["ANTHROPIC", "OPENAI", "Api", "ToolCall", "anthropic_body", "has_cache_control"]
+__all__ = ["ANTHROPIC", "OPENAI", "Api", "Marking", "ToolCall", "anthropic_body", "has_cache_control"]
+
+log = logging.getLogger("ctxengine.proxy")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +62,74 @@ def _loads_args(raw: Any) -> dict[str, Any]:
     return {}
 
 
+@dataclass(frozen=True, slots=True)
+class Marking:
+    """Where the proxy places cache breakpoints in an outgoing context, and how."""
+
+    indices: Sequence[int]
+    cache_ttl: str = "5m"
+    native_anthropic: bool = False
+
+    def apply(self, context: Sequence[Message]) -> list[Message]:
+        """``context`` with markers at :attr:`indices` (only the marked messages copied)."""
+        if not self.indices:
+            return list(context)
+        return apply_breakpoints(context, self.indices, cache_ttl=self.cache_ttl, native_anthropic=self.native_anthropic, share_unmarked=True)
+
+
 class Api:
-    """What differs between the OpenAI and Anthropic chat APIs (see the module docstring)."""
+    """What differs between the chat APIs (see the module docstring): one adapter per API.
+
+    Adding an API is adding one subclass: how its body reads as canonical messages and is
+    written back, its tool format, its calls and follow-up requests, its usage, errors and
+    streamed events, and where its upstream is."""
 
     name: str = ""
+    upstream: str = "openai"
+    """Which configured upstream serves it: ``"openai"`` (``proxy.openai_base_url``) or
+    ``"anthropic"`` (``proxy.anthropic_base_url``)."""
+    unreachable_kind: str = "server_error"
+    """The error type of a 502 for an unreachable upstream."""
+
+    def passthrough_reason(self, body: Mapping[str, Any]) -> str | None:
+        """Why a well-formed request must go upstream unchanged (the conversation is kept on
+        the provider's side, so there is no history to compact), or None."""
+        return None
+
+    def system(self, body: Mapping[str, Any]) -> Any:
+        """The system prompt kept outside the messages (Anthropic's ``system``), or None."""
+        return None
+
+    def read(self, body: Mapping[str, Any], incoming: IncomingHistory) -> tuple[list[Message], Converted | None]:
+        """The request's conversation as canonical messages (a new list), and, for an API
+        converted incrementally, where each message came from (:meth:`write`)."""
+        return list(body["messages"]), None
+
+    def write(
+        self, body: Mapping[str, Any], incoming: IncomingHistory, conv: Converted | None, context: list[Message], changed: bool, marking: Marking
+    ) -> tuple[Mapping[str, Any], list[int] | None]:
+        """``body`` with ``context`` as its conversation and cache markers placed by
+        ``marking`` (``body`` itself when neither changes it), and the indices of the body's
+        messages rewritten when only those were (None: unknown, all may have changed)."""
+        if changed or marking.indices:
+            return self.with_messages(body, marking.apply(context)), None
+        return body, None
+
+    def tracker(self, engine_tools: frozenset[str], first_round: bool = True, previous: StreamTracker | None = None) -> StreamTracker:
+        """A tracker of this API's streamed response (``previous``: last round's)."""
+        raise NotImplementedError
+
+    def closing(self) -> bytes:
+        """The end of a stream whose last round still called only the engine's tools."""
+        raise NotImplementedError
+
+    def stream_error(self, status: int, content: bytes) -> bytes:
+        """An upstream error met in a follow-up round, as an event of the stream under way."""
+        try:
+            payload = json.loads(content)
+        except ValueError:
+            payload = self.error(status, content.decode("utf-8", "replace")[:500])
+        return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
     def problem(self, body: Any) -> str | None:
         """What makes ``body`` unusable (not an object, no ``messages`` list, no ``model``), or None."""
@@ -118,6 +188,13 @@ class _OpenAI(Api):
 
     def messages(self, body: Mapping[str, Any]) -> list[Message]:
         return list(body["messages"])
+
+    def tracker(self, engine_tools: frozenset[str], first_round: bool = True, previous: StreamTracker | None = None) -> StreamTracker:
+        return OpenAIStream(engine_tools=engine_tools, first_round=first_round)
+
+    def closing(self) -> bytes:
+        chunk = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+        return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\ndata: [DONE]\n\n"
 
     def with_messages(self, body: Mapping[str, Any], messages: Sequence[Message]) -> dict[str, Any]:
         out = dict(body)
@@ -191,10 +268,57 @@ class _OpenAI(Api):
 
 class _Anthropic(Api):
     name = "anthropic"
+    upstream = "anthropic"
+    unreachable_kind = "api_error"
     _TYPES: ClassVar[dict[int, str]] = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 413: "request_too_large", 500: "api_error", 502: "api_error"}
 
     def messages(self, body: Mapping[str, Any]) -> list[Message]:
         return anthropic_to_openai(body.get("system"), body["messages"])
+
+    def system(self, body: Mapping[str, Any]) -> Any:
+        return body.get("system")
+
+    def read(self, body: Mapping[str, Any], incoming: IncomingHistory) -> tuple[list[Message], Converted | None]:
+        conv = incoming.from_anthropic(body.get("system"), body["messages"])
+        return conv.messages, conv
+
+    def write(
+        self, body: Mapping[str, Any], incoming: IncomingHistory, conv: Converted | None, context: list[Message], changed: bool, marking: Marking
+    ) -> tuple[Mapping[str, Any], list[int] | None]:
+        """Only what changed is converted: markers alone are written into the messages that
+        own them (:meth:`IncomingHistory.with_markers`); a context that differs from the
+        history (every turn after a compaction) is converted from its first change on."""
+        if conv is None:
+            return super().write(body, incoming, conv, context, changed, marking)
+        if marking.indices and not changed:
+            try:
+                return incoming.with_markers(body, conv, context, marking.indices, cache_ttl=marking.cache_ttl, native_anthropic=marking.native_anthropic)
+            except (ValueError, KeyError, IndexError) as exc:
+                log.debug("marker write-back fell back to a full conversion: %s", exc)
+                return self.with_messages(body, marking.apply(context)), None
+        if not changed:
+            return body, None
+        system, messages = incoming.outgoing_anthropic(context, marking.indices, cache_ttl=marking.cache_ttl, native_anthropic=marking.native_anthropic)
+        return anthropic_body(body, system, messages), None
+
+    def tracker(self, engine_tools: frozenset[str], first_round: bool = True, previous: StreamTracker | None = None) -> StreamTracker:
+        offset = previous.client_blocks if isinstance(previous, AnthropicStream) else 0
+        return AnthropicStream(engine_tools=engine_tools, first_round=first_round, index_offset=offset)
+
+    def closing(self) -> bytes:
+        delta = {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None}, "usage": {"output_tokens": 0}}
+        return (
+            b"event: message_delta\ndata: "
+            + json.dumps(delta, separators=(",", ":")).encode()
+            + b'\n\nevent: message_stop\ndata: {"type":"message_stop"}\n\n'
+        )
+
+    def stream_error(self, status: int, content: bytes) -> bytes:
+        try:
+            payload = json.loads(content)
+        except ValueError:
+            payload = self.error(status, content.decode("utf-8", "replace")[:500])
+        return b"event: error\ndata: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
     def with_messages(self, body: Mapping[str, Any], messages: Sequence[Message]) -> dict[str, Any]:
         return anthropic_body(body, *openai_to_anthropic(messages))

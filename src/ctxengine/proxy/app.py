@@ -65,14 +65,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ctxengine.caching import apply_breakpoints
 from ctxengine.config import Config
 from ctxengine.engine import normalize_usage
 from ctxengine.manager import CompactionDue, ContextManager, default_store
 from ctxengine.messages import Message
 from ctxengine.models import UnknownModelWarning
-from ctxengine.proxy.apis import ANTHROPIC, OPENAI, Api, ToolCall, anthropic_body, has_cache_control
-from ctxengine.proxy.incoming import IncomingHistory
+from ctxengine.proxy.apis import ANTHROPIC, OPENAI, Api, Marking, ToolCall, has_cache_control
 from ctxengine.proxy.metrics import CONTENT_TYPE, ProxyMetrics
 from ctxengine.proxy.rawbody import BodyCache
 from ctxengine.proxy.session import (
@@ -81,7 +79,8 @@ from ctxengine.proxy.session import (
     derive_session_id,
     session_from_header,
 )
-from ctxengine.proxy.streams import AnthropicStream, EventSplitter, OpenAIStream, StreamTracker
+from ctxengine.proxy.state import ProxySession, SessionTable
+from ctxengine.proxy.streams import EventSplitter, StreamTracker
 from ctxengine.proxy.upstream import (
     AiohttpUpstream,
     HttpxUpstream,
@@ -90,6 +89,7 @@ from ctxengine.proxy.upstream import (
     UpstreamError,
     UpstreamResponse,
 )
+from ctxengine.proxy.writer import encode, outgoing, tool_name
 from ctxengine.storage import SessionRecorder
 
 __all__ = ["TOKENS_SAVED_HEADER", "TOKEN_HEADER", "Proxy", "create_app"]
@@ -123,8 +123,9 @@ class _Plan:
 
     api: Api
     session: str
-    body: dict[str, Any]
+    body: Mapping[str, Any]
     content: bytes
+    state: ProxySession | None = None  # the session's proxy state (None: not planned)
     manager: ContextManager | None = None
     engine_tools: frozenset[str] = frozenset()
     tokens_in: int = 0
@@ -197,17 +198,11 @@ class Proxy:
         self._transport = transport
         self._client: Upstream | None = None
         self._managers: dict[tuple[str, str], ContextManager] = {}
-        self._injected: dict[str, list[dict[str, Any]]] = {}
-        self._incoming: dict[tuple[str, str], tuple[threading.Lock, IncomingHistory]] = {}
-        self._betas: dict[str, list[str]] = {}
-        self._seen: dict[tuple[str, str], float] = {}  # (api, session) -> last request (monotonic)
-        self._last_sweep = time.monotonic()
-        self._settling: dict[tuple[str, str], anyio.Event] = {}
+        self.sessions = SessionTable(self.settings.session_idle_seconds)
         # a local store (SQLite) or none: the turn's write waits until the response is out, and
         # a quick turn is planned on the event loop (a shared store is written before the
         # request goes upstream, so another process serving the session's next turn sees it)
         self._local_store = _is_local(self.store)
-        self._bodies: dict[tuple[str, str], BodyCache] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._lock = threading.Lock()
         self.app = Starlette(
@@ -288,7 +283,7 @@ class Proxy:
         with self._lock:
             mgr = self._managers.get(key)
             if mgr is None:
-                provider = "anthropic" if api is ANTHROPIC else self.config.model.provider
+                provider = "anthropic" if api.upstream == "anthropic" else self.config.model.provider
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", UnknownModelWarning)
                     mgr = ContextManager(self.config, model=model, provider=provider, store=self.store)
@@ -302,7 +297,7 @@ class Proxy:
         return hmac.compare_digest(sent.encode(), self.auth_token.encode())
 
     def _upstream(self, api: Api, path: str, query: str) -> str:
-        if api is ANTHROPIC:
+        if api.upstream == "anthropic":
             base = self.settings.anthropic_base_url.rstrip("/")
             url = base + path if not base.endswith("/v1") else base + path[3:]
         else:
@@ -414,27 +409,32 @@ class Proxy:
             return self._error(api, 400, bad_session, "bad_request")
         headers = self._request_headers(request)
         plan = _Plan(api, named or "", body, raw)
+        passthrough = api.passthrough_reason(body)
         try:
-            if not named:
-                plan.session = derive_session_id(api.name, request.headers, body.get("system") if api is ANTHROPIC else None, body["messages"])
-            await self._settled(api, plan.session)
-            t_queue = time.perf_counter()
-            quick = self._plan_inline(api, plan.session, body, raw)
-            if quick is not None:
-                plan = quick
-                plan.stages.append(("plan_inline", plan.finished - plan.started))
+            if passthrough is not None:
+                log.debug("request forwarded unchanged: %s", passthrough)
+                self.metrics.child(self.metrics.plans, api.name, "passthrough").inc()
             else:
-                plan = await anyio.to_thread.run_sync(self._plan, api, plan.session, body, raw)
-                t_back = time.perf_counter()
-                plan.stages += [("plan_queue", plan.started - t_queue), ("plan", plan.finished - plan.started), ("plan_return", t_back - plan.finished)]
+                if not named:
+                    plan.session = derive_session_id(api.name, request.headers, api.system(body), body["messages"])
+                await self._settled(api, plan.session)
+                t_queue = time.perf_counter()
+                quick = self._plan_inline(api, plan.session, body, raw)
+                if quick is not None:
+                    plan = quick
+                    plan.stages.append(("plan_inline", plan.finished - plan.started))
+                else:
+                    plan = await anyio.to_thread.run_sync(self._plan, api, plan.session, body, raw)
+                    t_back = time.perf_counter()
+                    plan.stages += [("plan_queue", plan.started - t_queue), ("plan", plan.finished - plan.started), ("plan_return", t_back - plan.finished)]
         except Exception as exc:  # fail open: the client's request goes upstream unchanged
             self._fail_open(api, plan, "prepare", exc)
             plan = _Plan(api, plan.session, body, raw)
         # the metrics are updated once the response is out (_settle_later), off this path
         plan.stages += [("read", t_read - t0), ("parse", t_parse - t_read)]
         plan.added = time.perf_counter() - t0
-        if api is ANTHROPIC:
-            self._sticky_betas(plan.session, headers)
+        if api.upstream == "anthropic":
+            self._sticky_betas(plan.state, headers)
         # the route's own path; the query as Starlette's URL gives it (without building one)
         url = self._upstream(api, request.scope["path"], request.scope.get("query_string", b"").decode())
         extra = [(_SESSION_RAW, plan.session.encode("latin-1")), (_SAVED_RAW, str(plan.saved).encode())]
@@ -443,33 +443,28 @@ class Proxy:
                 return await self._stream(plan, url, headers, extra)
             return await self._complete(plan, url, headers, extra, raw)
         except UpstreamError as exc:
-            kind = "api_error" if api is ANTHROPIC else "server_error"
-            return self._after(self._error(api, 502, f"upstream unreachable: {exc}", "upstream_unreachable", kind), plan)
+            return self._after(self._error(api, 502, f"upstream unreachable: {exc}", "upstream_unreachable", api.unreachable_kind), plan)
         except BaseException:
             self._settle_later(plan)  # the deferred write still runs
             raise
 
     def _body_cache(self, api: Api, session: str) -> BodyCache:
-        with self._lock:
-            cache = self._bodies.get((api.name, session))
-            if cache is None:
-                cache = self._bodies[(api.name, session)] = BodyCache()
-            return cache
+        """The session's last body (the session is opened here when new)."""
+        return self.sessions.open(api.name, session).body
 
-    def _sticky_betas(self, session: str, headers: dict[str, str]) -> None:
+    def _sticky_betas(self, s: ProxySession | None, headers: dict[str, str]) -> None:
         """Keep a session's ``anthropic-beta`` flags once sent: a turn that drops one would
         change how the request is processed and miss the cache built with it."""
+        if s is None:
+            return
         key = next((k for k in headers if k.lower() == "anthropic-beta"), None)
-        if key is None and not self._betas.get(session):
+        if key is None and not s.betas:
             return  # the usual request: no flags sent, none kept
         key = key or "anthropic-beta"
         sent = [b.strip() for b in headers.get(key, "").split(",") if b.strip()]
-        with self._lock:
-            betas = self._betas.setdefault(session, [])
-            betas.extend(b for b in sent if b not in betas)
-            merged = list(betas)
-        if merged:
-            headers[key] = ",".join(merged)
+        s.betas.extend(b for b in sent if b not in s.betas)  # on the event loop: no other writer
+        if s.betas:
+            headers[key] = ",".join(s.betas)
 
     def _fail_open(self, api: Api, plan: _Plan, stage: str, exc: BaseException) -> None:
         self.metrics.fail_open.labels(api.name, stage).inc()
@@ -480,130 +475,102 @@ class Proxy:
         )
 
     # -- the manager's part (worker thread, or the event loop when quick) -----------------
-    def _plan(self, api: Api, session: str, body: dict[str, Any], raw: bytes) -> _Plan:
+    def _plan(self, api: Api, session: str, body: Mapping[str, Any], raw: bytes) -> _Plan:
         started = time.perf_counter()
-        plan = self._plan_session(api, session, body, raw)
+        now = time.monotonic()
+        s = self.sessions.open(api.name, session, now)
+        if self.sessions.sweep_due(now, claim=True):
+            self.end_idle_sessions(now)
+        with s.lock:
+            plan = self._plan_locked(api, s, body, raw)
         plan.started, plan.finished = started, time.perf_counter()
         self.metrics.child(self.metrics.plans, api.name, "worker").inc()
         return plan
 
-    def _plan_inline(self, api: Api, session: str, body: dict[str, Any], raw: bytes) -> _Plan | None:
+    def _plan_inline(self, api: Api, session: str, body: Mapping[str, Any], raw: bytes) -> _Plan | None:
         """The plan, made on the event loop when that is quick and cannot block it; ``None``
         when it must go to a worker thread (:meth:`_plan`).
 
-        Quick means: a local store (or none); the session and its manager already open here
-        (a first request resumes the session from the store); no idle sweep due; no other
+        Quick means: a local store (or none); the session open here on the same model (a
+        first request resumes the session from the store); no idle sweep due; no other
         thread planning the session or holding its lock; and a turn that only appends
         (``prepare(may_compact=False)``: no compaction, which may call a summarizer for
         seconds, no window cut, no store write now). A worker thread costs 0.2-0.8 ms of
         hand-over each way; the quick turn is a fraction of a millisecond."""
         if not self._local_store:
             return None
-        key = (api.name, session)
         now = time.monotonic()
-        with self._lock:
-            entry = self._incoming.get(key)
-            if entry is None or (api.name, str(body["model"])) not in self._managers:
-                return None
-            if self._sweep_due(now):
-                return None
-            self._seen[key] = now
-        lock, incoming = entry
-        if not lock.acquire(blocking=False):
+        s = self.sessions.get(api.name, session)
+        if s is None or s.model != body["model"] or self.sessions.sweep_due(now):
+            return None
+        s.seen = now
+        if not s.lock.acquire(blocking=False):
             return None
         try:
             started = time.perf_counter()
             try:
-                plan = self._plan_locked(api, session, body, raw, incoming, quick=True)
+                plan = self._plan_locked(api, s, body, raw, quick=True)
             except CompactionDue as exc:
                 log.debug("planned in a worker thread: %s", exc.reason)
                 return None
         finally:
-            lock.release()
+            s.lock.release()
         plan.started, plan.finished = started, time.perf_counter()
         self.metrics.child(self.metrics.plans, api.name, "inline").inc()
         return plan
-
-    def _sweep_due(self, now: float) -> bool:
-        """Whether idle sessions are due to be ended (:meth:`end_idle_sessions`; under ``_lock``)."""
-        return now - self._last_sweep >= min(60.0, self.settings.session_idle_seconds / 2)
-
-    def _plan_session(self, api: Api, session: str, body: dict[str, Any], raw: bytes) -> _Plan:
-        key = (api.name, session)
-        now = time.monotonic()
-        with self._lock:
-            entry = self._incoming.get(key)
-            fresh = entry is None
-            if entry is None:
-                entry = self._incoming[key] = (threading.Lock(), IncomingHistory())
-            self._seen[key] = now
-            sweep = self._sweep_due(now)
-            if sweep:
-                self._last_sweep = now
-        if sweep:
-            self.end_idle_sessions(now)
-        lock, incoming = entry
-        with lock:
-            return self._plan_locked(api, session, body, raw, incoming, fresh)
 
     def end_idle_sessions(self, now: float | None = None) -> int:
         """End the sessions idle longer than ``proxy.session_idle_seconds`` (``on_session_end``,
         their in-memory state dropped; the store keeps their record, and a returning client
         resumes from it). Runs on its own every so often; returns how many were ended."""
         now = time.monotonic() if now is None else now
-        limit = self.settings.session_idle_seconds
-        with self._lock:
-            idle = [k for k, t in self._seen.items() if now - t > limit]
-            managers = list(self._managers.items())
         ended = 0
-        for key in idle:
-            with self._lock:
-                entry = self._incoming.get(key)
-            if entry is None:
-                continue
-            with entry[0]:
-                with self._lock:
-                    if now - self._seen.get(key, now) <= limit:  # a request came in meanwhile
-                        continue
-                    self._incoming.pop(key, None)
-                    self._bodies.pop(key, None)
-                    self._seen.pop(key, None)
-                    self._injected.pop(key[1], None)
-                    self._betas.pop(key[1], None)
-                for (api_name, _model), mgr in managers:
-                    if api_name == key[0]:
+        for s in self.sessions.idle(now):
+            with s.lock:
+                if not self.sessions.drop(s, now):  # a request came in meanwhile
+                    continue
+                if s.model is not None:
+                    mgr = self._managers.get((s.api, s.model))
+                    if mgr is not None:
                         try:
-                            mgr.end_session(key[1])
+                            mgr.end_session(s.id)
                         except Exception as exc:  # an engine's on_session_end must not stop the sweep
-                            log.warning("ending an idle session failed", extra={"fields": {"session": key[1], "error": f"{type(exc).__name__}: {exc}"}})
+                            log.warning("ending an idle session failed", extra={"fields": {"session": s.id, "error": f"{type(exc).__name__}: {exc}"}})
             ended += 1
         if ended:
             self.metrics.idle_ended.inc(ended)
-            log.info("idle sessions ended", extra={"fields": {"ended": ended, "idle_seconds": limit}})
+            log.info("idle sessions ended", extra={"fields": {"ended": ended, "idle_seconds": self.sessions.idle_seconds}})
         return ended
 
-    def _plan_locked(
-        self, api: Api, session: str, body: dict[str, Any], raw: bytes, incoming: IncomingHistory, fresh: bool = False, *, quick: bool = False
-    ) -> _Plan:
+    def _open_manager(self, api: Api, s: ProxySession, model: str) -> ContextManager:
+        """The manager of ``model`` holding the session (under ``s.lock``): a session new in
+        this process resumes from the store; a session whose client switched models moves to
+        the new model's manager the same way (its working context as recorded, not the full
+        history compacted again)."""
+        mgr = self.manager(api, model)
+        if s.model == model:
+            return mgr
+        if s.model is not None:
+            old = self._managers.get((api.name, s.model))
+            if old is not None:
+                old.end_session(s.id)  # writes what is pending first
+        mgr.resume_session(s.id)
+        s.model = model
+        return mgr
+
+    def _plan_locked(self, api: Api, s: ProxySession, body: Mapping[str, Any], raw: bytes, *, quick: bool = False) -> _Plan:
         """The plan of one request, under the session's lock. ``quick``: only a turn that
         appends, else :class:`CompactionDue` before anything changed (:meth:`_plan_inline`)."""
-        mgr = self.manager(api, str(body["model"]))
-        with self._lock:
-            cache = self._bodies.get((api.name, session))
-        if fresh:  # first request since this process started or the session went idle
-            mgr.resume_session(session)
-        conv = None
-        if api is ANTHROPIC:
-            conv = incoming.from_anthropic(body.get("system"), body["messages"])
-            msgs = conv.messages
-        else:  # the manager recognises the resent history itself (ctxengine.history)
-            msgs = list(body["messages"])
+        session = s.id
+        mgr = self._open_manager(api, s, str(body["model"]))
+        msgs, conv = api.read(body, s.incoming)
         before = 0 if quick else mgr.counters(session)["compactions"]  # a quick turn never compacts
         out = mgr.prepare(msgs, session_id=session, defer_record=self._local_store, may_compact=not quick)
         after_status = mgr.counters(session)
-        plan = _Plan(api, session, body, raw, manager=mgr, context=out, deferred=self._local_store and mgr.store is not None)
+        plan = _Plan(api, session, body, raw, state=s, manager=mgr, context=out, deferred=self._local_store and mgr.store is not None)
         plan.compactions = 0 if quick else after_status["compactions"] - before
         changed = not _same(out, msgs)
+        incoming = s.incoming
         if changed:  # after a compaction, every turn: each message estimated once
             plan.tokens_in, plan.tokens_out = incoming.tokens_in.count(msgs), incoming.tokens_out.count(out)
         else:
@@ -611,56 +578,29 @@ class Proxy:
         indices: list[int] = []
         # the byte check is quick (only the bytes new since last turn, when the cache parsed
         # this body); only a body that names the key is walked
-        if mgr.caching.enabled and not (
-            (cache.contains(raw, b'"cache_control"') if cache is not None else b'"cache_control"' in raw) and has_cache_control(body)
-        ):
+        if mgr.caching.enabled and not (s.body.contains(raw, b'"cache_control"') and has_cache_control(body)):
             indices = mgr.breakpoints(out, session_id=session)
-        new_body = body
-        rewritten: list[int] | None = None  # the Anthropic messages written back (-1: the system prompt)
-        if indices and conv is not None and not changed:
-            try:  # only the messages that carry a marker are converted back
-                new_body, rewritten = incoming.with_markers(body, conv, out, indices, cache_ttl=mgr.caching.cache_ttl, native_anthropic=mgr.caching.native_anthropic)
-            except (ValueError, KeyError, IndexError) as exc:
-                log.debug("marker write-back fell back to a full conversion: %s", exc)
-                new_body = api.with_messages(body, self._marked(mgr, out, indices))
-        elif conv is not None:  # e.g. every turn after a compaction: only what changed is converted
-            new_body = anthropic_body(body, *incoming.outgoing_anthropic(out, indices, cache_ttl=mgr.caching.cache_ttl, native_anthropic=mgr.caching.native_anthropic))
-        elif changed or indices:
-            new_body = api.with_messages(body, self._marked(mgr, out, indices) if indices else out)
-        tools = self._engine_tools(api, mgr, session, body)
-        if tools:
-            new_body = api.with_tools(new_body, tools)
-            plan.engine_tools = frozenset(str((t.get("function") or t)["name"]) for t in tools)
-        if new_body is not body:
-            plan.body = new_body
-            known = [a for a in rewritten if a >= 0] if rewritten is not None else None
-            spliced = cache.splice(raw, body, new_body, known) if cache is not None else None
-            plan.content = spliced if spliced is not None else orjson.dumps(new_body)
+        marking = Marking(indices, mgr.caching.cache_ttl, mgr.caching.native_anthropic)
+        sent = outgoing(api, s, body, raw, conv, out, changed, marking, self._engine_tools(api, mgr, s, body))
+        plan.body, plan.content, plan.engine_tools = sent.body, sent.content, sent.engine_tools
         return plan
 
-    @staticmethod
-    def _marked(mgr: ContextManager, context: list[Message], indices: list[int]) -> list[Message]:
-        """``context`` with cache markers on the messages at ``indices`` (only those copied)."""
-        return apply_breakpoints(context, indices, cache_ttl=mgr.caching.cache_ttl, native_anthropic=mgr.caching.native_anthropic, share_unmarked=True)
-
-    def _engine_tools(self, api: Api, mgr: ContextManager, session: str, body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def _engine_tools(self, api: Api, mgr: ContextManager, s: ProxySession, body: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The engine's tools to add: only when enabled and the client sends tools of its own;
         once added for a session they stay (a stable tool list keeps the cache warm)."""
         client_tools = body.get("tools")
         if not self.settings.recall_tools or not isinstance(client_tools, list) or not client_tools:
             return []
-        offered = mgr.tools([], session_id=session)
-        with self._lock:
-            sticky = self._injected.setdefault(session, [])
-            known = {str((t.get("function") or t).get("name")) for t in sticky}
-            for t in offered:
-                name = str((t.get("function") or t).get("name"))
-                if name not in known:
-                    sticky.append(dict(t))
-                    known.add(name)
-            chosen = list(sticky)
+        offered = mgr.tools([], session_id=s.id)
+        sticky = s.injected  # under the session's lock
+        known = {tool_name(t) for t in sticky}
+        for t in offered:
+            name = tool_name(t)
+            if name not in known:
+                sticky.append(dict(t))
+                known.add(name)
         taken = api.tool_names(body)
-        return [t for t in chosen if str((t.get("function") or t).get("name")) not in taken]
+        return [t for t in sticky if tool_name(t) not in taken]
 
     def _run_tool(self, plan: _Plan, call: ToolCall) -> str:
         """Answer one call to a tool the proxy added, through the manager (the engine's own
@@ -710,9 +650,10 @@ class Proxy:
         feed = self._usage_metrics(plan, usage)
         if not (feed or plan.deferred):
             return
-        key = (plan.api.name, plan.session)
+        state = plan.state
         done = anyio.Event()
-        self._settling[key] = done
+        if state is not None:
+            state.settling = done
 
         async def run() -> None:
             started = time.perf_counter()
@@ -720,8 +661,8 @@ class Proxy:
                 await anyio.to_thread.run_sync(self._settle, plan, dict(usage or {}) if feed else None)
             finally:
                 done.set()
-                if self._settling.get(key) is done:
-                    del self._settling[key]
+                if state is not None and state.settling is done:
+                    state.settling = None
                 self.metrics.child(self.metrics.stage, plan.api.name, "settle").observe(time.perf_counter() - started)
 
         task = asyncio.get_running_loop().create_task(run())
@@ -775,7 +716,8 @@ class Proxy:
 
     async def _settled(self, api: Api, session: str) -> None:
         """Wait for the session's previous request's :meth:`_settle_later` work."""
-        pending = self._settling.get((api.name, session))
+        s = self.sessions.get(api.name, session)
+        pending = s.settling if s is not None else None
         if pending is not None:
             started = time.perf_counter()
             await pending.wait()
@@ -865,7 +807,7 @@ class Proxy:
             results = [(c, await anyio.to_thread.run_sync(self._run_tool, plan, c)) for c in calls]
             body = api.followup(body, api.assistant_message(data), results)
             self.metrics.tool_rounds.labels(api.name).inc()
-            resp, content = await self._post(url, headers, orjson.dumps(body))
+            resp, content = await self._post(url, headers, encode(body))
             if resp.status >= 400:
                 return resp.status, {}, resp, content
             data = orjson.loads(content)
@@ -873,11 +815,6 @@ class Proxy:
         return resp.status, api.without_calls(data, set(plan.engine_tools)), resp, content
 
     # -- streaming ------------------------------------------------------------------------------
-    def _tracker(self, plan: _Plan, first: bool = True, offset: int = 0) -> StreamTracker:
-        if plan.api is ANTHROPIC:
-            return AnthropicStream(engine_tools=plan.engine_tools, first_round=first, index_offset=offset)
-        return OpenAIStream(engine_tools=plan.engine_tools, first_round=first)
-
     async def _stream(self, plan: _Plan, url: str, headers: dict[str, str], extra: RawHeaders) -> Response:
         started = time.perf_counter()
         resp = await self.client.send("POST", url, headers, plan.content)
@@ -892,7 +829,7 @@ class Proxy:
 
     async def _relay(self, plan: _Plan, url: str, headers: dict[str, str], resp: UpstreamResponse, started: float) -> AsyncIterator[bytes]:
         api = plan.api
-        tracker = self._tracker(plan)
+        tracker: StreamTracker = api.tracker(plan.engine_tools)
         body = plan.body
         rounds = 0
         outcome = "ok"
@@ -923,21 +860,20 @@ class Proxy:
                     break
                 await self._usage(plan, tracker.usage)
                 if rounds >= self.settings.max_tool_rounds:
-                    yield _closing(api)
+                    yield api.closing()
                     break
                 calls = [ToolCall(i, n, a) for i, n, a in tracker.calls()]
                 results = [(c, await anyio.to_thread.run_sync(self._run_tool, plan, c)) for c in calls]
                 body = api.followup(body, tracker.assistant_message(), results)
                 self.metrics.tool_rounds.labels(api.name).inc()
                 rounds += 1
-                resp = await self.client.send("POST", url, headers, orjson.dumps(body))
+                resp = await self.client.send("POST", url, headers, encode(body))
                 if resp.status >= 400:
                     content = await resp.read()
                     outcome = "upstream_error"
-                    yield _stream_error(api, resp.status, content)
+                    yield api.stream_error(resp.status, content)
                     break
-                offset = tracker.client_blocks if isinstance(tracker, AnthropicStream) else 0
-                tracker = self._tracker(plan, first=False, offset=offset)
+                tracker = api.tracker(plan.engine_tools, first_round=False, previous=tracker)
         finally:
             await resp.aclose()
             self._account(plan, outcome, 200, started)
@@ -1015,26 +951,6 @@ class _RelayResponse(StreamingResponse):
         async for chunk in self.body_iterator:
             await send({"type": "http.response.body", "body": chunk if isinstance(chunk, bytes | memoryview) else chunk.encode(self.charset), "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-def _closing(api: Api) -> bytes:
-    """The end of a stream whose last round still called only the engine's tools."""
-    if api is ANTHROPIC:
-        delta = {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None}, "usage": {"output_tokens": 0}}
-        return b"event: message_delta\ndata: " + orjson.dumps(delta) + b"\n\nevent: message_stop\ndata: " + orjson.dumps({"type": "message_stop"}) + b"\n\n"
-    chunk = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
-    return b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n"
-
-
-def _stream_error(api: Api, status: int, content: bytes) -> bytes:
-    """An upstream error met in a follow-up round, as an event of the stream already under way."""
-    try:
-        payload = orjson.loads(content)
-    except orjson.JSONDecodeError:
-        payload = api.error(status, content.decode("utf-8", "replace")[:500])
-    if api is ANTHROPIC:
-        return b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"
-    return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
 def create_app(
