@@ -105,12 +105,16 @@ _HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-autho
 _OURS = (SESSION_HEADER, TOKEN_HEADER)
 _SESSION_RAW, _SAVED_RAW = SESSION_HEADER.encode(), TOKENS_SAVED_HEADER.encode()
 _HOP_RAW = frozenset(h.encode() for h in _HOP)
+# a relayed response's headers the serving HTTP server writes itself (relaying them too would
+# send them twice)
+_SERVER_SET = frozenset({b"date", b"server"})
 # request headers not forwarded (lowercased names): a passthrough request's, and a chat request's
 _NOT_FORWARDED = _HOP_RAW | {h.encode() for h in _OURS}
 _NOT_FORWARDED_CHAT = _NOT_FORWARDED | {b"accept-encoding"}
 # a chat response's headers not relayed: also the encoding of a body the client gets decoded,
 # and the proxy's own headers (it sets them itself)
-_NOT_RELAYED = _HOP_RAW | {b"content-encoding", SESSION_HEADER.encode(), TOKENS_SAVED_HEADER.encode()}
+_NOT_RELAYED = _HOP_RAW | _SERVER_SET | {b"content-encoding", SESSION_HEADER.encode(), TOKENS_SAVED_HEADER.encode()}
+_NOT_RELAYED_PASSTHROUGH = _HOP_RAW | _SERVER_SET
 
 
 class _TooLarge(Exception):
@@ -212,6 +216,7 @@ class Proxy:
                 Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
                 Route("/v1/messages", self.messages, methods=["POST"]),
                 Route("/v1/{path:path}", self.forward, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
+                Route("/{path:path}", self.not_served, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
             ],
             middleware=[Middleware(_ChatFront, proxy=self)],
             lifespan=self._lifespan,
@@ -321,7 +326,7 @@ class Proxy:
     @staticmethod
     def _response_headers(resp: UpstreamResponse, *, keep_encoding: bool = False) -> RawHeaders:
         """The upstream response's headers the client gets (as sent, repeated names kept)."""
-        dropped = _HOP_RAW if keep_encoding else _NOT_RELAYED
+        dropped = _NOT_RELAYED_PASSTHROUGH if keep_encoding else _NOT_RELAYED
         return [(k, v) for k, v in resp.raw_headers if k.lower() not in dropped]
 
     async def _read_body(self, request: Request) -> bytes:
@@ -361,6 +366,16 @@ class Proxy:
 
     async def messages(self, request: Request) -> Response:
         return await self._chat(request, ANTHROPIC)
+
+    async def not_served(self, request: Request) -> Response:
+        """A path outside ``/v1/`` (e.g. Gemini's ``/v1beta/…``): a JSON 404 saying what is served."""
+        message = (
+            f"ctxengine proxy: {request.method} {request.url.path} is not served; it serves the OpenAI chat-completions "
+            "(/v1/chat/completions) and Responses (/v1/responses) APIs and the Anthropic messages API (/v1/messages), "
+            "and forwards every other /v1/ path"
+        )
+        self.metrics.requests.labels("passthrough", "not_found").inc()
+        return JSONResponse({"error": {"code": 404, "message": message, "status": "NOT_FOUND", "type": "not_found"}}, status_code=404)
 
     async def forward(self, request: Request) -> Response:
         """Any other ``/v1/`` path, unchanged both ways."""

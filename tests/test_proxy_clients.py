@@ -1,0 +1,75 @@
+"""What real clients do that the proxy must take in its stride: switching models in a session,
+relayed headers the server sets itself, paths of another API, recall calls next to the client's
+own calls in one reply. Real proxy (uvicorn on 127.0.0.1), real stub upstream, real SQLite."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+import openai
+import pytest
+from tests.test_proxy import KEY, TOOLS, make_config, metric
+
+from ctxengine.proxy import SESSION_HEADER, ProxyServer
+from ctxengine.proxy.apis import OPENAI
+from ctxengine.testing.stub_server import StubReply, StubServer
+
+
+@pytest.fixture
+def stub() -> Iterator[StubServer]:
+    with StubServer() as s:
+        yield s
+
+
+def _agent_turns(c: openai.OpenAI, msgs: list[Any], turns: int, model: str, start: int = 0) -> None:
+    for turn in range(start, start + turns):
+        call = {"id": f"call_{turn}", "type": "function", "function": {"name": "read_file", "arguments": json.dumps({"path": f"log{turn}.txt"})}}
+        output = f"turn {turn}: " + ("log line with details about the build\n" * 30)
+        msgs += [{"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "tool", "tool_call_id": f"call_{turn}", "content": output}]
+        r = c.chat.completions.create(model=model, messages=msgs, tools=TOOLS)  # type: ignore[arg-type]
+        msgs += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": f"continue {turn}"}]
+
+
+def test_switching_model_mid_conversation_continues_the_working_context(stub: StubServer, tmp_path: Path) -> None:
+    cfg = make_config(stub, tmp_path, context={"engine": "compressor"}, model={"context_length": 6000})
+    stub.responder = lambda req: StubReply.ok("ack " + "z" * 40)
+    with ProxyServer(cfg) as p:
+        c = openai.OpenAI(base_url=p.openai_base_url, api_key=KEY, max_retries=0, default_headers={SESSION_HEADER: "switch"})
+        msgs: list[Any] = [{"role": "system", "content": "You are a careful agent."}, {"role": "user", "content": "fix the failing build"}]
+        _agent_turns(c, msgs, 24, "gpt-4o")
+        compactions = metric(p, "ctxengine_proxy_compactions_total", api="openai")
+        assert compactions >= 1
+        before = stub.requests[-1].body["messages"]
+        msgs.append({"role": "user", "content": "now with the other model"})
+        c.chat.completions.create(model="gpt-4o-mini", messages=msgs, tools=TOOLS)  # type: ignore[arg-type]
+        after = stub.requests[-1].body["messages"]
+        # the new model's manager resumed the recorded working context: nothing compacted anew
+        assert metric(p, "ctxengine_proxy_compactions_total", api="openai") == compactions
+        assert after[: len(before)] == before and after[len(before) :] == msgs[-3:]
+        assert "switch" not in p.proxy.manager(OPENAI, "gpt-4o").sessions
+        assert "switch" in p.proxy.manager(OPENAI, "gpt-4o-mini").sessions
+
+
+def test_relayed_responses_carry_date_and_server_once(stub: StubServer, tmp_path: Path) -> None:
+    stub.script(StubReply.ok("hi"), StubReply.ok("hi"))
+    with ProxyServer(make_config(stub, tmp_path)) as p:
+        body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]}
+        for stream in (False, True):
+            r = httpx.post(p.openai_base_url + "/chat/completions", json={**body, "stream": stream}, headers={"authorization": f"Bearer {KEY}"})
+            assert r.status_code == 200
+            assert len(r.headers.get_list("date")) == 1 and len(r.headers.get_list("server")) <= 1
+        r = httpx.get(p.openai_base_url + "/models", headers={"authorization": f"Bearer {KEY}"})
+        assert len(r.headers.get_list("date")) == 1 and len(r.headers.get_list("server")) <= 1
+
+
+def test_a_path_of_another_api_gets_a_json_404(stub: StubServer, tmp_path: Path) -> None:
+    with ProxyServer(make_config(stub, tmp_path)) as p:
+        r = httpx.post(p.url + "/v1beta/models/gemini-2.5-pro:generateContent", json={"contents": []})
+        assert r.status_code == 404
+        error = r.json()["error"]
+        assert error["status"] == "NOT_FOUND" and "/v1/chat/completions" in error["message"] and "/v1/messages" in error["message"]
+        assert stub.calls == 0
