@@ -14,6 +14,7 @@ import openai
 import pytest
 from tests.test_proxy import KEY, TOOLS, make_config, metric
 
+from ctxengine.messages import validate
 from ctxengine.proxy import SESSION_HEADER, ProxyServer
 from ctxengine.proxy.apis import OPENAI
 from ctxengine.testing.stub_server import StubReply, StubServer
@@ -73,3 +74,51 @@ def test_a_path_of_another_api_gets_a_json_404(stub: StubServer, tmp_path: Path)
         error = r.json()["error"]
         assert error["status"] == "NOT_FOUND" and "/v1/chat/completions" in error["message"] and "/v1/messages" in error["message"]
         assert stub.calls == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_recall_call_beside_a_client_call_is_answered_and_put_back(stub: StubServer, tmp_path: Path, stream: bool) -> None:
+    cfg = make_config(stub, tmp_path, context={"engine": "compressor"}, model={"context_length": 6000})
+    secret = "\nERROR: checksum mismatch in artifact 9f3c2e1\n"
+
+    def responder(req: Any) -> StubReply:
+        last = req.body["messages"][-1]
+        if "which sha" in str(last.get("content")):
+            return StubReply.calling(("ctx_grep", {"query": "9f3c2e1"}), ("read_file", {"path": "build.log"}))
+        return StubReply.ok("ack " + "z" * 40)
+
+    stub.responder = responder
+    with ProxyServer(cfg) as p:
+        c = openai.OpenAI(base_url=p.openai_base_url, api_key=KEY, max_retries=0, default_headers={SESSION_HEADER: f"mixed-{stream}"})
+        msgs: list[Any] = [{"role": "system", "content": "You are a careful agent."}, {"role": "user", "content": "fix the failing build"}]
+        for turn in range(30):
+            output = f"turn {turn}: " + ("log line with details about the build\n" * 30) + (secret if turn == 1 else "")
+            call = {"id": f"call_{turn}", "type": "function", "function": {"name": "read_file", "arguments": json.dumps({"path": f"log{turn}.txt"})}}
+            msgs += [{"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "tool", "tool_call_id": f"call_{turn}", "content": output}]
+            r = c.chat.completions.create(model="gpt-4o", messages=msgs, tools=TOOLS)  # type: ignore[arg-type]
+            msgs += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": f"continue {turn}"}]
+        assert "ctx_grep" in [t["function"]["name"] for t in stub.requests[-1].body["tools"]]
+        msgs.append({"role": "user", "content": "which sha failed earlier?"})
+        n = len(stub.requests)
+        if stream:
+            chunks = list(c.chat.completions.create(model="gpt-4o", messages=msgs, tools=TOOLS, stream=True))  # type: ignore[arg-type]
+            names = [tc.function.name for ch in chunks if ch.choices for tc in ch.choices[0].delta.tool_calls or [] if tc.function and tc.function.name]
+            ids = [tc.id for ch in chunks if ch.choices for tc in ch.choices[0].delta.tool_calls or [] if tc.id]
+        else:
+            r = c.chat.completions.create(model="gpt-4o", messages=msgs, tools=TOOLS)  # type: ignore[arg-type]
+            names = [tc.function.name for tc in r.choices[0].message.tool_calls or []]  # type: ignore[union-attr]
+            ids = [tc.id for tc in r.choices[0].message.tool_calls or []]
+        assert names == ["read_file"] and len(stub.requests) == n + 1  # the client gets its own call only
+        # the client answers its call; the next request carries the recall turn too, valid
+        msgs += [{"role": "assistant", "content": None, "tool_calls": [{"id": ids[0], "type": "function", "function": {"name": "read_file", "arguments": "{}"}}]}]
+        msgs += [{"role": "tool", "tool_call_id": ids[0], "content": "build.log: ok"}]
+        for _ in range(2):  # and every request after it
+            c.chat.completions.create(model="gpt-4o", messages=msgs, tools=TOOLS)  # type: ignore[arg-type]
+            sent = stub.requests[-1].body["messages"]
+            assert validate(sent) == []
+            turn = next(m for m in sent if m.get("role") == "assistant" and any(tc["id"] == ids[0] for tc in m.get("tool_calls") or []))
+            grep_ids = [tc["id"] for tc in turn["tool_calls"] if tc["function"]["name"] == "ctx_grep"]
+            assert len(grep_ids) == 1
+            answer = next(m for m in sent if m.get("tool_call_id") == grep_ids[0])
+            assert "9f3c2e1" in answer["content"]
+            msgs += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "go on"}]

@@ -579,12 +579,15 @@ class Proxy:
         session = s.id
         mgr = self._open_manager(api, s, str(body["model"]))
         msgs, conv = api.read(body, s.incoming)
+        recalled = s.pending_recall.apply(msgs) if s.pending_recall else None
+        if recalled is not None:  # the recall turns the client never sends back
+            msgs, conv = recalled, None
         before = 0 if quick else mgr.counters(session)["compactions"]  # a quick turn never compacts
         out = mgr.prepare(msgs, session_id=session, defer_record=self._local_store, may_compact=not quick)
         after_status = mgr.counters(session)
         plan = _Plan(api, session, body, raw, state=s, manager=mgr, context=out, deferred=self._local_store and mgr.store is not None)
         plan.compactions = 0 if quick else after_status["compactions"] - before
-        changed = not _same(out, msgs)
+        changed = recalled is not None or not _same(out, msgs)
         incoming = s.incoming
         if changed:  # after a compaction, every turn: each message estimated once
             plan.tokens_in, plan.tokens_out = incoming.tokens_in.count(msgs), incoming.tokens_out.count(out)
@@ -627,6 +630,18 @@ class Proxy:
         except Exception as exc:  # the model sees the failure, the client never does
             log.warning("engine tool failed", extra={"fields": {"session": plan.session, "tool": call.name, "error": f"{type(exc).__name__}: {exc}"}})
             return orjson.dumps({"error": f"{call.name} failed: {type(exc).__name__}: {exc}"}).decode()
+
+    async def _answer_beside(self, plan: _Plan, calls: list[ToolCall]) -> None:
+        """Recall calls made beside the client's own calls in one reply: answered now, and put
+        back into the client's next requests (:mod:`ctxengine.proxy.pending`); the client gets
+        its own calls only."""
+        ours = [c for c in calls if c.name in plan.engine_tools]
+        anchor = next((c.id for c in calls if c.name not in plan.engine_tools), None)
+        if plan.state is None or not ours or anchor is None:
+            return
+        answered = [(c.id, c.name, c.arguments, await anyio.to_thread.run_sync(self._run_tool, plan, c)) for c in ours]
+        plan.state.pending_recall.add(anchor, answered)
+        self.metrics.tool_rounds.labels(plan.api.name).inc()
 
     def _usage_metrics(self, plan: _Plan, usage: Mapping[str, Any] | None) -> bool:
         """Count a response's usage in the metrics; True when the manager should see it too."""
@@ -817,7 +832,10 @@ class Proxy:
         body = plan.body
         for _ in range(self.settings.max_tool_rounds):
             calls = api.calls(data)
-            if not calls or not all(c.name in plan.engine_tools for c in calls):
+            if not calls or not any(c.name in plan.engine_tools for c in calls):
+                break
+            if not all(c.name in plan.engine_tools for c in calls):  # the client's calls too
+                await self._answer_beside(plan, calls)
                 break
             results = [(c, await anyio.to_thread.run_sync(self._run_tool, plan, c)) for c in calls]
             body = api.followup(body, api.assistant_message(data), results)
@@ -872,6 +890,8 @@ class Proxy:
                 await resp.aclose()
                 if not (plan.engine_tools and tracker.engine_calls_only()):
                     plan.usage = dict(tracker.usage) if tracker.usage else None
+                    if plan.engine_tools:
+                        await self._answer_beside(plan, [ToolCall(i, n, a) for i, n, a in tracker.calls()])
                     break
                 await self._usage(plan, tracker.usage)
                 if rounds >= self.settings.max_tool_rounds:

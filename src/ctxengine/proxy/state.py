@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 
 from ctxengine.proxy.incoming import IncomingHistory
+from ctxengine.proxy.pending import PendingRecall
 from ctxengine.proxy.rawbody import BodyCache
 
 __all__ = ["ProxySession", "SessionKey", "SessionTable"]
@@ -52,10 +53,9 @@ class ProxySession:
     """Set once the previous request's after-response work (usage, store write) is done."""
     model: str | None = None
     """The model whose manager holds the working context (``None``: not opened in this process)."""
-    pending_recall: list[dict[str, Any]] = field(default_factory=list)
-    """Recall calls the model made beside the client's own calls, with their answers, to be
-    put back into the history the client sends next (OpenAI-form messages: the assistant's
-    recall calls, then their results)."""
+    pending_recall: PendingRecall = field(default_factory=PendingRecall)
+    """Recall calls the model made beside the client's own calls, answered here, put back into
+    every history the client sends from then on (:mod:`ctxengine.proxy.pending`)."""
 
     @property
     def key(self) -> SessionKey:
