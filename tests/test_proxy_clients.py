@@ -9,10 +9,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx2 as httpx
 import openai
 import pytest
-from tests.test_proxy import KEY, TOOLS, make_config, metric
+from tests.test_proxy import ANTHROPIC_TOOLS, KEY, TOOLS, make_config, metric
 
 from ctxengine.messages import validate
 from ctxengine.proxy import SESSION_HEADER, ProxyServer
@@ -122,3 +123,28 @@ def test_a_recall_call_beside_a_client_call_is_answered_and_put_back(stub: StubS
             answer = next(m for m in sent if m.get("tool_call_id") == grep_ids[0])
             assert "9f3c2e1" in answer["content"]
             msgs += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "go on"}]
+
+
+def test_count_tokens_counts_what_the_proxy_sends(stub: StubServer, tmp_path: Path) -> None:
+    cfg = make_config(stub, tmp_path, context={"engine": "compressor"}, model={"context_length": 6000})
+    stub.responder = lambda req: StubReply.ok("ack " + "z" * 40)
+    with ProxyServer(cfg) as p:
+        c = anthropic.Anthropic(base_url=p.anthropic_base_url, api_key=KEY, max_retries=0)
+        msgs: list[Any] = [{"role": "user", "content": "fix the failing build"}]
+        for turn in range(40):
+            use = {"type": "tool_use", "id": f"tu_{turn}", "name": "read_file", "input": {"path": f"log{turn}.txt"}}
+            result = {"type": "tool_result", "tool_use_id": f"tu_{turn}", "content": f"turn {turn}: " + "log line with details about the build\n" * 30}
+            msgs += [{"role": "assistant", "content": [use]}, {"role": "user", "content": [result]}]
+            r = c.messages.create(model="claude-sonnet-4-5", max_tokens=64, system="You are a careful agent.", messages=msgs, tools=ANTHROPIC_TOOLS)  # type: ignore[arg-type]
+            msgs += [{"role": "assistant", "content": r.content[0].text}, {"role": "user", "content": f"continue {turn}"}]  # type: ignore[union-attr]
+        sent = stub.requests[-1].body
+        full = {"model": "claude-sonnet-4-5", "system": "You are a careful agent.", "messages": msgs, "tools": ANTHROPIC_TOOLS}
+        assert c.messages.count_tokens(**full).input_tokens >= 1  # type: ignore[arg-type]
+        # the upstream was asked to count the working context as sent, plus what is new since
+        asked = stub.counted[-1].body
+        assert asked["messages"] == [*sent["messages"], *msgs[-2:]] and asked.get("system") == sent.get("system")
+        assert len(json.dumps(asked)) < 0.6 * len(json.dumps(full))
+        # a body that continues no session is counted as it came
+        other = {"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": "a new conversation"}]}
+        c.messages.count_tokens(**other)  # type: ignore[arg-type]
+        assert stub.counted[-1].body == other

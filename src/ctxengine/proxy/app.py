@@ -215,6 +215,7 @@ class Proxy:
                 Route("/metrics", self.metrics_endpoint, methods=["GET"]),
                 Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
                 Route("/v1/messages", self.messages, methods=["POST"]),
+                Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
                 Route("/v1/{path:path}", self.forward, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
                 Route("/{path:path}", self.not_served, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
             ],
@@ -376,6 +377,37 @@ class Proxy:
         )
         self.metrics.requests.labels("passthrough", "not_found").inc()
         return JSONResponse({"error": {"code": 404, "message": message, "status": "NOT_FOUND", "type": "not_found"}}, status_code=404)
+
+    async def count_tokens(self, request: Request) -> Response:
+        """``POST /v1/messages/count_tokens``: the count of what the proxy would send. A body
+        that continues a session's last request is counted with that request's working context
+        (as it went upstream) plus the messages new since; any other body goes as it came."""
+        api = ANTHROPIC
+        if not self._authorized(request):
+            return self._error(api, 401, f"missing or wrong {TOKEN_HEADER} (this proxy requires a token)", "unauthorized", "authentication_error")
+        try:
+            raw = await self._read_body(request)
+        except _TooLarge:
+            return self._error(api, 413, f"request body larger than {self.settings.max_body_bytes} bytes", "too_large", "request_too_large")
+        content = raw
+        try:
+            body = orjson.loads(raw)
+            if api.problem(body) is None:
+                named = session_from_header(request.headers.get(SESSION_HEADER))
+                sid = named or derive_session_id(api.name, request.headers, api.system(body), body["messages"])
+                counted = _count_body(self.sessions.get(api.name, sid), body)
+                if counted is not None:
+                    content = encode(counted)
+        except (orjson.JSONDecodeError, SessionIdError):
+            pass  # the upstream answers a body it cannot count
+        url = self._upstream(api, request.scope["path"], request.scope.get("query_string", b"").decode())
+        try:
+            resp = await self.client.send("POST", url, self._request_headers(request), content)
+            data = await resp.read()
+        except UpstreamError as exc:
+            return self._error(api, 502, f"upstream unreachable: {exc}", "upstream_unreachable", api.unreachable_kind)
+        self.metrics.requests.labels("passthrough", "ok" if resp.status < 400 else "upstream_error").inc()
+        return self._relayed(resp, data, [])
 
     async def forward(self, request: Request) -> Response:
         """Any other ``/v1/`` path, unchanged both ways."""
@@ -601,6 +633,8 @@ class Proxy:
         marking = Marking(indices, mgr.caching.cache_ttl, mgr.caching.native_anthropic)
         sent = outgoing(api, s, body, raw, conv, out, changed, marking, self._engine_tools(api, mgr, s, body))
         plan.body, plan.content, plan.engine_tools = sent.body, sent.content, sent.engine_tools
+        client = body["messages"]
+        s.last_out = (len(client), client[-1] if client else None, sent.body)
         return plan
 
     def _engine_tools(self, api: Api, mgr: ContextManager, s: ProxySession, body: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -986,6 +1020,31 @@ class _RelayResponse(StreamingResponse):
         async for chunk in self.body_iterator:
             await send({"type": "http.response.body", "body": chunk if isinstance(chunk, bytes | memoryview) else chunk.encode(self.charset), "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _count_body(s: ProxySession | None, body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``body`` (a token count's) with the session's last outgoing context in place of the
+    history it shares with the session's last request, or None when it does not continue it."""
+    if s is None or s.last_out is None:
+        return None
+    n, last, sent = s.last_out
+    messages = body["messages"]
+    if n == 0 or len(messages) < n or _without_markers(messages[n - 1]) != _without_markers(last):
+        return None
+    out = dict(body)
+    out["messages"] = [*sent["messages"], *messages[n:]]
+    if "system" in sent:
+        out["system"] = sent["system"]
+    return out
+
+
+def _without_markers(value: Any) -> Any:
+    """``value`` without its ``cache_control`` keys (clients move their markers every turn)."""
+    if isinstance(value, Mapping):
+        return {k: _without_markers(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [_without_markers(v) for v in value]
+    return value
 
 
 def create_app(

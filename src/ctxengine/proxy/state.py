@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +53,9 @@ class ProxySession:
     """Set once the previous request's after-response work (usage, store write) is done."""
     model: str | None = None
     """The model whose manager holds the working context (``None``: not opened in this process)."""
+    last_out: tuple[int, Any, Mapping[str, Any]] | None = None
+    """``(n, m, body)``: the last request's client history held ``n`` messages, the last of them
+    ``m``, and ``body`` went upstream for it (what a token count of the session counts)."""
     pending_recall: PendingRecall = field(default_factory=PendingRecall)
     """Recall calls the model made beside the client's own calls, answered here, put back into
     every history the client sends from then on (:mod:`ctxengine.proxy.pending`)."""

@@ -164,6 +164,7 @@ class StubServer:
         self.default = default or StubReply()
         self.responder = responder
         self.requests: list[RecordedRequest] = []
+        self.counted: list[RecordedRequest] = []  # the token-count requests (not in ``requests``)
         self._lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -263,6 +264,8 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {k.lower(): v for k, v in self.headers.items()}
         if path.endswith("/messages/count_tokens"):
             req = RecordedRequest("anthropic", path, headers, body if isinstance(body, dict) else {}, time.time(), raw)
+            with self.stub._lock:
+                self.stub.counted.append(req)
             self._send(200, {"input_tokens": _tokens(req)}, {})
             return
         if path.endswith("/responses"):
