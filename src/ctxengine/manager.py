@@ -86,7 +86,7 @@ from ctxengine.messages import (
     tool_calls,
 )
 from ctxengine.models import ModelProfile, UnknownModelWarning, resolve_model
-from ctxengine.recall import LCM_ALIASES, Recall
+from ctxengine.recall import LCM_ALIASES, Recall, fit_answer
 from ctxengine.redact import redact_obj
 from ctxengine.registry import EngineRegistry
 from ctxengine.storage import RecallStore, SessionAppender, SessionRecorder
@@ -752,24 +752,42 @@ class ContextManager:
                 names |= s.recall.names()
         return frozenset(names)
 
-    def handle_tool_call(self, name: str, args: Any, *, session_id: str | None = None, messages: Sequence[Message] | None = None) -> str:
+    def handle_tool_call(
+        self,
+        name: str,
+        args: Any,
+        *,
+        session_id: str | None = None,
+        messages: Sequence[Message] | None = None,
+        max_tokens: int | None = None,
+    ) -> str:
         """Answer one call the model made to an engine or recall tool (a proxy that runs the
         round trip itself, instead of passing the call back through :meth:`prepare`): the
         same dispatch ``prepare`` uses. Returns the tool result (a JSON error for a failure
         or a name the session does not answer); ``messages`` is the context the call was made
-        in (the session's last prepared list by default)."""
+        in (the session's last prepared list by default).
+
+        ``max_tokens`` bounds the answer (o200k tokens of the returned text; see :meth:`room`):
+        a recall tool returns fewer messages or results, or the first message cut, and says in
+        a ``note`` what was left out and how to ask for it; any other tool's answer is cut to
+        its head with such a note (:func:`ctxengine.recall.fit_answer`)."""
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+            raise ValueError(f"max_tokens must be a positive number of tokens, not {max_tokens!r}")
         s = self._session(session_id)
         with s.lock:
             self._flush(s)  # recall reads the record
             own = {_tool_name(t) for t in s.engine.get_tool_schemas()}
             context = list(messages) if messages is not None else list(s.last_sent)
         recall = s.recall
+        exact = self.window_counter.exact_text
         if name not in own and recall is not None and name in recall.names():
-            return _answer(recall.handle, name, args)  # outside the lock, as in prepare
+            # outside the lock, as in prepare
+            return _answer(lambda n, a: recall.handle(n, a, max_tokens=max_tokens, count=exact), name, args)
         if name not in own:
             return json.dumps({"error": f"unknown tool {name!r} for this session"})
         with s.lock:
-            return self._engine_answer(s, name, args, context)
+            answer = self._engine_answer(s, name, args, context)
+        return answer if max_tokens is None else fit_answer(answer, max_tokens, exact, tool=name)
 
     def retrievable(self, text: str, *, session_id: str | None = None) -> bool:
         """True when ``text`` can be given back verbatim to the agent: by the recall tools over
