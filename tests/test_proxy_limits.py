@@ -8,7 +8,12 @@ import logging
 import pytest
 
 from ctxengine.config import Config
-from ctxengine.proxy.limits import Window, Windows, context_limit_from_error, is_context_length_error
+from ctxengine.proxy.limits import (
+    Window,
+    Windows,
+    context_limit_from_error,
+    is_context_length_error,
+)
 
 
 def _openai(message: str, code: str | None = "context_length_exceeded", type_: str = "invalid_request_error") -> bytes:

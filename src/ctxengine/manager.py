@@ -96,7 +96,15 @@ from ctxengine.tokens import (
     TokenCounter,
     get_counter,
 )
-from ctxengine.window import TOOLS_OVERHEAD_TOKENS, CapResult, ToolTokens, WindowCap, WindowCounter, WindowLimit, WindowTally
+from ctxengine.window import (
+    TOOLS_OVERHEAD_TOKENS,
+    CapResult,
+    ToolTokens,
+    WindowCap,
+    WindowCounter,
+    WindowLimit,
+    WindowTally,
+)
 
 __all__ = ["HYGIENE_MIN_MESSAGES", "HYGIENE_RATIO", "CompactionDue", "ContextManager", "default_store"]
 
