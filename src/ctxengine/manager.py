@@ -318,7 +318,8 @@ class ContextManager:
                 model,
                 overrides=config.models,
                 default_context_length=config.model.default_context_length,
-                context_length=context_length if context_length is not None else config.model.context_length,  # 0 is an error, not "unset"
+                context_length=context_length,
+                configured_context_length=config.model.context_length,  # models.<name> entries win over it
             )
         self.context_length = self.profile.context_length
         self.window_source: str = self.profile.window_source

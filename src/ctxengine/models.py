@@ -130,12 +130,15 @@ def resolve_model(
     overrides: Mapping[str, Mapping[str, Any]] | None = None,
     default_context_length: int = DEFAULT_CONTEXT_LENGTH,
     context_length: int | None = None,
+    configured_context_length: int | None = None,
 ) -> ModelProfile:
     """The profile of ``model``.
 
     ``overrides`` maps model names (bare or with prefix) or globs over them (``qwen*``) to
     profile fields, the globs applied first; ``context_length`` overrides the window outright
-    (CLI ``--context-length``). Unknown models get ``default_context_length`` and an
+    (CLI ``--context-length``); ``configured_context_length`` (config ``model.context_length``)
+    is the window of a model no ``overrides`` entry gives one. Unknown models get
+    ``default_context_length`` and an
     :class:`UnknownModelWarning`, unless an override or ``context_length`` gives their window.
     Override values are type-checked (``ConfigError``).
     """
@@ -158,6 +161,11 @@ def resolve_model(
         if "context_length" in values:
             configured = True
             profile = replace(profile, window_source="config")
+    if configured_context_length is not None and not configured:
+        if configured_context_length <= 0:
+            raise ConfigError(f"model.context_length must be positive, got {configured_context_length}")
+        profile = replace(profile, context_length=int(configured_context_length), window_source="config")
+        configured = True
     if context_length is not None:
         if context_length <= 0:
             raise ConfigError(f"context length must be positive, got {context_length}")
