@@ -176,3 +176,19 @@ def test_profile_is_frozen() -> None:
     p = resolve_model("gpt-4o")
     with pytest.raises(AttributeError):
         p.context_length = 5  # type: ignore[misc]
+
+
+def test_globs_and_the_window_source() -> None:
+    from ctxengine.models import resolve_model
+
+    overrides = {"qwen*": {"context_length": 32768}, "qwen2.5-coder-7b": {"context_length": 16384}, "*/local-*": {"context_length": 8192}}
+    assert resolve_model("qwen2.5-coder-7b", overrides=overrides).context_length == 16384  # the exact name after the glob
+    assert resolve_model("ollama/qwen3:8b", overrides=overrides).window_source == "config"
+    assert resolve_model("vllm/local-llama", overrides=overrides).context_length == 8192
+    assert resolve_model("gpt-4o").window_source == "table"
+    assert resolve_model("gpt-4o", context_length=1000).window_source == "argument"
+    # model.context_length: every model without a models: entry of its own
+    assert resolve_model("gpt-4o", configured_context_length=50000).context_length == 50000
+    assert resolve_model("qwen3", overrides=overrides, configured_context_length=50000).context_length == 32768
+    with pytest.warns(UserWarning, match="models.my-model.context_length"):
+        assert resolve_model("my-model").window_source == "default"

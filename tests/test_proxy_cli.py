@@ -12,9 +12,11 @@ from pathlib import Path
 
 import anthropic
 import httpx2 as httpx
-from click.testing import CliRunner
+import pytest
+from click.testing import CliRunner, Result
 
 from ctxengine.cli.main import cli
+from ctxengine.config import Config
 from ctxengine.testing.stub_server import StubReply, StubServer
 
 
@@ -64,3 +66,59 @@ def test_the_command_serves_sdk_requests(tmp_path: Path) -> None:
             _, err = proc.communicate(timeout=10)
         assert (tmp_path / "ctxengine" / "sessions.db").exists()  # the default SQLite store
         assert b'"msg": "request"' in err and b"sk-cli" not in err  # JSON log lines, no key
+
+
+def _served_config(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> tuple[Result, Config | None]:
+    """Run ``ctxengine proxy ARGS`` with ``serve`` replaced by a recorder: (the result, the config it got)."""
+    import ctxengine.proxy as proxy_pkg
+
+    seen: list[Config] = []
+    monkeypatch.setattr(proxy_pkg, "serve", lambda config, auth_token=None: seen.append(config))
+    out = CliRunner().invoke(cli, ["proxy", *args])
+    root = logging.getLogger("ctxengine")  # the command set up its own handler: undo it for later tests
+    root.handlers[:] = []
+    root.propagate = True
+    return out, (seen[0] if seen else None)
+
+
+def test_help_documents_the_window_flags() -> None:
+    out = CliRunner().invoke(cli, ["proxy", "--help"])
+    assert out.exit_code == 0
+    for text in ("--context-length", "--model-window", "MODEL=TOKENS", "model.default_context_length", "models.<name>.context_length"):
+        assert text in out.output
+
+
+def test_window_flags_reach_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ctxengine.proxy.limits import Window, Windows
+
+    out, config = _served_config(monkeypatch, ["--context-length", "20000", "--model-window", "gpt-4o=16385", "--model-window", "qwen*=32_768"])
+    assert out.exit_code == 0, out.output
+    assert config is not None
+    assert config.model.default_context_length == 20000
+    assert config.models["gpt-4o"]["context_length"] == 16385
+    windows = Windows(config)
+    assert windows.window_for("openai", "gpt-4o") == Window(16385, "config")
+    assert windows.window_for("openai", "qwen3-coder") == Window(32768, "config")
+    assert windows.window_for("openai", "some-local-model") == Window(20000, "default")
+
+
+def test_model_window_keeps_the_config_files_other_model_keys(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("models:\n  gpt-4o:\n    input: 2.5\n    context_length: 128000\n")
+    out, config = _served_config(monkeypatch, ["--config", str(cfg), "--model-window", "gpt-4o=16385"])
+    assert out.exit_code == 0, out.output
+    assert config is not None and config.models["gpt-4o"] == {"input": 2.5, "context_length": 16385}
+
+
+def test_bad_window_values_name_the_flag() -> None:
+    for args, flag in (
+        (["--context-length", "0"], "--context-length"),
+        (["--context-length", "lots"], "--context-length"),
+        (["--model-window", "gpt-4o"], "--model-window"),
+        (["--model-window", "gpt-4o=big"], "--model-window"),
+        (["--model-window", "=1000"], "--model-window"),
+        (["--model-window", "gpt-4o=-5"], "--model-window"),
+    ):
+        out = CliRunner().invoke(cli, ["proxy", *args])
+        assert out.exit_code == 2, (args, out.output)
+        assert flag in out.output, (args, out.output)

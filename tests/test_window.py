@@ -18,6 +18,8 @@ from ctxengine.messages import Message, content_text, validate
 from ctxengine.store.sqlite import SqliteStore
 from ctxengine.tokens import ExactCounter, estimate, estimate_message_tokens
 from ctxengine.window import (
+    TOOLS_OVERHEAD_TOKENS,
+    ToolTokens,
     WindowCap,
     WindowCounter,
     WindowLimit,
@@ -383,3 +385,62 @@ def test_count_message_skips_the_walk_only_for_messages_without_a_long_text(text
     exact = ExactCounter()
     counter = WindowCounter(exact, exact_chars=exact_chars)
     assert counter.count_message(message, estimate_message_tokens) == WindowCounter(exact, exact_chars=exact_chars).count_messages([message])
+
+
+def _schemas(n: int) -> list[dict[str, Any]]:
+    return [
+        {"type": "function", "function": {"name": f"t{i}", "description": "Fetch the page at the URL and return its text. " * 4, "parameters": {"type": "object", "properties": {"url": {"type": "string"}}}}}
+        for i in range(n)
+    ]
+
+
+def test_tool_tokens_are_the_serialised_schemas_counted_once_per_list() -> None:
+    counted: list[str] = []
+
+    def exact(text: str) -> int:
+        counted.append(text)
+        return O200K.count(text)
+
+    tt = ToolTokens(estimate, exact)
+    tools = _schemas(5)
+    text = json.dumps(tools, ensure_ascii=False, separators=(",", ":"))
+    assert tt.count(tools) == (estimate(text) + TOOLS_OVERHEAD_TOKENS, O200K.count(text) + TOOLS_OVERHEAD_TOKENS)
+    assert tt.count(tools) == tt.count(json.loads(json.dumps(tools)))  # the same list, decoded again
+    assert len(counted) == 1
+    assert tt.known(_schemas(6)) is None  # never counted: known() does not count it
+    assert len(counted) == 1
+    assert tt.count([]) == (0, 0) and tt.known([]) == (0, 0)
+    # Anthropic's shape and non-ASCII descriptions are serialised as they are
+    anthropic = [{"name": "lire", "description": "Lit le fichier « à côté »", "input_schema": {"type": "object"}}]
+    raw = json.dumps(anthropic, ensure_ascii=False, separators=(",", ":"))
+    assert tt.count(anthropic)[1] == O200K.count(raw) + TOOLS_OVERHEAD_TOKENS
+
+
+def test_the_cap_holds_messages_to_the_limit_minus_the_tool_definitions() -> None:
+    cap = WindowCap(WindowLimit.for_window(32_000))
+    msgs = _session(giant=500)
+    size = cap.measure(msgs)
+    assert not cap.over(msgs)
+    reserve = cap.limit - size + 500
+    assert cap.over(msgs, reserve=reserve)
+    fitted = cap.fit(msgs, reserve=reserve)
+    assert fitted.changed and cap.measure(fitted.messages) <= cap.limit - reserve
+    assert fitted.limit == cap.limit - reserve
+    assert cap.room(fitted.messages, reserve=reserve) == cap.limit - reserve - cap.measure(fitted.messages)
+    with pytest.raises(ContextWindowError, match="tool definitions alone"):
+        cap.fit(msgs, reserve=cap.limit)
+
+
+def test_an_image_counts_as_its_fixed_cost_never_its_bytes() -> None:
+    """Images (OpenAI image_url, Anthropic image blocks, images inside tool results) count
+    IMAGE_TOKENS each in the window, whatever the size of their base64 data."""
+    from ctxengine.tokens import IMAGE_TOKENS, MESSAGE_OVERHEAD_TOKENS
+
+    data = "iVBORw0KGgo" + "A" * 400_000
+    openai: Message = {"role": "user", "content": [{"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}}]}
+    anthropic: Message = {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}]}
+    in_result: Message = {"role": "tool", "tool_call_id": "c1", "content": [{"type": "tool_result", "content": [{"type": "image", "source": {"type": "base64", "data": data}}]}]}
+    counter = WindowCounter()
+    assert counter.exact_message(openai) == MESSAGE_OVERHEAD_TOKENS + O200K.count("what is this") + IMAGE_TOKENS
+    assert counter.exact_message(anthropic) == MESSAGE_OVERHEAD_TOKENS + IMAGE_TOKENS
+    assert IMAGE_TOKENS <= counter.exact_message(in_result) < IMAGE_TOKENS + 20  # + the call id

@@ -18,6 +18,12 @@ Keys and defaults follow the seed system so its users can bring their file::
     prompt_caching:
       cache_ttl: 5m                 # 5m | 1h
       strategy: auto                # auto (planner: measured cheapest) | planner | system_and_3
+    model:
+      default: null                 # the model of ContextManager.from_config
+      context_length: null          # the window of every model without a models: entry of its own
+      default_context_length: 128000  # the window of a model not in the table (proxy --context-length)
+    models:                         # per model, or per glob (proxy --model-window MODEL=TOKENS)
+      "qwen*": {context_length: 32768}
     compaction:                     # the rules engine (seed 004 defaults)
       trigger_threshold: 0.60
       protect_last_n_turns: 5

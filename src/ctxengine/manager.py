@@ -35,6 +35,13 @@
    o200k and, when it exceeds the window minus the completion reserve and margin, its largest
    outputs are cut (originals in the store, retrievable through recall).
 
+The window holds what the provider counts: given ``prepare(messages, tools=agent_tools)``, the
+tool definitions the caller sends (the agent's, the engine's and, once offered, the recall
+tools: what :meth:`ContextManager.tools` returns) count in hygiene, the engine's trigger and the
+window cap (:class:`ctxengine.window.ToolTokens`: serialised, memoised per distinct list). The
+window itself can change at run time (:meth:`ContextManager.set_context_length`: a configured
+or a learnt window), for the open sessions and the next ones.
+
 From the first turn whose context lost text (a compaction or a cut), :meth:`tools` offers the
 recall tools — with a store only, and not to an engine that answers recall itself.
 One manager serves many sessions (``session_id=`` on every method); each session has its own
@@ -52,7 +59,7 @@ import logging
 import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -79,7 +86,7 @@ from ctxengine.messages import (
     tool_calls,
 )
 from ctxengine.models import ModelProfile, UnknownModelWarning, resolve_model
-from ctxengine.recall import LCM_ALIASES, Recall
+from ctxengine.recall import LCM_ALIASES, Recall, fit_answer
 from ctxengine.redact import redact_obj
 from ctxengine.registry import EngineRegistry
 from ctxengine.storage import RecallStore, SessionAppender, SessionRecorder
@@ -89,7 +96,15 @@ from ctxengine.tokens import (
     TokenCounter,
     get_counter,
 )
-from ctxengine.window import CapResult, WindowCap, WindowCounter, WindowLimit, WindowTally
+from ctxengine.window import (
+    TOOLS_OVERHEAD_TOKENS,
+    CapResult,
+    ToolTokens,
+    WindowCap,
+    WindowCounter,
+    WindowLimit,
+    WindowTally,
+)
 
 __all__ = ["HYGIENE_MIN_MESSAGES", "HYGIENE_RATIO", "CompactionDue", "ContextManager", "default_store"]
 
@@ -224,6 +239,12 @@ class _Session:
     history: SessionHistory = field(default_factory=SessionHistory)
     pending: Callable[[], list[str] | None] | None = None  # a turn's deferred recording (prepare(defer_record=True))
     tally: WindowTally = field(default_factory=WindowTally)  # the window cap's running sums
+    # what the last prepared request carries besides its messages (tool definitions): the
+    # decisions' count and the window cap's (o200k); update_from_response takes the first out
+    # of the provider's prompt tokens, which include it
+    tool_tokens: int = 0
+    tool_window: int = 0
+    window_version: int = 0  # the manager's window this session's engine was told (set_context_length)
 
 
 class _SessionEstimate(EstimateCounter):
@@ -297,9 +318,12 @@ class ContextManager:
                 model,
                 overrides=config.models,
                 default_context_length=config.model.default_context_length,
-                context_length=context_length if context_length is not None else config.model.context_length,  # 0 is an error, not "unset"
+                context_length=context_length,
+                configured_context_length=config.model.context_length,  # models.<name> entries win over it
             )
         self.context_length = self.profile.context_length
+        self.window_source: str = self.profile.window_source
+        self._window_version = 0
         self.default_session = session_id
         self.store: SessionRecorder | None = default_store(config) if store == "default" else store
         # checked once: a runtime protocol check costs more than recording a turn
@@ -321,6 +345,7 @@ class ContextManager:
         )
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.Lock()
+        self._tool_counts = ToolTokens(self._session_counter.count, self.window_counter.exact_text)
         pc = config.prompt_caching
         self.caching: CachingStatus = caching_status(model, self.provider, cache_ttl=config.cache_ttl, enabled=pc.enabled)
         self.placement: Placement = default_placement(self.provider) if pc.strategy == "auto" else pc.strategy
@@ -355,6 +380,99 @@ class ContextManager:
             session_id=session_id,
             context_length=context_length,
         )
+
+    # -- the window ---------------------------------------------------------------------------
+    def set_context_length(self, tokens: int, *, source: str = "set") -> None:
+        """Change the window of this manager's model to ``tokens``, for the open sessions and the
+        next ones: the window cap, the hygiene threshold and each engine's ``context_length`` and
+        ``threshold_tokens`` (the seed contract's ``update_model``). ``source`` says where the
+        window comes from (``"config"``, ``"learnt"`` from a provider's rejection, ``"table"``,
+        ``"default"`` …); :meth:`status` reports it as ``window_source``.
+
+        Never waits for a session: an engine busy in another call (a compaction) is told at
+        the start of its session's next call. Raises :class:`~ctxengine.errors.ConfigError` for
+        a window that is not a positive integer, and
+        :class:`~ctxengine.errors.ContextWindowError` when the configured completion reserve and
+        margin leave no room in it (nothing is changed then)."""
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens <= 0:
+            raise ConfigError(f"context length must be a positive number of tokens, not {tokens!r}")
+        ctx = self.config.context
+        limit = WindowLimit.for_window(tokens, completion_reserve=ctx.completion_reserve, margin_ratio=ctx.window_margin)
+        with self._lock:
+            changed = tokens != self.context_length
+            self.context_length = tokens
+            self.profile = replace(self.profile, context_length=tokens, window_source=source)
+            self.window_source = source
+            self.window.window = limit
+            if changed:
+                self._window_version += 1
+            sessions = list(self._sessions.values())
+        if not changed:
+            return
+        log.info("model %s: window set to %s tokens (%s)", self.model, f"{tokens:,}", source)
+        for s in sessions:
+            if s.lock.acquire(blocking=False):
+                try:
+                    self._sync_window(s)
+                finally:
+                    s.lock.release()
+
+    def _sync_window(self, s: _Session) -> None:
+        """Tell the session's engine the manager's window (under the session's lock)."""
+        version = self._window_version
+        if s.window_version == version:
+            return
+        s.window_version = version
+        if s.engine.context_length != self.context_length:
+            try:
+                s.engine.update_model(self.model, self.context_length)
+            except Exception as exc:  # the window cap still holds the new window
+                s.engine_errors += 1
+                log.warning("session %s: engine %s failed in update_model: %s: %s", s.id, engine_label(s.engine), type(exc).__name__, exc)
+        s.hygiene_armed = True
+
+    def _tools_cost(self, s: _Session, agent: Sequence[Mapping[str, Any]] | None, *, quiet: bool = False, recall: bool | None = None) -> tuple[int, int]:
+        """``(decision, window)`` tokens of the tool definitions the caller sends with the
+        session's next request: ``agent`` (``None``: no tools at all) plus the engine's tools and
+        the recall tools when offered (``recall`` overrides whether they are). ``quiet``: a
+        list never counted before is :class:`CompactionDue` (counting 10K tokens of schemas
+        takes milliseconds)."""
+        if agent is None:
+            return (0, 0)
+        counts = self._tool_counts
+        mine = counts.known(agent) if quiet else counts.count(agent)
+        if mine is None:
+            raise CompactionDue("a tool list not counted yet")
+        own = s.engine.get_tool_schemas()
+        offered = self._recall_offered(s) if recall is None else recall
+        if not own and not (offered and s.recall is not None):
+            return mine
+        extra = [_as_openai_tool(t) for t in own]
+        if offered and s.recall is not None:
+            extra += [_as_openai_tool(t) for t in s.recall.tool_schemas()]
+        theirs = counts.known(extra) if quiet else counts.count(extra)
+        if theirs is None:
+            raise CompactionDue("a tool list not counted yet")
+        if mine == (0, 0):
+            return theirs
+        # one list: the fixed overhead once
+        return (mine[0] + theirs[0] - TOOLS_OVERHEAD_TOKENS, mine[1] + theirs[1] - TOOLS_OVERHEAD_TOKENS)
+
+    def room(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None, *, session_id: str | None = None) -> int:
+        """Tokens left in the window (limit = window - completion reserve - margin) after
+        ``messages`` and the tool definitions: ``tools`` as in :meth:`prepare` (the agent's
+        list; the engine's and offered recall tools are added), ``None`` for the tools the
+        session's last :meth:`prepare` counted. Messages are counted with o200k, exactly.
+
+        For a proxy that answers recall calls itself: the follow-up request is the context plus
+        the assistant message that made the calls plus one result per call, so
+        ``room(context + [assistant], tools)`` is what the results may use together; give each
+        of ``n`` calls ``room // n - MESSAGE_OVERHEAD_TOKENS`` as ``max_tokens`` of
+        :meth:`handle_tool_call`."""
+        s = self._session(session_id)
+        with s.lock:
+            reserve = self._tools_cost(s, tools)[1] if tools is not None else s.tool_window
+            return self.window.room(messages, tally=s.tally, reserve=reserve)
 
     # -- sessions ---------------------------------------------------------------------------
     def _services(self, sid: str, history: SessionHistory | None = None) -> Services:
@@ -542,7 +660,11 @@ class ContextManager:
     def _recall_offered(self, s: _Session) -> bool:
         """Recall tools go out once the context lost text, with a store, unless the engine
         answers recall itself (its own tools under a recall name, e.g. ``lcm_grep``)."""
-        if s.recall is None or not s.lost:
+        return s.lost and self._would_offer_recall(s)
+
+    def _would_offer_recall(self, s: _Session) -> bool:
+        """Whether the recall tools go out once the session's context lost text."""
+        if s.recall is None:
             return False
         own = {_tool_name(t) for t in s.engine.get_tool_schemas()}
         return not (own & (s.recall.names() | set(LCM_ALIASES)))
@@ -639,24 +761,42 @@ class ContextManager:
                 names |= s.recall.names()
         return frozenset(names)
 
-    def handle_tool_call(self, name: str, args: Any, *, session_id: str | None = None, messages: Sequence[Message] | None = None) -> str:
+    def handle_tool_call(
+        self,
+        name: str,
+        args: Any,
+        *,
+        session_id: str | None = None,
+        messages: Sequence[Message] | None = None,
+        max_tokens: int | None = None,
+    ) -> str:
         """Answer one call the model made to an engine or recall tool (a proxy that runs the
         round trip itself, instead of passing the call back through :meth:`prepare`): the
         same dispatch ``prepare`` uses. Returns the tool result (a JSON error for a failure
         or a name the session does not answer); ``messages`` is the context the call was made
-        in (the session's last prepared list by default)."""
+        in (the session's last prepared list by default).
+
+        ``max_tokens`` bounds the answer (o200k tokens of the returned text; see :meth:`room`):
+        a recall tool returns fewer messages or results, or the first message cut, and says in
+        a ``note`` what was left out and how to ask for it; any other tool's answer is cut to
+        its head with such a note (:func:`ctxengine.recall.fit_answer`)."""
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+            raise ValueError(f"max_tokens must be a positive number of tokens, not {max_tokens!r}")
         s = self._session(session_id)
         with s.lock:
             self._flush(s)  # recall reads the record
             own = {_tool_name(t) for t in s.engine.get_tool_schemas()}
             context = list(messages) if messages is not None else list(s.last_sent)
         recall = s.recall
+        exact = self.window_counter.exact_text
         if name not in own and recall is not None and name in recall.names():
-            return _answer(recall.handle, name, args)  # outside the lock, as in prepare
+            # outside the lock, as in prepare
+            return _answer(lambda n, a: recall.handle(n, a, max_tokens=max_tokens, count=exact), name, args)
         if name not in own:
             return json.dumps({"error": f"unknown tool {name!r} for this session"})
         with s.lock:
-            return self._engine_answer(s, name, args, context)
+            answer = self._engine_answer(s, name, args, context)
+        return answer if max_tokens is None else fit_answer(answer, max_tokens, exact, tool=name)
 
     def retrievable(self, text: str, *, session_id: str | None = None) -> bool:
         """True when ``text`` can be given back verbatim to the agent: by the recall tools over
@@ -734,18 +874,20 @@ class ContextManager:
             if not may_compact and s.pending is not None:
                 raise CompactionDue("a deferred store write is pending")
             self._flush(s)
+            self._sync_window(s)
             turn = self._input(s, messages, quiet=not may_compact)
         msgs = self._dispatch_recall(s, turn.messages) if may_compact else turn.messages
         with s.lock if may_compact else _HeldNow(s.lock):
-            counted = None if may_compact else self._check_quiet(s, turn, defer_record)
-            if tools is not None:
-                self.tools(tools, session_id=s.id)
+            extra, extra_window = self._tools_cost(s, tools, quiet=not may_compact)
+            counted = None if may_compact else self._check_quiet(s, turn, defer_record, extra, extra_window)
+            if tools is not None and may_compact:
+                self.tools(tools, session_id=s.id)  # warns of a clash (once per turn that may compact)
             msgs = self._dispatch_engine_tools(s, msgs)
             history = msgs
             ids = self._record(s, turn, history, defer=defer_record)
             enabled = self.config.compression.enabled
             # the quiet check counted this very list (no tool answer was added since)
-            tokens = counted if counted is not None and msgs is turn.messages else s.counter.count(msgs)
+            tokens = counted if counted is not None and msgs is turn.messages else s.counter.count(msgs) + extra
             compacted = False
             resting = s.streak >= MAX_CONSECUTIVE_COMPACTIONS
             if resting:
@@ -759,19 +901,23 @@ class ContextManager:
                 out = self._compress(s, msgs, tokens, focus_topic, trigger="hygiene")
                 compacted = out is not msgs
                 msgs = out
-                tokens = s.counter.count(msgs)
+                tokens = s.counter.count(msgs) + extra
             if enabled and not resting and may_compact and self._should_compact(s, tokens, msgs):
                 out = self._compress(s, msgs, tokens, focus_topic, trigger="engine")
                 compacted = compacted or out is not msgs
                 msgs = out
-                tokens = s.counter.count(msgs)
+                tokens = s.counter.count(msgs) + extra
             s.streak = s.streak + 1 if compacted else 0
             s.max_streak = max(s.max_streak, s.streak)
-            capped = self._cap(s, msgs, tokens, history, ids)
+            if compacted and tools is not None:  # the recall tools may go out from now on
+                extra, extra_window = self._tools_cost(s, tools)
+            capped = self._cap(s, msgs, tokens, history, ids, tools, extra_window)
             if capped.changed:
                 msgs = capped.messages
-                tokens = capped.tokens
+                extra, extra_window = self._tools_cost(s, tools)  # recall offered after a cut
+                tokens = capped.tokens + extra
                 s.counter.reset()
+            s.tool_tokens, s.tool_window = extra, extra_window
             s.last_sent = msgs
             s.last_tokens = tokens
             s.turns += 1
@@ -783,10 +929,11 @@ class ContextManager:
         """Whether session hygiene compacts ``msgs`` (``tokens``) when compaction may run."""
         return tokens >= self.hygiene_threshold and s.hygiene_armed and len(msgs) >= HYGIENE_MIN_MESSAGES
 
-    def _check_quiet(self, s: _Session, turn: TurnInput, defer_record: bool) -> int:
+    def _check_quiet(self, s: _Session, turn: TurnInput, defer_record: bool, extra: int = 0, extra_window: int = 0) -> int:
         """:class:`CompactionDue` unless this turn (``prepare(may_compact=False)``) only appends:
         the decisions :meth:`prepare` makes next, asked before anything changes (under the
-        session's lock). Returns the tokens of the turn's messages (the count the turn uses)."""
+        session's lock). Returns the tokens of the turn's messages and ``extra`` (its tool
+        definitions: the count the turn uses); ``extra_window`` is their size for the window cap."""
         msgs = turn.messages
 
         def names() -> set[str]:
@@ -797,7 +944,7 @@ class ContextManager:
             raise CompactionDue("tool calls to answer")
         if self.store is not None and not (defer_record and self._appender is not None and s.history.appends(turn)):
             raise CompactionDue("the turn is written to the store now")
-        tokens = s.counter.count(msgs)
+        tokens = s.counter.count(msgs) + extra
         if self.config.compression.enabled and s.streak < MAX_CONSECUTIVE_COMPACTIONS:
             if self._hygiene_due(s, tokens, msgs):
                 raise CompactionDue("session hygiene fires")
@@ -807,7 +954,7 @@ class ContextManager:
                 raise CompactionDue(f"the engine's trigger failed: {exc}") from exc
             if due:
                 raise CompactionDue("the engine compacts")
-        if self.cap_window and self.window.over(msgs, tally=s.tally):
+        if self.cap_window and self.window.over(msgs, tally=s.tally, reserve=extra_window):
             raise CompactionDue("the window cap cuts")
         return tokens
 
@@ -830,14 +977,19 @@ class ContextManager:
         tokens: int,
         history: list[Message],
         ids_of: Callable[[], list[str] | None],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        reserve: int = 0,
     ) -> CapResult:
-        """Hold the window after the engine (see :mod:`ctxengine.window`); what is cut stays in
-        the store, retrievable through recall."""
+        """Hold the window after the engine (see :mod:`ctxengine.window`), ``reserve`` tokens of
+        tool definitions included; what is cut stays in the store, retrievable through recall."""
         if not self.cap_window:
             return CapResult(msgs, tokens, self.window.limit)
         ref_for = None
+        over = self.window.over(msgs, tally=s.tally, reserve=reserve)
+        if over and not s.lost and tools is not None and self._would_offer_recall(s):
+            reserve = self._tools_cost(s, tools, recall=True)[1]  # a cut offers the recall tools
         # the ids only when something is cut (a deferred recording is written then)
-        ids = ids_of() if self.store is not None and self.window.over(msgs, tally=s.tally) else None
+        ids = ids_of() if self.store is not None and over else None
         if ids is not None and len(ids) == len(history):
             # built on the first cut only
             maps: list[dict[Any, str]] = []
@@ -851,7 +1003,7 @@ class ContextManager:
                     return maps[0].get(m.get("tool_call_id"))
                 return maps[1].get(json.dumps(m, sort_keys=True, default=str))
 
-        result = self.window.fit(msgs, ref_for=ref_for, tally=s.tally)
+        result = self.window.fit(msgs, ref_for=ref_for, tally=s.tally, reserve=reserve)
         if result.changed:
             s.window_cuts += len(result.cut) + len(result.stubbed_users)
             s.lost = True
@@ -1024,7 +1176,7 @@ class ContextManager:
             # the session's running sums: the list prepare just returned costs nothing here
             s = self._session(session_id)
             with s.lock:
-                messages = self.window.fit(messages, tally=s.tally).messages
+                messages = self.window.fit(messages, tally=s.tally, reserve=s.tool_window).messages
         indices = self.breakpoints(messages, session_id=session_id)
         if not self.caching.enabled:
             return list(messages)
@@ -1040,7 +1192,8 @@ class ContextManager:
             u = normalize_usage(usage)
             s.engine.update_from_response(usage)
             if u.prompt_tokens > 0 and s.last_sent:
-                s.counter.anchor(s.last_sent, u.prompt_tokens)
+                # the provider counted the tool definitions too: the anchor is the messages'
+                s.counter.anchor(s.last_sent, max(0, u.prompt_tokens - s.tool_tokens))
             s.cache_read_tokens += u.cache_read_tokens
             s.cache_write_tokens += u.cache_write_tokens
             s.prompt_tokens_total += u.prompt_tokens
@@ -1075,6 +1228,8 @@ class ContextManager:
                     "store_errors": s.store_errors,
                     "engine_errors": s.engine_errors,
                     "window_limit": self.window.limit,
+                    "window_source": self.window_source,
+                    "tool_tokens": s.tool_window,
                     "window_cuts": s.window_cuts,
                     "max_consecutive_compactions": s.max_streak,
                     "recall_offered": self._recall_offered(s),

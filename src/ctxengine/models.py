@@ -3,12 +3,15 @@
 The table lives in ``data/models.json`` (data, not code). A model name is looked up without its
 ``provider/`` prefix (``anthropic/claude-sonnet-4.5`` → ``claude-sonnet-4.5``) by longest
 matching prefix, so dated ids (``claude-sonnet-4-5-20250929``) resolve too. Config overrides
-(``models:`` in config.yaml, or ``overrides=`` here) win over the table. An unknown model gets
-``default_context_length`` and a warning, never an exception.
+(``models:`` in config.yaml, or ``overrides=`` here) win over the table; a key may be a glob
+(``qwen*``, ``*``), applied before the keys naming the model exactly. An unknown model gets
+``default_context_length`` and a warning, never an exception. :attr:`ModelProfile.window_source`
+says where the window came from.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import json
 import logging
@@ -20,7 +23,7 @@ from typing import Any
 
 from ctxengine.errors import ConfigError
 
-__all__ = ["DEFAULT_CONTEXT_LENGTH", "ModelProfile", "UnknownModelWarning", "known_models", "resolve_model"]
+__all__ = ["DEFAULT_CONTEXT_LENGTH", "ModelProfile", "UnknownModelWarning", "known_models", "model_overrides", "resolve_model"]
 
 log = logging.getLogger("ctxengine.models")
 
@@ -52,6 +55,10 @@ class ModelProfile:
     output: float = 0.0
     openai_cached_discount: float = 0.5
     known: bool = True
+    window_source: str = "table"
+    """Where ``context_length`` comes from: ``table``, ``default`` (an unknown model),
+    ``config`` (``models.<name>.context_length``), ``argument`` (``context_length=``), or what
+    :meth:`ctxengine.ContextManager.set_context_length` was told (``learnt`` …)."""
 
     @property
     def is_claude(self) -> bool:
@@ -71,7 +78,7 @@ def known_models() -> list[str]:
     return sorted(_table())
 
 
-_FIELDS = {f.name for f in fields(ModelProfile)} - {"name", "known"}
+_FIELDS = {f.name for f in fields(ModelProfile)} - {"name", "known", "window_source"}
 
 
 def _apply(profile: ModelProfile, values: Mapping[str, Any], where: str) -> ModelProfile:
@@ -95,19 +102,45 @@ def _bare(model: str) -> str:
     return model.rsplit("/", 1)[-1].strip().lower()
 
 
+def _is_glob(key: str) -> bool:
+    return any(c in key for c in "*?[")
+
+
+def model_overrides(model: str | None, overrides: Mapping[str, Mapping[str, Any]] | None) -> list[tuple[str, Mapping[str, Any]]]:
+    """The ``models:`` entries that apply to ``model``, in the order they apply: globs
+    (matched against the name with and without its ``provider/`` prefix, case-insensitively)
+    in config order, then the keys naming the model exactly (bare or with prefix)."""
+    name = (model or "").strip()
+    bare = _bare(name)
+    globs: list[tuple[str, Mapping[str, Any]]] = []
+    exact: list[tuple[str, Mapping[str, Any]]] = []
+    for key, values in (overrides or {}).items():
+        if _is_glob(key):
+            pattern = key.strip().lower()
+            if fnmatch.fnmatchcase(bare, pattern) or fnmatch.fnmatchcase(name.lower(), pattern):
+                globs.append((key, values))
+        elif _bare(key) == bare or key == name:
+            exact.append((key, values))
+    return globs + exact
+
+
 def resolve_model(
     model: str | None,
     *,
     overrides: Mapping[str, Mapping[str, Any]] | None = None,
     default_context_length: int = DEFAULT_CONTEXT_LENGTH,
     context_length: int | None = None,
+    configured_context_length: int | None = None,
 ) -> ModelProfile:
     """The profile of ``model``.
 
-    ``overrides`` maps model names (bare or with prefix) to profile fields; ``context_length``
-    overrides the window outright (CLI ``--context-length``). Unknown models get
-    ``default_context_length`` and an :class:`UnknownModelWarning`, unless an override or
-    ``context_length`` gives their window. Override values are type-checked (``ConfigError``).
+    ``overrides`` maps model names (bare or with prefix) or globs over them (``qwen*``) to
+    profile fields, the globs applied first; ``context_length`` overrides the window outright
+    (CLI ``--context-length``); ``configured_context_length`` (config ``model.context_length``)
+    is the window of a model no ``overrides`` entry gives one. Unknown models get
+    ``default_context_length`` and an
+    :class:`UnknownModelWarning`, unless an override or ``context_length`` gives their window.
+    Override values are type-checked (``ConfigError``).
     """
     name = (model or "").strip()
     bare = _bare(name)
@@ -119,24 +152,30 @@ def resolve_model(
     if best:
         profile = ModelProfile(name=name, **table[best])
     else:
-        profile = ModelProfile(name=name or "unknown", context_length=default_context_length, known=False)
+        profile = ModelProfile(name=name or "unknown", context_length=default_context_length, known=False, window_source="default")
         if "claude" in bare:
             profile = replace(profile, provider="anthropic", anthropic_cache=True)
     configured = False
-    for key, values in (overrides or {}).items():
-        if _bare(key) == bare or key == name:
-            profile = _apply(profile, values, f"models.{key}")
-            configured = configured or "context_length" in values
+    for key, values in model_overrides(name, overrides):
+        profile = _apply(profile, values, f"models.{key}")
+        if "context_length" in values:
+            configured = True
+            profile = replace(profile, window_source="config")
+    if configured_context_length is not None and not configured:
+        if configured_context_length <= 0:
+            raise ConfigError(f"model.context_length must be positive, got {configured_context_length}")
+        profile = replace(profile, context_length=int(configured_context_length), window_source="config")
+        configured = True
     if context_length is not None:
         if context_length <= 0:
             raise ConfigError(f"context length must be positive, got {context_length}")
-        profile = replace(profile, context_length=int(context_length))
+        profile = replace(profile, context_length=int(context_length), window_source="argument")
         configured = True
     if not profile.known and name and not configured:
         # only when nothing told us the window: following the advice below silences it
         warnings.warn(
             f"model {name!r} is not in the profile table; assuming a {default_context_length:,}-token "
-            "context window (set models.<name>.context_length in config to override)",
+            f"context window (set models.{name}.context_length in config to override)",
             UnknownModelWarning,
             stacklevel=2,
         )

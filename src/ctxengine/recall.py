@@ -19,12 +19,18 @@ verbatim.
 
 Every answer is a JSON string; a bad argument or an unknown id comes back as ``{"error": …}``
 for the model to read, never as an exception out of the agent loop.
+
+An answer can be bounded (``handle(..., max_tokens=N)``: the room left in the window, which a
+proxy answering several calls in one reply shares among them): ``ctx_expand`` returns fewer
+messages or the first one cut (``next_offset`` / ``next_text_offset`` say where the rest
+starts), ``ctx_grep`` and ``ctx_describe`` fewer results; a ``note`` says what was left out and
+how to get it. :func:`fit_answer` bounds any other tool's answer the same way.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ctxengine.errors import CtxEngineError, InputError, NotFoundError
@@ -40,6 +46,7 @@ __all__ = [
     "GREP_TOOL",
     "LCM_ALIASES",
     "Recall",
+    "fit_answer",
 ]
 
 GREP_TOOL = "ctx_grep"
@@ -119,6 +126,11 @@ def _schemas() -> dict[str, dict[str, Any]]:
                         "minimum": 0,
                         "description": "Index of the first message to return (default 0).",
                     },
+                    "text_offset": {
+                        "type": "integer",
+                        "minimum": 0,
+                        "description": "Character where the first message's text starts (a cut answer's next_text_offset).",
+                    },
                 },
                 "required": ["id"],
             },
@@ -191,8 +203,36 @@ class Recall:
             out.append({"name": name, **schemas[generic]})
         return out
 
-    def handle(self, name: str, args: Mapping[str, Any] | str | None) -> str:
-        """Answer one tool call; the result is a JSON string (``{"error": …}`` on bad input)."""
+    def handle(
+        self,
+        name: str,
+        args: Mapping[str, Any] | str | None,
+        *,
+        max_tokens: int | None = None,
+        count: Callable[[str], int] | None = None,
+    ) -> str:
+        """Answer one tool call; the result is a JSON string (``{"error": …}`` on bad input).
+
+        ``max_tokens`` bounds the answer (counted with ``count``, default this recall's counter):
+        fewer messages or results, the first message cut, and a ``note`` saying what was left
+        out and how to get it (see the module docstring)."""
+        answer = self._handle(name, args, max_tokens)
+        if max_tokens is None:
+            return answer
+        measure = count or self.counter.count
+        bound = max(1, int(max_tokens))
+        for _ in range(4):  # each answer is sized on the estimate: shrink until it measures under
+            size = measure(answer)
+            if size <= bound:
+                return answer
+            bound_next = max(1, bound - (size - int(max_tokens)) - 8)
+            if bound_next >= bound:
+                break
+            bound = bound_next
+            answer = self._handle(name, args, bound)
+        return fit_answer(answer, int(max_tokens), measure, tool=name)
+
+    def _handle(self, name: str, args: Mapping[str, Any] | str | None, max_tokens: int | None) -> str:
         generic = self.aliases.get(name, name)
         if isinstance(args, str):
             try:
@@ -205,12 +245,17 @@ class Recall:
             return json.dumps({"error": f"{name}: arguments must be an object"})
         try:
             if generic == GREP_TOOL:
-                return _dump(self.grep(**_pick(args, ("query", "mode", "scope", "limit"))))
+                return _dump(_fit_list(self.grep(**_pick(args, ("query", "mode", "scope", "limit"))), "results", max_tokens, self.counter.count, name))
             if generic == EXPAND_TOOL:
                 ref = args.get("id", args.get("node_id", args.get("ref")))
-                return _dump(self.expand(ref, **_pick(args, ("max_tokens", "offset"))))
+                picked = _pick(args, ("max_tokens", "offset", "text_offset"))
+                if max_tokens is not None:
+                    asked = int(picked.get("max_tokens", EXPAND_DEFAULT_TOKENS))
+                    picked["max_tokens"] = min(asked, max(1, int(max_tokens) - _ENVELOPE_TOKENS))
+                    picked["hard"] = True
+                return _dump(self.expand(ref, **picked))
             if generic == DESCRIBE_TOOL:
-                return _dump(self.describe(args.get("id", args.get("node_id"))))
+                return _dump(_fit_list(self.describe(args.get("id", args.get("node_id"))), "children", max_tokens, self.counter.count, name))
         except (TypeError, ValueError) as exc:
             return json.dumps({"error": f"{name}: bad arguments: {exc}"})
         except CtxEngineError as exc:
@@ -244,41 +289,64 @@ class Recall:
         return {"query": query, "scope": scope, "count": len(results), "results": results}
 
     def expand(
-        self, ref: Any, max_tokens: int = EXPAND_DEFAULT_TOKENS, offset: int = 0
+        self, ref: Any, max_tokens: int = EXPAND_DEFAULT_TOKENS, offset: int = 0, text_offset: int = 0, *, hard: bool = False
     ) -> dict[str, Any]:
         """``ctx_expand``: the originals behind a node or message id, from ``offset`` within
-        ``max_tokens``. At least one message is returned; one larger than four budgets has its
-        text cut and ``truncated`` says so (page through a node with ``offset``)."""
+        ``max_tokens``. At least one message is returned; one larger than four budgets (with
+        ``hard``, larger than the budget: the window's room) has its text cut, ``truncated``
+        says so and ``next_text_offset`` is where the rest starts (``text_offset`` starts the
+        first message's text there). Page through a node with ``offset``."""
         if not isinstance(ref, str) or not ref:
             raise InputError(
                 "id must be a non-empty string (a summary node id, a message id, or a cut marker's ref)"
             )
         pairs = self._originals(ref)
         start = max(0, int(offset))
-        budget = max(100, int(max_tokens))
+        skip = max(0, int(text_offset))
+        budget = max(1 if hard else 100, int(max_tokens))
         out: list[dict[str, Any]] = []
         used = 0
         i = start
         truncated = False
+        next_text: int | None = None
         while i < len(pairs):
             mid, m = pairs[i]
+            if not out and skip:
+                m = {**m, "content": message_text(m)[skip:]}
             t = self.counter.count_messages([m])
             if out and used + t > budget:
                 break
-            if not out and t > budget * 4:
-                m = {**m, "content": message_text(m)[: budget * 4]}
+            if not out and t > (budget if hard else budget * 4):
+                text = message_text(m)
+                keep = max(1, len(text) * budget // max(t, 1)) if hard else budget * 4
+                m = {**m, "content": text[:keep]}
                 truncated = True
+                next_text = skip + keep
+                out.append({"id": mid, "message": m})
+                break
             out.append({"id": mid, "message": m})
             used += t
             i += 1
-        return {
+        result: dict[str, Any] = {
             "id": ref,
             "total": len(pairs),
             "offset": start,
-            "next_offset": i if i < len(pairs) else None,
+            "next_offset": i if next_text is not None or i < len(pairs) else None,
             "truncated": truncated,
             "messages": out,
         }
+        if next_text is not None:
+            result["next_text_offset"] = next_text
+            result["note"] = (
+                f"message {i} was cut at character {next_text:,} to fit the room left in the context window; "
+                f"call ctx_expand with id={ref!r}, offset={i}, text_offset={next_text} for the rest"
+            )
+        elif hard and i < len(pairs):
+            result["note"] = (
+                f"{len(pairs) - i} more message(s) not shown to fit the room left in the context window; "
+                f"call ctx_expand with id={ref!r}, offset={i} for the rest"
+            )
+        return result
 
     def describe(self, ref: Any) -> dict[str, Any]:
         """``ctx_describe``: a node's metadata, parents and children with previews."""
@@ -334,6 +402,57 @@ class Recall:
             pass
         messages = self.store.get_messages([ref])  # NotFoundError names the id
         return [(ref, messages[0])]
+
+
+_ENVELOPE_TOKENS = 90
+"""Tokens of an answer besides its messages or results (keys, ids, a note)."""
+
+
+def _fit_list(data: dict[str, Any], key: str, max_tokens: int | None, count: Callable[[str], int], tool: str) -> dict[str, Any]:
+    """``data`` with its ``key`` list shortened from the end until the answer fits
+    ``max_tokens`` (unchanged without a bound), and a note saying what was left out."""
+    items = data.get(key)
+    if max_tokens is None or not isinstance(items, list) or count(_dump(data)) <= max_tokens:
+        return data
+    budget = max(0, int(max_tokens) - _ENVELOPE_TOKENS - count(_dump({**data, key: []})))
+    kept: list[Any] = []
+    used = 0
+    for item in items:
+        t = count(_dump(item)) + 1
+        if used + t > budget:
+            break
+        kept.append(item)
+        used += t
+    left = len(items) - len(kept)
+    how = "narrow the query or ask with a smaller limit" if tool.endswith("grep") else "describe the children one by one"
+    return {**data, key: kept, "omitted": left, "note": f"{left} of {len(items)} {key} not shown to fit the room left in the context window; {how}"}
+
+
+def fit_answer(answer: str, max_tokens: int, count: Callable[[str], int], *, tool: str = "the tool") -> str:
+    """``answer`` when it is at most ``max_tokens`` (by ``count``), else a JSON object holding
+    its head (``text``), ``truncated``, and a ``note`` saying what was cut and how to get the
+    rest (for an answer no tool could shorten itself)."""
+    size = count(answer)
+    if size <= max_tokens:
+        return answer
+    room = max(0, max_tokens - _ENVELOPE_TOKENS)
+    keep = len(answer) * room // max(size, 1)
+    for _ in range(6):
+        out = json.dumps(
+            {
+                "truncated": True,
+                "text": answer[:keep],
+                "note": (
+                    f"{tool}'s answer ({size:,} tokens) was cut to its first {keep:,} of {len(answer):,} characters to fit "
+                    "the room left in the context window; ask for less (a narrower query, an offset) for the rest"
+                ),
+            },
+            ensure_ascii=False,
+        )
+        if count(out) <= max_tokens or keep == 0:
+            return out
+        keep = keep * 3 // 4
+    return out
 
 
 def _pick(args: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any]:

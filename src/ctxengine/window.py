@@ -40,6 +40,10 @@ breaks; no user message is lost: one stubbed or folded stays in the store, retur
 6. if the system prompt and the latest user message alone do not fit, it raises
    :class:`~ctxengine.errors.ContextWindowError` naming the sizes: nothing valid can be sent.
 
+**Tool definitions** count too (the provider counts them in the prompt): ``over`` and ``fit``
+take ``reserve``, the tokens a request carries besides its messages (the serialised tool
+schemas, :class:`ToolTokens`), and hold the messages to ``limit - reserve``.
+
 The originals are in the session store (the manager records every message each turn), so
 everything cut stays retrievable verbatim through recall (:mod:`ctxengine.recall`). Without a
 store the cut keeps the facts it can list and the marker has no ``ref``.
@@ -55,6 +59,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from ctxengine.engines.kit.cut import cut_output
 from ctxengine.engines.kit.records import header
 from ctxengine.errors import ContextWindowError, TokenizerError
@@ -63,7 +69,9 @@ from ctxengine.tokens import EstimateCounter, ExactCounter, TokenCounter, estima
 
 __all__ = [
     "EXACT_CHARS",
+    "TOOLS_OVERHEAD_TOKENS",
     "CapResult",
+    "ToolTokens",
     "WindowCap",
     "WindowCounter",
     "WindowLimit",
@@ -92,6 +100,13 @@ MARKER_TOKENS = 24
 """What an older user message keeps when even the anchors do not fit (a recall stub)."""
 
 _MEMO_SIZE = 65_536
+
+TOOLS_OVERHEAD_TOKENS = 350
+"""Added once to a non-empty tool list: the text a provider wraps tool definitions in
+(Anthropic documents a 346-token tool-use system prompt; OpenAI renders the schemas into a
+namespace of its own)."""
+
+_TOOL_MEMO_SIZE = 64
 
 
 def default_completion_reserve(context_length: int) -> int:
@@ -257,6 +272,72 @@ class WindowCounter:
     def exact_messages(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
         return [self.exact_message(m) for m in messages]
 
+class ToolTokens:
+    """Tokens of tool definitions as a provider counts them: the list serialised as compact JSON
+    (``orjson``, non-ASCII kept) plus :data:`TOOLS_OVERHEAD_TOKENS`, as ``(decision, window)``
+    counts: ``count`` (the configured counter, for the engines' trigger and hygiene) and
+    ``exact`` (o200k, for the window cap). An empty list costs ``(0, 0)``.
+
+    Memoised per distinct list: first by the list object (a caller that keeps its tool list
+    pays a dictionary lookup), then by its serialised bytes (a list decoded from JSON again each
+    turn, as a proxy does, pays one ``orjson.dumps`` — about 60 µs for 16K tokens of schemas —
+    and a byte comparison, never a count: counting them exactly takes about 3 ms). Thread-safe."""
+
+    def __init__(self, count: Callable[[str], int], exact: Callable[[str], int]) -> None:
+        self._count = count
+        self._exact = exact
+        self._lock = threading.Lock()
+        # id(list) -> (list, counts): the list is kept so its id is not reused while remembered
+        self._by_id: OrderedDict[int, tuple[Sequence[Any], tuple[int, int]]] = OrderedDict()
+        # len(bytes) -> [(bytes, counts)]: a byte comparison instead of hashing 100 KB each turn
+        self._by_bytes: dict[int, list[tuple[bytes, tuple[int, int]]]] = {}
+        self._n_bytes = 0
+
+    def known(self, tools: Sequence[Any]) -> tuple[int, int] | None:
+        """The counts of ``tools`` when this list was counted before (no count now), else ``None``."""
+        if not tools:
+            return (0, 0)
+        hit = self._by_id.get(id(tools))
+        if hit is not None and hit[0] is tools:
+            return hit[1]
+        raw = self._dump(tools)
+        with self._lock:
+            for seen, counts in self._by_bytes.get(len(raw), ()):
+                if seen == raw:
+                    self._remember_id(tools, counts)
+                    return counts
+        return None
+
+    def count(self, tools: Sequence[Any]) -> tuple[int, int]:
+        """``(decision, window)`` tokens of ``tools`` (memoised, see the class docstring)."""
+        hit = self.known(tools)
+        if hit is not None:
+            return hit
+        raw = self._dump(tools)
+        text = raw.decode("utf-8", "surrogatepass")
+        counts = (int(self._count(text)) + TOOLS_OVERHEAD_TOKENS, int(self._exact(text)) + TOOLS_OVERHEAD_TOKENS)
+        with self._lock:
+            if self._n_bytes >= _TOOL_MEMO_SIZE:
+                self._by_bytes.clear()
+                self._n_bytes = 0
+            self._by_bytes.setdefault(len(raw), []).append((raw, counts))
+            self._n_bytes += 1
+            self._remember_id(tools, counts)
+        return counts
+
+    def _remember_id(self, tools: Sequence[Any], counts: tuple[int, int]) -> None:
+        self._by_id[id(tools)] = (tools, counts)
+        if len(self._by_id) > _TOOL_MEMO_SIZE:
+            self._by_id.popitem(last=False)
+
+    @staticmethod
+    def _dump(tools: Sequence[Any]) -> bytes:
+        try:
+            return orjson.dumps(tools if isinstance(tools, list) else list(tools), default=str)
+        except (TypeError, orjson.JSONEncodeError):  # keys that are not strings, lone surrogates
+            return json.dumps(list(tools), ensure_ascii=False, separators=(",", ":"), default=str).encode("utf-8", "surrogatepass")
+
+
 class _ExactAdapter:
     """A :class:`TokenCounter` view of :meth:`WindowCounter.exact_text` (for ``cut_output``)."""
 
@@ -376,14 +457,26 @@ class WindowCap:
             tally.sizes[i] = n
         tally.loose = []
 
-    def over(self, messages: Sequence[Message], *, tally: WindowTally | None = None) -> bool:
+    def over(self, messages: Sequence[Message], *, tally: WindowTally | None = None, reserve: int = 0) -> bool:
         """True when :meth:`fit` would cut ``messages`` (measured as ``fit`` measures them, into
-        ``tally`` when given, so the ``fit`` that follows counts nothing again)."""
+        ``tally`` when given, so the ``fit`` that follows counts nothing again). ``reserve``:
+        tokens the request carries besides the messages (tool definitions)."""
+        limit = self.limit - reserve
         t = tally if tally is not None else WindowTally()
         self._extend(t, messages)
-        if t.total > self.limit and t.loose:
+        if t.total > limit and t.loose:
             self._tighten(t)
-        return t.total > self.limit
+        return t.total > limit
+
+    def room(self, messages: Sequence[Message], *, tally: WindowTally | None = None, reserve: int = 0) -> int:
+        """Tokens left under the limit after ``messages`` and ``reserve`` (0 when over): the
+        messages counted exactly; ``tally`` (not changed) saves counting those it holds."""
+        t = WindowTally()
+        if tally is not None:
+            t.msgs, t.sizes, t.total, t.loose = list(tally.msgs), list(tally.sizes), tally.total, list(tally.loose)
+        self._extend(t, messages)
+        self._tighten(t)
+        return max(0, self.limit - reserve - t.total)
 
     def fit(
         self,
@@ -392,15 +485,18 @@ class WindowCap:
         estimated: int | None = None,
         ref_for: RefFor | None = None,
         tally: WindowTally | None = None,
+        reserve: int = 0,
     ) -> CapResult:
         """``messages`` within the limit (a new list when anything was cut; the input is never
         mutated). ``estimated`` is accepted for callers that have a count and ignored (see
         :meth:`measure`). ``tally`` is the session's running sums (:class:`WindowTally`): with
         it, only messages not measured before are counted; it then holds the returned list.
-        When nothing is cut, ``tokens`` of the result may be an upper bound of the exact size.
-        Raises :class:`ContextWindowError` when even the anchors overflow."""
+        ``reserve``: tokens the request carries besides the messages (tool definitions); the
+        messages get ``limit - reserve``.
+        When nothing is cut, ``tokens`` of the result (the messages') may be an upper bound of
+        the exact size. Raises :class:`ContextWindowError` when even the anchors overflow."""
         del estimated
-        limit = self.limit
+        limit = self.limit - reserve
         t = tally if tally is not None else WindowTally()
         self._extend(t, messages)
         if t.total > limit and t.loose:
@@ -412,7 +508,13 @@ class WindowCap:
         total = t.total
         result = CapResult(msgs, total, limit)
         try:
-            self._fit_over(messages, msgs, sizes, total, limit, result, ref_for)
+            if limit <= 0:
+                raise ContextWindowError(
+                    f"the tool definitions alone ({reserve:,} tokens) fill the request limit of {self.limit:,} tokens "
+                    f"(window {self.window.context_length:,} - completion reserve {self.window.reserve:,} - margin {self.window.margin:,}): "
+                    "send fewer tools or use a model with a larger window"
+                )
+            self._fit_over(messages, msgs, sizes, total, limit, result, ref_for, reserve)
         except ContextWindowError:
             t.reset()
             raise
@@ -428,6 +530,7 @@ class WindowCap:
         limit: int,
         result: CapResult,
         ref_for: RefFor | None,
+        reserve: int = 0,
     ) -> None:
         latest = _latest_user(msgs)
         headroom = int(HEADROOM_RATIO * limit)
@@ -536,11 +639,13 @@ class WindowCap:
             result.messages = msgs
             latest = _latest_user(msgs)
         if total > limit:
+            tools = f" - tool definitions {reserve:,}" if reserve else ""
             raise ContextWindowError(
-                f"the request cannot fit the window: {total:,} tokens after cutting every output and older user message "
+                f"the request cannot fit the window: {total:,} tokens of messages after cutting every output and older user message "
                 f"(limit {limit:,} = window {self.window.context_length:,} - completion reserve {self.window.reserve:,} "
-                f"- margin {self.window.margin:,}); the system prompt and the latest user message alone are "
+                f"- margin {self.window.margin:,}{tools}); the system prompt and the latest user message alone are "
                 f"{sizes[0] if msgs and _is_first_system(msgs, 0) else 0:,} + {sizes[latest] if latest >= 0 else 0:,} tokens"
+                + (f", the tool definitions {reserve:,}" if reserve else "")
             )
         result.tokens = total
         if result.cut:

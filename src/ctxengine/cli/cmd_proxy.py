@@ -13,6 +13,24 @@ import click
 from ctxengine.config import load_config
 
 
+def _model_windows(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, int]:
+    """``--model-window MODEL=TOKENS`` (repeatable) as ``{MODEL: TOKENS}``; a bad value names the flag."""
+    out: dict[str, int] = {}
+    for value in values:
+        model, sep, tokens = value.rpartition("=")
+        model = model.strip()
+        if not sep or not model:
+            raise click.BadParameter(f"{value!r} is not MODEL=TOKENS (e.g. --model-window gpt-4o=128000 or 'qwen*=32768')", ctx=ctx, param=param)
+        try:
+            n = int(tokens.strip().replace("_", "").replace(",", ""))
+        except ValueError:
+            raise click.BadParameter(f"{value!r}: {tokens!r} is not a number of tokens", ctx=ctx, param=param) from None
+        if n <= 0:
+            raise click.BadParameter(f"{value!r}: the window must be a positive number of tokens", ctx=ctx, param=param)
+        out[model] = n
+    return out
+
+
 @click.command()
 @click.option("--host", default=None, help="Address to bind (config proxy.host; default 127.0.0.1). Beyond loopback a token is required.")
 @click.option("--port", type=click.IntRange(0, 65535), default=None, help="Port (config proxy.port; default 8787).")
@@ -22,6 +40,22 @@ from ctxengine.config import load_config
 @click.option("--auth-token", default=None, help="Token clients must send in x-ctxengine-token (default: $CTXENGINE_PROXY_TOKEN, see proxy.auth_token_env).")
 @click.option("--engine", default=None, help="Context engine for every session (config context.engine).")
 @click.option("--no-recall-tools", is_flag=True, default=False, help="Never add the engine's recall tools to requests.")
+@click.option(
+    "--context-length",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="TOKENS",
+    help="Window assumed for a model that is not in the model table and has no --model-window (config model.default_context_length; default 128000).",
+)
+@click.option(
+    "--model-window",
+    "model_windows",
+    multiple=True,
+    callback=_model_windows,
+    metavar="MODEL=TOKENS",
+    help="Window of one model, or of every model a glob matches ('qwen*=32768', '*=16384'); repeatable (config models.<name>.context_length). "
+    "Otherwise: the model table, or a window learnt from the provider's rejection.",
+)
 @click.option("--log-format", type=click.Choice(["json", "text"]), default="json", show_default=True, help="Log lines as JSON objects or as text.")
 def proxy(
     host: str | None,
@@ -32,6 +66,8 @@ def proxy(
     auth_token: str | None,
     engine: str | None,
     no_recall_tools: bool,
+    context_length: int | None,
+    model_windows: dict[str, int],
     log_format: str,
 ) -> None:
     """Serve an OpenAI- and Anthropic-compatible proxy that manages each session's context.
@@ -55,6 +91,10 @@ def proxy(
     sections: dict[str, Any] = {"proxy": overrides}
     if engine:
         sections["context"] = {"engine": engine}
+    if context_length is not None:
+        sections["model"] = {"default_context_length": context_length}
+    if model_windows:
+        sections["models"] = {name: {"context_length": n} for name, n in model_windows.items()}
     config = config.with_overrides(**sections)
     settings = config.proxy
     token = auth_token or os.environ.get(settings.auth_token_env) or None
