@@ -148,3 +148,40 @@ def test_count_tokens_counts_what_the_proxy_sends(stub: StubServer, tmp_path: Pa
         other = {"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": "a new conversation"}]}
         c.messages.count_tokens(**other)  # type: ignore[arg-type]
         assert stub.counted[-1].body == other
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_context_length_rejection_is_learnt_compacted_and_retried_unseen(stub: StubServer, tmp_path: Path, stream: bool) -> None:
+    """An unknown model with a 16K window the proxy does not know: the first request over it is
+    rejected as OpenAI does; the proxy learns the window, compacts, sends again; the client
+    never sees the 400, and the next requests are not rejected."""
+    limit = 16384
+    rejected: list[int] = []
+
+    def responder(req: Any) -> StubReply:
+        tokens = len(req.prompt_text) // 4
+        if tokens > limit:
+            rejected.append(tokens)
+            return StubReply.fail(400, f"This model's maximum context length is {limit} tokens. However, your messages resulted in {tokens} tokens.", retry_after_ms=None)
+        return StubReply.ok("ack")
+
+    stub.responder = responder
+    cfg = make_config(stub, tmp_path, context={"engine": "compressor"})
+    with ProxyServer(cfg) as p:
+        c = openai.OpenAI(base_url=p.openai_base_url, api_key=KEY, max_retries=0, default_headers={SESSION_HEADER: f"local-{stream}"})
+        msgs: list[Any] = [{"role": "system", "content": "You are a careful agent."}, {"role": "user", "content": "fix the failing build"}]
+        for turn in range(14):  # ~2.2K tokens each (of the stub's count): past 16K by the 8th
+            call = {"id": f"call_{turn}", "type": "function", "function": {"name": "read_file", "arguments": json.dumps({"path": f"log{turn}.txt"})}}
+            output = f"turn {turn}: " + "".join(f"log line {i} of turn {turn} with details about the build\n" for i in range(150))
+            msgs += [{"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "tool", "tool_call_id": call["id"], "content": output}]
+            if stream:
+                text = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(model="local-coder", messages=msgs, tools=TOOLS, stream=True) if ch.choices)  # type: ignore[arg-type]
+            else:
+                text = c.chat.completions.create(model="local-coder", messages=msgs, tools=TOOLS).choices[0].message.content or ""  # type: ignore[arg-type]
+            assert text == "ack"
+            msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": f"continue {turn}"}]
+        assert len(rejected) == 1  # learnt once, never again
+        assert p.proxy.windows.learnt("openai", "local-coder") == limit
+        assert metric(p, "ctxengine_proxy_context_retries_total", api="openai") == 1
+        assert all(len(r.prompt_text) // 4 <= limit for r in stub.requests[-5:])
+        assert p.proxy.manager(OPENAI, "local-coder").status(f"local-{stream}")["window_source"] == "learnt"

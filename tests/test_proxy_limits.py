@@ -169,7 +169,7 @@ def _config(**sections: object) -> Config:
     return Config.from_dict(dict(sections))
 
 
-def test_window_rule_config_then_learnt_then_table_then_default(caplog: pytest.LogCaptureFixture) -> None:
+def test_window_rule_config_then_learnt_then_table_then_default_a_smaller_learnt_one_wins(caplog: pytest.LogCaptureFixture) -> None:
     w = Windows(_config(models={"qwen*": {"context_length": 32768}, "qwen2.5-coder-7b": {"context_length": 16384}}))
     assert w.window_for("openai", "qwen2.5-coder-7b") == Window(16384, "config")  # the exact name after the glob
     assert w.window_for("openai", "qwen3-8b") == Window(32768, "config")
@@ -178,8 +178,11 @@ def test_window_rule_config_then_learnt_then_table_then_default(caplog: pytest.L
     assert w.window_for("openai", "gpt-4o") == Window(16385, "learnt")
     assert w.window_for("anthropic", "gpt-4o") == Window(128000, "table")  # learnt per API
     with caplog.at_level(logging.WARNING, logger="ctxengine.proxy"):
-        assert w.learn("openai", "qwen3-8b", 8192) == Window(32768, "config")  # configured wins, with a warning
+        assert w.learn("openai", "qwen3-8b", 8192) == Window(8192, "learnt")  # the provider's smaller window, with a warning
     assert "smaller than the configured 32,768" in caplog.text
+    assert w.window_for("openai", "qwen3-8b") == Window(8192, "learnt")
+    assert w.learn("openai", "qwen2.5-coder-7b", 20000) == Window(16384, "config")  # a larger one changes nothing
+    assert w.window_for("openai", "qwen2.5-coder-7b") == Window(16384, "config")
 
 
 def test_an_unknown_model_is_warned_once_with_how_to_set_it(caplog: pytest.LogCaptureFixture) -> None:

@@ -71,6 +71,7 @@ from ctxengine.manager import CompactionDue, ContextManager, default_store
 from ctxengine.messages import Message
 from ctxengine.models import UnknownModelWarning
 from ctxengine.proxy.apis import ANTHROPIC, OPENAI, Api, Marking, ToolCall, has_cache_control
+from ctxengine.proxy.limits import Windows, context_limit_from_error, is_context_length_error
 from ctxengine.proxy.metrics import CONTENT_TYPE, ProxyMetrics
 from ctxengine.proxy.rawbody import BodyCache
 from ctxengine.proxy.session import (
@@ -91,6 +92,7 @@ from ctxengine.proxy.upstream import (
 )
 from ctxengine.proxy.writer import encode, outgoing, tool_name
 from ctxengine.storage import SessionRecorder
+from ctxengine.tokens import estimate
 
 __all__ = ["TOKENS_SAVED_HEADER", "TOKEN_HEADER", "Proxy", "create_app"]
 
@@ -130,6 +132,10 @@ class _Plan:
     body: Mapping[str, Any]
     content: bytes
     state: ProxySession | None = None  # the session's proxy state (None: not planned)
+    request: Mapping[str, Any] | None = None  # the client's body (``body`` is what goes upstream)
+    request_raw: bytes = b""  # and its bytes
+    retried: bool = False  # sent again after a context-length rejection (once at most)
+    spent: int = 0  # tokens the proxy's own recall round trips added to the context
     manager: ContextManager | None = None
     engine_tools: frozenset[str] = frozenset()
     tokens_in: int = 0
@@ -203,6 +209,7 @@ class Proxy:
         self._client: Upstream | None = None
         self._managers: dict[tuple[str, str], ContextManager] = {}
         self.sessions = SessionTable(self.settings.session_idle_seconds)
+        self.windows = Windows(self.config)
         # a local store (SQLite) or none: the turn's write waits until the response is out, and
         # a quick turn is planned on the event loop (a shared store is written before the
         # request goes upstream, so another process serving the session's next turn sees it)
@@ -290,9 +297,11 @@ class Proxy:
             mgr = self._managers.get(key)
             if mgr is None:
                 provider = "anthropic" if api.upstream == "anthropic" else self.config.model.provider
+                window = self.windows.window_for(api.name, model)  # warns once for an unknown model
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", UnknownModelWarning)
-                    mgr = ContextManager(self.config, model=model, provider=provider, store=self.store)
+                    mgr = ContextManager(self.config, model=model, provider=provider, store=self.store, context_length=window.tokens)
+                mgr.set_context_length(window.tokens, source=window.source)
                 self._managers[key] = mgr
             return mgr
 
@@ -615,9 +624,10 @@ class Proxy:
         if recalled is not None:  # the recall turns the client never sends back
             msgs, conv = recalled, None
         before = 0 if quick else mgr.counters(session)["compactions"]  # a quick turn never compacts
-        out = mgr.prepare(msgs, session_id=session, defer_record=self._local_store, may_compact=not quick)
+        tools = body.get("tools")  # the window counts the tool definitions as the provider does
+        out = mgr.prepare(msgs, tools if isinstance(tools, list) else None, session_id=session, defer_record=self._local_store, may_compact=not quick)
         after_status = mgr.counters(session)
-        plan = _Plan(api, session, body, raw, state=s, manager=mgr, context=out, deferred=self._local_store and mgr.store is not None)
+        plan = _Plan(api, session, body, raw, state=s, request=body, request_raw=raw, manager=mgr, context=out, deferred=self._local_store and mgr.store is not None)
         plan.compactions = 0 if quick else after_status["compactions"] - before
         changed = recalled is not None or not _same(out, msgs)
         incoming = s.incoming
@@ -654,16 +664,66 @@ class Proxy:
         taken = api.tool_names(body)
         return [t for t in sticky if tool_name(t) not in taken]
 
-    def _run_tool(self, plan: _Plan, call: ToolCall) -> str:
+    def _answers(self, plan: _Plan, calls: list[ToolCall], assistant: Mapping[str, Any] | None) -> list[tuple[ToolCall, str]]:
+        """The answers to the model's calls to the proxy's tools (worker thread), sized to the
+        room the window leaves: the follow-up request is the context, the proxy's earlier
+        round trips, ``assistant`` (the reply that made the calls) and these answers, and each
+        call gets an equal share of what is left."""
+        assert plan.manager is not None
+        made = estimate(orjson.dumps(assistant).decode()) if assistant else 0
+        try:
+            room = plan.manager.room(plan.context, None, session_id=plan.session) - plan.spent - made
+        except Exception as exc:  # sizing must not cost the answer
+            log.debug("room unknown, recall answers unbounded: %s", exc)
+            room = None
+        share = max(64, room // max(1, len(calls))) if room is not None else None
+        out = [(c, self._run_tool(plan, c, share)) for c in calls]
+        plan.spent += made + sum(estimate(r) for _, r in out)
+        return out
+
+    def _run_tool(self, plan: _Plan, call: ToolCall, max_tokens: int | None = None) -> str:
         """Answer one call to a tool the proxy added, through the manager (the engine's own
         tools and the store-backed recall tools, ``ctx_grep`` …, with the dispatch ``prepare``
-        uses)."""
+        uses), in at most ``max_tokens``."""
         assert plan.manager is not None
         try:
-            return plan.manager.handle_tool_call(call.name, call.arguments, session_id=plan.session, messages=plan.context)
+            return plan.manager.handle_tool_call(call.name, call.arguments, session_id=plan.session, messages=plan.context, max_tokens=max_tokens)
         except Exception as exc:  # the model sees the failure, the client never does
             log.warning("engine tool failed", extra={"fields": {"session": plan.session, "tool": call.name, "error": f"{type(exc).__name__}: {exc}"}})
             return orjson.dumps({"error": f"{call.name} failed: {type(exc).__name__}: {exc}"}).decode()
+
+    async def _shrink(self, plan: _Plan, status: int, content: bytes) -> bool:
+        """A rejection of ``plan``'s request as longer than the model's window: learn the window
+        it names (remembered per model; one that names none: 80 % of the window assumed), plan
+        the client's request again for it, once. True when the plan was made again (send it);
+        False for any other response, a second rejection, or a request the proxy did not plan."""
+        if plan.retried or plan.manager is None or plan.state is None or plan.request is None:
+            return False
+        named = context_limit_from_error(status, content)
+        if named is None and not is_context_length_error(status, content):
+            return False
+        mgr, api = plan.manager, plan.api
+        model = str(plan.request["model"])
+        before = mgr.context_length
+        window = self.windows.learn(api.name, model, named if named is not None else max(1024, int(before * 0.8)))
+        if window.tokens >= before and named is not None and named >= before:
+            # the window was right: the provider counts more than our estimate; leave a margin
+            window = self.windows.learn(api.name, model, max(1024, int(before * 0.9)))
+        log.warning(
+            "the upstream rejected a request as over the model's window; compacting to it and sending again",
+            extra={"fields": {"api": api.name, "session": plan.session, "model": model, "window": window.tokens, "was": before}},
+        )
+        await anyio.to_thread.run_sync(lambda: mgr.set_context_length(window.tokens, source=window.source))
+        try:
+            again = await anyio.to_thread.run_sync(self._plan, api, plan.session, plan.request, plan.request_raw)
+        except Exception as exc:
+            self._fail_open(api, plan, "retry", exc)
+            return False
+        plan.retried = True
+        plan.body, plan.content, plan.context, plan.engine_tools = again.body, again.content, again.context, again.engine_tools
+        plan.tokens_out, plan.compactions = again.tokens_out, plan.compactions + again.compactions
+        self.metrics.child(self.metrics.context_retries, api.name).inc()
+        return True
 
     async def _answer_beside(self, plan: _Plan, calls: list[ToolCall]) -> None:
         """Recall calls made beside the client's own calls in one reply: answered now, and put
@@ -673,7 +733,8 @@ class Proxy:
         anchor = next((c.id for c in calls if c.name not in plan.engine_tools), None)
         if plan.state is None or not ours or anchor is None:
             return
-        answered = [(c.id, c.name, c.arguments, await anyio.to_thread.run_sync(self._run_tool, plan, c)) for c in ours]
+        answers = await anyio.to_thread.run_sync(self._answers, plan, ours, None)
+        answered = [(c.id, c.name, c.arguments, r) for c, r in answers]
         plan.state.pending_recall.add(anchor, answered)
         self.metrics.tool_rounds.labels(plan.api.name).inc()
 
@@ -832,6 +893,8 @@ class Proxy:
         api = plan.api
         resp, content = await self._post(url, headers, plan.content)
         plan.stages.append(("upstream", time.perf_counter() - started))
+        if resp.status >= 400 and await self._shrink(plan, resp.status, content):
+            resp, content = await self._post(url, headers, plan.content)
         if resp.status >= 400:
             self._account(plan, "upstream_error", resp.status, started)
             return self._relayed(resp, content, extra)
@@ -871,8 +934,9 @@ class Proxy:
             if not all(c.name in plan.engine_tools for c in calls):  # the client's calls too
                 await self._answer_beside(plan, calls)
                 break
-            results = [(c, await anyio.to_thread.run_sync(self._run_tool, plan, c)) for c in calls]
-            body = api.followup(body, api.assistant_message(data), results)
+            assistant = api.assistant_message(data)
+            results = await anyio.to_thread.run_sync(self._answers, plan, calls, assistant)
+            body = api.followup(body, assistant, results)
             self.metrics.tool_rounds.labels(api.name).inc()
             resp, content = await self._post(url, headers, encode(body))
             if resp.status >= 400:
@@ -888,6 +952,10 @@ class Proxy:
         plan.stages.append(("upstream", time.perf_counter() - started))
         if resp.status >= 400:
             content = await resp.read()
+            if await self._shrink(plan, resp.status, content):
+                resp = await self.client.send("POST", url, headers, plan.content)
+                content = await resp.read() if resp.status >= 400 else b""
+        if resp.status >= 400:
             self._account(plan, "upstream_error", resp.status, started)
             return self._after(self._relayed(resp, content, extra), plan)
         out = _RelayResponse(self._relay(plan, url, headers, resp, started), status_code=resp.status)
@@ -932,8 +1000,9 @@ class Proxy:
                     yield api.closing()
                     break
                 calls = [ToolCall(i, n, a) for i, n, a in tracker.calls()]
-                results = [(c, await anyio.to_thread.run_sync(self._run_tool, plan, c)) for c in calls]
-                body = api.followup(body, tracker.assistant_message(), results)
+                assistant = tracker.assistant_message()
+                results = await anyio.to_thread.run_sync(self._answers, plan, calls, assistant)
+                body = api.followup(body, assistant, results)
                 self.metrics.tool_rounds.labels(api.name).inc()
                 rounds += 1
                 resp = await self.client.send("POST", url, headers, encode(body))

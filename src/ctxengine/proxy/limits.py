@@ -186,14 +186,15 @@ class Windows:
             return self._learnt.get((api, model))
 
     def window_for(self, api: str, model: str) -> Window:
-        """The window of ``model`` on ``api``: config > learnt > table > default. A model with
+        """The window of ``model`` on ``api``: config > learnt > table > default (a learnt window
+        smaller than the configured one wins: the provider rejected the larger). A model with
         none of the first three gets the default and a warning, once per model, saying the
         window assumed and how to set it."""
         tokens = self.configured(model)
-        if tokens is not None:
-            return Window(tokens, "config")
         learnt = self.learnt(api, model)
-        if learnt is not None:
+        if tokens is not None and (learnt is None or learnt >= tokens):
+            return Window(tokens, "config")
+        if learnt is not None:  # the provider's own word, below any configured window
             return Window(learnt, "learnt")
         known = _table_window(model)
         if known is not None:
@@ -214,7 +215,8 @@ class Windows:
     def learn(self, api: str, model: str, tokens: int) -> Window:
         """Remember that the provider behind ``api`` rejected a request for ``model`` naming a
         ``tokens`` window; returns the window the model's manager should now have (a
-        configured window still wins, with a warning when the provider names a smaller one)."""
+        configured window still wins unless the provider names a smaller one: then the
+        provider's, with a warning to fix the configuration)."""
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens <= 0:
             raise ValueError(f"a learnt window must be a positive number of tokens, not {tokens!r}")
         with self._lock:
@@ -222,13 +224,14 @@ class Windows:
             self._learnt[(api, model)] = tokens
         configured = self.configured(model)
         if configured is not None:
-            if tokens < configured:
-                log.warning(
-                    f"model {model!r}: the provider says its window is {tokens:,} tokens, smaller than the configured {configured:,}; "
-                    "keeping the configured one (fix models.<name>.context_length / --model-window)",
-                    extra={"fields": {"model": model, "provider_window": tokens, "configured_window": configured}},
-                )
-            return Window(configured, "config")
+            if tokens >= configured:
+                return Window(configured, "config")
+            log.warning(
+                f"model {model!r}: the provider says its window is {tokens:,} tokens, smaller than the configured {configured:,}; "
+                "using the provider's (fix models.<name>.context_length / --model-window)",
+                extra={"fields": {"model": model, "provider_window": tokens, "configured_window": configured}},
+            )
+            return Window(tokens, "learnt")
         if before != tokens:
             log.info(
                 f"model {model!r}: window learnt from the provider: {tokens:,} tokens",

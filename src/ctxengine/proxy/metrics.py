@@ -35,6 +35,9 @@ class ProxyMetrics:
         self.prompt_tokens = Counter("ctxengine_proxy_upstream_prompt_tokens", "Prompt tokens the upstream reported.", ["api"], registry=r)
         self.completion_tokens = Counter("ctxengine_proxy_upstream_completion_tokens", "Completion tokens the upstream reported.", ["api"], registry=r)
         self.tool_rounds = Counter("ctxengine_proxy_tool_rounds", "Extra upstream round trips made to answer the engine's own tools.", ["api"], registry=r)
+        self.context_retries = Counter(
+            "ctxengine_proxy_context_retries", "Requests the upstream rejected as over the model's window, compacted to the window it named and sent again.", ["api"], registry=r
+        )
         self.idle_ended = Counter("ctxengine_proxy_idle_sessions_ended", "Sessions ended in memory after proxy.session_idle_seconds without a request.", registry=r)
         self.fail_open = Counter("ctxengine_proxy_fail_open", "Requests forwarded unchanged because context management failed.", ["api", "reason"], registry=r)
         self.added_latency = Histogram(
