@@ -471,3 +471,19 @@ def test_the_session_shared_estimate_memo_changes_no_decision() -> None:
     shared = run(None)
     assert shared == run(_PlainEstimate())
     assert shared[-1]["compactions"] > 0
+
+
+def test_prepare_compact_compacts_now_whatever_the_trigger_says() -> None:
+    from ctxengine.config import Config
+
+    mgr = ContextManager(Config(), model="gpt-4o", store=None)
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "fix the build"}]
+    for i in range(12):
+        call = {"id": f"c{i}", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}
+        msgs += [{"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "tool", "tool_call_id": f"c{i}", "content": f"output {i}\n" + "a line of output\n" * 200}]
+    msgs.append({"role": "user", "content": "compact, please"})
+    plain = mgr.prepare(msgs, session_id="s")
+    assert plain == msgs and mgr.counters("s")["compactions"] == 0  # far under a 128K window
+    out = mgr.prepare(msgs, session_id="s", compact=True)
+    assert mgr.counters("s")["compactions"] == 1 and mgr.status("s")["last_compaction"]["trigger"] == "client"
+    assert mgr.count_tokens(out) < mgr.count_tokens(msgs) and out[-1] == msgs[-1]

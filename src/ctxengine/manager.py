@@ -831,6 +831,7 @@ class ContextManager:
         focus_topic: str | None = None,
         defer_record: bool = False,
         may_compact: bool = True,
+        compact: bool = False,
     ) -> list[Message]:
         """What to send this turn (see the module docstring). Never mutates ``messages``.
 
@@ -868,6 +869,10 @@ class ContextManager:
         raises :class:`CompactionDue` before changing anything, and the caller makes the same
         call with ``may_compact=True`` (in its worker thread). Otherwise the result is the
         same as without the flag. The engine's trigger is asked once either way.
+
+        ``compact=True`` compacts this turn whatever the trigger says (a client's own
+        compaction request, e.g. the Responses API's ``/responses/compact``): the engine's
+        ``compress`` runs unless session hygiene already compacted the turn.
         """
         s = self._session(session_id)
         with s.lock if may_compact else _HeldNow(s.lock):
@@ -902,8 +907,11 @@ class ContextManager:
                 compacted = out is not msgs
                 msgs = out
                 tokens = s.counter.count(msgs) + extra
-            if enabled and not resting and may_compact and self._should_compact(s, tokens, msgs):
-                out = self._compress(s, msgs, tokens, focus_topic, trigger="engine")
+            forced = compact and may_compact and not compacted
+            if enabled and may_compact and (forced or (not resting and self._should_compact(s, tokens, msgs))):
+                # a forced compaction is judged as at the threshold (the seed's manual /compress)
+                judged = max(tokens, int(getattr(s.engine, "threshold_tokens", 0) or 0)) if forced else tokens
+                out = self._compress(s, msgs, judged, focus_topic, trigger="client" if forced else "engine")
                 compacted = compacted or out is not msgs
                 msgs = out
                 tokens = s.counter.count(msgs) + extra
