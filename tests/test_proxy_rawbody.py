@@ -110,6 +110,22 @@ def test_the_keys_before_the_messages_are_last_bodys_values_and_the_keys_after_a
     assert third["system"] == "another"
 
 
+def test_the_keys_after_the_messages_are_last_bodys_values_while_their_bytes_are_the_same() -> None:
+    """A tool list resent unchanged is the same object each turn (the manager counts its tokens
+    once, by identity) and is not decoded again."""
+    cache = BodyCache()
+    tools = [{"type": "function", "function": {"name": f"t{i}", "description": "reads a file " * 20, "parameters": {"type": "object"}}} for i in range(5)]
+    bodies = [json.dumps({**body(n), "tools": tools, "stream": True}).encode() for n in (3, 5, 7)]
+    parsed = [cache.parse(b) for b in bodies]
+    assert all(p == {**body(n), "tools": tools, "stream": True} for p, n in zip(parsed, (3, 5, 7), strict=True))
+    assert parsed[2]["tools"] is parsed[1]["tools"]
+    changed = cache.parse(json.dumps({**body(9), "tools": tools[:4], "stream": True}).encode())
+    assert changed["tools"] == tools[:4] and changed["tools"] is not parsed[2]["tools"]
+    back = cache.parse(json.dumps({**body(11), "tools": tools, "stream": True}).encode())
+    assert back["tools"] == tools and back["tools"] is not parsed[2]["tools"]
+    assert cache.parse(json.dumps(body(12)).encode()) == body(12)  # no key after the messages any more
+
+
 @pytest.mark.parametrize(
     "ending",
     [b"}", b" }\n", b', "stream": true}', b' ,\n "stream" : true , "max_tokens": 5 }', b', "model": "other"}', b', "system": "s2"}', b", }", b"} x", b', "stream": true', b"]", b', "messages": []}'],

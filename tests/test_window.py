@@ -444,3 +444,16 @@ def test_an_image_counts_as_its_fixed_cost_never_its_bytes() -> None:
     assert counter.exact_message(openai) == MESSAGE_OVERHEAD_TOKENS + O200K.count("what is this") + IMAGE_TOKENS
     assert counter.exact_message(anthropic) == MESSAGE_OVERHEAD_TOKENS + IMAGE_TOKENS
     assert IMAGE_TOKENS <= counter.exact_message(in_result) < IMAGE_TOKENS + 20  # + the call id
+
+
+def test_tool_lists_remembered_by_identity_are_bounded() -> None:
+    from ctxengine import window
+
+    tt = ToolTokens(estimate, estimate)
+    big = _schemas(400)  # ~100 KB of JSON
+    for _ in range(60):
+        tt.count(json.loads(json.dumps(big)))  # a new list each time, counted once
+    assert tt._id_bytes <= window._TOOL_IDS_BYTES and len(tt._by_id) < 60
+    for i in range(300):
+        tt.count([{"name": f"t{i}"}])
+    assert len(tt._by_id) <= window._TOOL_IDS

@@ -107,6 +107,10 @@ TOOLS_OVERHEAD_TOKENS = 350
 namespace of its own)."""
 
 _TOOL_MEMO_SIZE = 64
+_TOOL_IDS = 256
+_TOOL_IDS_BYTES = 2 * 1024 * 1024
+"""Lists remembered by identity: at most this many, holding at most this much JSON (each is
+kept alive while remembered; a proxy's session keeps its own anyway)."""
 
 
 def default_completion_reserve(context_length: int) -> int:
@@ -287,8 +291,9 @@ class ToolTokens:
         self._count = count
         self._exact = exact
         self._lock = threading.Lock()
-        # id(list) -> (list, counts): the list is kept so its id is not reused while remembered
-        self._by_id: OrderedDict[int, tuple[Sequence[Any], tuple[int, int]]] = OrderedDict()
+        # id(list) -> (list, counts, JSON size): the list is kept so its id is not reused while remembered
+        self._by_id: OrderedDict[int, tuple[Sequence[Any], tuple[int, int], int]] = OrderedDict()
+        self._id_bytes = 0
         # len(bytes) -> [(bytes, counts)]: a byte comparison instead of hashing 100 KB each turn
         self._by_bytes: dict[int, list[tuple[bytes, tuple[int, int]]]] = {}
         self._n_bytes = 0
@@ -304,7 +309,7 @@ class ToolTokens:
         with self._lock:
             for seen, counts in self._by_bytes.get(len(raw), ()):
                 if seen == raw:
-                    self._remember_id(tools, counts)
+                    self._remember_id(tools, counts, len(raw))
                     return counts
         return None
 
@@ -322,13 +327,17 @@ class ToolTokens:
                 self._n_bytes = 0
             self._by_bytes.setdefault(len(raw), []).append((raw, counts))
             self._n_bytes += 1
-            self._remember_id(tools, counts)
+            self._remember_id(tools, counts, len(raw))
         return counts
 
-    def _remember_id(self, tools: Sequence[Any], counts: tuple[int, int]) -> None:
-        self._by_id[id(tools)] = (tools, counts)
-        if len(self._by_id) > _TOOL_MEMO_SIZE:
-            self._by_id.popitem(last=False)
+    def _remember_id(self, tools: Sequence[Any], counts: tuple[int, int], size: int) -> None:
+        old = self._by_id.pop(id(tools), None)
+        if old is not None:
+            self._id_bytes -= old[2]
+        self._by_id[id(tools)] = (tools, counts, size)
+        self._id_bytes += size
+        while len(self._by_id) > 1 and (len(self._by_id) > _TOOL_IDS or self._id_bytes > _TOOL_IDS_BYTES):
+            self._id_bytes -= self._by_id.popitem(last=False)[1][2]
 
     @staticmethod
     def _dump(tools: Sequence[Any]) -> bytes:

@@ -6,7 +6,9 @@ session, the last body's bytes and where each element of its ``messages`` array 
 body is checked against them with one memory comparison, the messages it shares are the same
 objects as last turn (so everything downstream recognises them by identity instead of
 comparing 100K tokens of text), and only the new messages and the small rest of the body are
-decoded. Anything unexpected (a non-ASCII body, where byte and character offsets differ; a
+decoded. The keys after the array (``tools`` in most bodies: 12K tokens of schemas for some
+agents) are the same objects as last turn too when their bytes are (the manager then finds the
+tool list's token count by identity, and nothing is decoded). Anything unexpected (a non-ASCII body, where byte and character offsets differ; a
 second ``messages`` key; a history edited before its end) falls back to a full parse.
 """
 
@@ -43,6 +45,8 @@ class BodyCache:
     state: tuple[bytes, int, list[int], list[Any]] | None = None  # the four above, read at once
     before: dict[str, tuple[int, int]] = field(default_factory=dict)  # spans of the keys before the messages
     head: dict[str, Any] = field(default_factory=dict)  # and their values (last body's objects)
+    after_raw: bytes = b""  # the bytes of the keys after the messages array (from the first key to the end)
+    after: dict[str, Any] = field(default_factory=dict)  # and their values (last body's objects)
     # (needle, body, n): ``needle`` is not in ``body[:n]`` (:meth:`contains`), read at once
     searched: tuple[bytes, bytes, int] | None = None
     # what :meth:`splice` serialised last, by the value's id (the value kept: its id stays its own)
@@ -112,7 +116,8 @@ class BodyCache:
             j = _skip_bytes(raw, j + 1)
             if raw[j : j + 1] != b'"':
                 return None  # not JSON (e.g. a trailing comma): the full parse says why
-            after = orjson.loads(b"{" + raw[j:])
+            tail = raw[j:]
+            after = self.after if tail == self.after_raw else orjson.loads(b"{" + tail)
         elif raw[j : j + 1] == b"}" and not raw[j + 1 :].strip(b" \t\n\r"):
             after = {}
         else:
@@ -129,6 +134,8 @@ class BodyCache:
         self.ends = [*ends[:k], *new_ends]
         self.messages = messages
         self.state = (raw, self.start, self.ends, messages)
+        if after and after is not self.after:
+            self.after_raw, self.after = tail, after
         return rest
 
     def contains(self, raw: bytes, needle: bytes) -> bool:
