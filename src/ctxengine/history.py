@@ -55,7 +55,7 @@ from ctxengine.messages import Message, Violation, is_summary, validate
 from ctxengine.storage import SessionAppender, SessionRecorder
 from ctxengine.tokens import estimate_message_tokens
 
-__all__ = ["MARKER_KEYS", "SessionHistory", "TurnInput", "TurnKind", "same_but_markers", "without_markers"]
+__all__ = ["MARKER_KEYS", "SessionHistory", "TurnInput", "TurnKind", "first_difference", "same_but_markers", "without_markers"]
 
 TurnKind = Literal["first", "continue", "resend", "branch", "fresh"]
 """How a turn's input relates to what the session saw:
@@ -150,11 +150,12 @@ def _plain_parts(parts: list[Any]) -> list[Any] | None:
     return out
 
 
-def without_markers(message: Any) -> Any:
+def without_markers(message: Any, *, keep_shape: bool = False) -> Any:
     """``message`` without its transport details (:data:`MARKER_KEYS` on the message, on its
     content parts or blocks, on blocks nested in a tool result, on tool calls), and a content
     list left as one plain text part (what a marker on string content makes of it) written as
-    that string. The same object when there is nothing to remove; never edits the input."""
+    that string, unless ``keep_shape``. The same object when there is nothing to remove; never
+    edits the input."""
     if type(message) is not dict:
         return message
     out = message
@@ -165,7 +166,7 @@ def without_markers(message: Any) -> Any:
         plain = _plain_parts(content)
         if plain is not None:
             content = plain
-        if len(content) == 1 and type(content[0]) is dict and content[0].get("type") == "text" and len(content[0]) == 2 and type(content[0].get("text")) is str:
+        if not keep_shape and len(content) == 1 and type(content[0]) is dict and content[0].get("type") == "text" and len(content[0]) == 2 and type(content[0].get("text")) is str:
             content = content[0]["text"]
         if content is not out.get("content"):
             out = {**out, "content": content} if out is not message else {**message, "content": content}
@@ -183,7 +184,7 @@ def same_but_markers(a: Any, b: Any) -> bool:
     return a is b or a == b or without_markers(a) == without_markers(b)
 
 
-def _first_difference(a: list[Any], b: list[Any], n: int) -> int:
+def first_difference(a: list[Any], b: list[Any], n: int) -> int:
     """The first index below ``n`` where ``a`` and ``b`` differ (``n`` when none does). The
     differences a moved marker makes lie at the end, so the prefixes before the last 1, 2, 4 …
     items are compared first (each in C, stopping at its own first difference); the index is
@@ -214,7 +215,7 @@ def _marker_moves(given: list[Any], seen: list[Any]) -> list[int] | None:
     moved: list[int] = []
     p = 0
     while p < n:
-        p += _first_difference(given[p:n], seen[p:], n - p)
+        p += first_difference(given[p:n], seen[p:], n - p)
         if p >= n:
             break
         if without_markers(given[p]) != without_markers(seen[p]):
