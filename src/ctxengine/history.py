@@ -131,6 +131,11 @@ message (and changes a marker's ``ttl``) without editing anything."""
 def _plain_parts(parts: list[Any]) -> list[Any] | None:
     """``parts`` without marker keys (on a part, and on the blocks of a tool result's own
     ``content`` list), ``None`` when there is none to remove."""
+    for p in parts:  # the usual list holds no marker: looked at once, nothing built
+        if type(p) is dict and ("cache_control" in p or type(p.get("content")) is list):
+            break
+    else:
+        return None
     out: list[Any] | None = None
     for i, p in enumerate(parts):
         if type(p) is not dict:
@@ -158,19 +163,20 @@ def without_markers(message: Any, *, keep_shape: bool = False) -> Any:
     edits the input."""
     if type(message) is not dict:
         return message
+    content = message.get("content")
+    calls = message.get("tool_calls")
+    if "cache_control" not in message and type(content) is not list and calls is None:
+        return message  # the usual message: string content, no marker
     out = message
     if not MARKER_KEYS.isdisjoint(message):
         out = {k: v for k, v in message.items() if k not in MARKER_KEYS}
-    content = out.get("content")
     if type(content) is list:
         plain = _plain_parts(content)
-        if plain is not None:
-            content = plain
-        if not keep_shape and len(content) == 1 and type(content[0]) is dict and content[0].get("type") == "text" and len(content[0]) == 2 and type(content[0].get("text")) is str:
-            content = content[0]["text"]
-        if content is not out.get("content"):
-            out = {**out, "content": content} if out is not message else {**message, "content": content}
-    calls = out.get("tool_calls")
+        new = content if plain is None else plain
+        if not keep_shape and len(new) == 1 and type(new[0]) is dict and new[0].get("type") == "text" and len(new[0]) == 2 and type(new[0].get("text")) is str:
+            new = new[0]["text"]
+        if new is not content:
+            out = {**out, "content": new}
     if type(calls) is list:
         plain = _plain_parts(calls)
         if plain is not None:
