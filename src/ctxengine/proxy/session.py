@@ -37,6 +37,7 @@ another one (see the router for the rules and for ids that survive a restart).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import threading
@@ -216,47 +217,20 @@ def message_digest(message: Any) -> bytes:
     return hashlib.blake2b(data, digest_size=12).digest()
 
 
-def sample_positions(n: int) -> list[int]:
-    """The positions of a history of ``n`` messages whose digests the router keeps: the first,
-    every power of two (1, 2, 4, 8 …) and the last four. A later request that continues the
-    history matches at every one of them; another conversation that only shares the opening
-    differs at its latest messages, or at one of the positions spread back to the opening. The
-    powers of two stay where they are as the history grows, so a turn computes digests only for
-    its newest messages (about ``log2(n) + 5`` positions per conversation)."""
+@functools.lru_cache(maxsize=4096)
+def sample_positions(n: int) -> tuple[int, ...]:
+    """The positions of a history of ``n`` messages that the router keeps: the first, every
+    power of two (1, 2, 4, 8 …) and the last four. A later request that continues the history
+    agrees at every one of them; another conversation that only shares the opening differs at
+    its latest messages, or at one of the positions spread back to the opening. The powers of
+    two stay where they are as the history grows (about ``log2(n) + 5`` positions)."""
     out = {0} if n > 0 else set()
     p = 1
     while p < n:
         out.add(p)
         p *= 2
-    out.update(i for i in range(max(0, n - 4), n))
-    return sorted(out)
-
-
-class _Digests:
-    """The digests of one request's messages, computed at most once per position, and not at
-    all where the message is the object a conversation's sample was made from (a client whose
-    body is parsed incrementally resends the same objects)."""
-
-    __slots__ = ("_done", "messages")
-
-    def __init__(self, messages: Sequence[Any]) -> None:
-        self.messages = messages
-        self._done: dict[int, bytes] = {}
-
-    def __call__(self, i: int, known: tuple[bytes, Any] | None = None) -> bytes:
-        d = self._done.get(i)
-        if d is None:
-            m = self.messages[i]
-            d = self._done[i] = known[0] if known is not None and known[1] is m else message_digest(m)
-        return d
-
-    def samples(self, reuse: Mapping[int, tuple[bytes, Any]] | None = None, upto: int = 0) -> dict[int, tuple[bytes, Any]]:
-        """The samples of this history; ``reuse``'s below ``upto`` agreed with it already."""
-        out: dict[int, tuple[bytes, Any]] = {}
-        for i in sample_positions(len(self.messages)):
-            hit = reuse.get(i) if reuse is not None and i < upto else None
-            out[i] = (hit[0] if hit is not None else self(i), self.messages[i])
-        return out
+    out.update(range(max(0, n - 4), n))
+    return tuple(sorted(out))
 
 
 def _history_length(messages: Sequence[Any]) -> int:
@@ -281,7 +255,7 @@ def _opening(messages: Sequence[Any]) -> int:
 class _Conversation:
     id: str
     length: int  # messages of the latest request routed to it
-    samples: dict[int, tuple[bytes, Any]]  # position -> (digest, the message it was made from), at sample_positions(length)
+    samples: dict[int, Any]  # position -> the message there, at sample_positions(length), in order
     opening: int = 0
 
 
@@ -318,7 +292,8 @@ class SessionRouter:
 
     Per key at most ``per_key`` live conversations are kept (the least recently used goes; a
     request that continued it starts a new conversation) and at most ``max_keys`` keys; a
-    conversation is a few digests (:func:`sample_positions`), about 250 bytes.
+    conversation keeps references to a few of its messages (:func:`sample_positions`), the
+    ones it is compared by.
 
     **After a restart** the router is empty. The first request of a key would get the key itself,
     which may be another conversation's record in the store. So before routing a key's first
@@ -347,8 +322,7 @@ class SessionRouter:
         """Make ``conversation_id`` a live conversation of ``key`` whose last history is
         ``messages`` (a session read back from the store after a restart)."""
         messages = messages[: _history_length(messages)]
-        digests = _Digests(messages)
-        conv = _Conversation(conversation_id, len(messages), digests.samples(), _opening(messages))
+        conv = _Conversation(conversation_id, len(messages), _samples(messages), _opening(messages))
         with self._lock:
             entry = self._entry(key)
             entry.used.add(conversation_id)
@@ -361,18 +335,16 @@ class SessionRouter:
         docstring). ``messages`` is read, never kept or changed. System or developer messages
         after the last other one are not history (:func:`_history_length`)."""
         messages = messages[: _history_length(messages)]
-        digests = _Digests(messages)
         m = len(messages)
+        samples = _samples(messages)
         with self._lock:
             entry = self._entry(key)
-            found = self._continued(entry, digests, m, branches)
-            if found is None:
-                sid = key if key not in entry.used else self._new_id(key, entry, digests)
+            best = self._continued(entry, messages, m, branches)
+            if best is None:
+                sid = key if key not in entry.used else self._new_id(key, entry, samples)
                 entry.used.add(sid)
-                best, agreed = _Conversation(sid, 0, {}), 0
-            else:
-                best, agreed = found
-            best.length, best.samples, best.opening = m, digests.samples(best.samples, agreed), _opening(messages)
+                best = _Conversation(sid, 0, {})
+            best.length, best.samples, best.opening = m, samples, _opening(messages)
             entry.conversations[best.id] = best
             entry.conversations.move_to_end(best.id)
             self._bound(entry)
@@ -393,14 +365,12 @@ class SessionRouter:
         while len(entry.conversations) > self.per_key:
             entry.conversations.popitem(last=False)
 
-    def _continued(self, entry: _Key, digests: _Digests, m: int, branches: bool) -> tuple[_Conversation, int] | None:
-        """The live conversation the request continues, retries or (``branches``) branches, and
-        how many of its messages the request was seen to share."""
+    def _continued(self, entry: _Key, messages: Sequence[Any], m: int, branches: bool) -> _Conversation | None:
+        """The live conversation the request continues, retries or (``branches``) branches."""
         best: _Conversation | None = None
         best_rank: tuple[int, int] = (-1, -1)
-        agreed = 0
         for conv in entry.conversations.values():  # least recent first: a tie goes to the latest
-            agree = _agreement(conv, digests, m)
+            agree = _agreement(conv, messages, m)
             if agree is None:
                 continue
             shared, whole = agree
@@ -413,14 +383,16 @@ class SessionRouter:
             else:
                 continue
             if rank >= best_rank:
-                best, best_rank, agreed = conv, rank, shared
-        return None if best is None else (best, agreed)
+                best, best_rank = conv, rank
+        return best
 
-    def _new_id(self, key: str, entry: _Key, digests: _Digests) -> str:
+    def _new_id(self, key: str, entry: _Key, samples: Mapping[int, Any]) -> str:
+        """``<key>.<8 hex>``: a digest of the request that starts the conversation (the same in
+        every router, markers left out)."""
         h = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16)
-        for i in sample_positions(len(digests.messages)):
+        for i, message in samples.items():
             h.update(i.to_bytes(8, "little"))
-            h.update(digests(i))
+            h.update(message_digest(message))
         base = f"{key}.{h.hexdigest()[:8]}"
         sid, n = base, 1
         while sid in entry.used:  # the same request again after its conversation was evicted
@@ -429,19 +401,25 @@ class SessionRouter:
         return sid
 
 
-def _agreement(conv: _Conversation, digests: _Digests, m: int) -> tuple[int, bool] | None:
+def _samples(messages: Sequence[Any]) -> dict[int, Any]:
+    return {i: messages[i] for i in sample_positions(len(messages))}
+
+
+def _agreement(conv: _Conversation, messages: Sequence[Any], m: int) -> tuple[int, bool] | None:
     """How far the request agrees with ``conv``'s last history: ``(shared, whole)``, ``shared``
     a lower bound of the messages they have in common (one past the furthest sampled position
     where they agree, every sampled position before it agreeing too), ``whole`` when every
     sample of ``conv`` agrees and the request is at least as long. ``None`` when they differ at
-    the very first sampled position (nothing shared)."""
+    the very first sampled position (nothing shared). Messages are compared as objects (the
+    same object, or equal: in C), and without their markers only where that fails."""
     shared = 0
     whole = m >= conv.length
-    for i in sorted(conv.samples):
+    for i, seen in conv.samples.items():
         if i >= m:
             whole = False
             break
-        if digests(i, conv.samples[i]) != conv.samples[i][0]:
+        a = messages[i]
+        if a is not seen and a != seen and without_markers(a) != without_markers(seen):
             whole = False
             break
         shared = i + 1
