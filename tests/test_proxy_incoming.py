@@ -325,3 +325,20 @@ def test_a_context_converted_in_full_carries_the_clients_markers_of_this_turn_on
         fconv = fresh.from_anthropic(system, msgs)
         fctx = [fconv.messages[0], ctx[1], *fconv.messages[fconv.starts[a] :]]
         assert fresh.outgoing_anthropic(fctx, [], cache_ttl="5m", native_anthropic=True) == (out_system, out_messages)
+
+
+def test_a_system_prompt_the_engine_extended_keeps_the_clients_markers_on_the_clients_blocks() -> None:
+    inc = IncomingHistory()
+    history = _conversation(4)
+    system, msgs = _as_claude_code_sends(history, 2)  # the system prompt's last block marked
+    conv = inc.from_anthropic(system, msgs)
+    note = {"type": "text", "text": "[Note: earlier turns were compacted]"}
+    rewritten = {"role": "system", "content": [*conv.messages[0]["content"], note]}
+    ctx = [rewritten, {"role": "user", "content": "summary"}, *conv.messages[conv.starts[len(msgs) - 2] :]]
+    out_system, out_messages = inc.outgoing_anthropic(ctx, [], cache_ttl="5m", native_anthropic=True)
+    assert out_system == [*system, note]  # the client's blocks as sent (its marker), then the note
+    assert out_messages[-1] == msgs[-1]
+    # a system prompt that no longer starts with the client's blocks gets no marker of theirs
+    other = {"role": "system", "content": [{"type": "text", "text": "another prompt"}]}
+    out_system, _ = inc.outgoing_anthropic([other, *ctx[1:]], [], cache_ttl="5m", native_anthropic=True)
+    assert not has_cache_control(out_system)

@@ -247,6 +247,13 @@ class IncomingHistory:
             if len(group) == 1:
                 out = list(context)
                 out[0] = group[0]
+        elif self.client_system is not None and context and self.system_msg is not None:
+            # the engine rewrote the system prompt (a note appended after a compaction): the
+            # client's blocks it starts with keep their markers
+            rewritten = self._marked_system_rewrite(context[0], memo)
+            if rewritten is not None:
+                out = list(context)
+                out[0] = rewritten
         shift = 1 if self.system_msg is not None and self.messages and self.messages[0] is self.system_msg else 0
         tail = len(context) - len(self.messages)
         for a, m in self.client_marked.items():
@@ -269,6 +276,29 @@ class IncomingHistory:
             out[at : at + len(group)] = group
         self.client_memo = memo
         return context if out is None else out
+
+    def _marked_system_rewrite(self, system: Any, memo: dict[int, tuple[Any, list[Message]]]) -> Message | None:
+        """``system`` (a system message the engine made from the client's) with the client's
+        markers on the parts it kept from the client's system prompt, when it starts with them
+        (the marked prefix is then cached as the client meant); ``None`` otherwise."""
+        hit = self.client_memo.get(id(system))
+        if hit is not None and hit[0] is system:
+            memo[id(system)] = hit
+            return hit[1][0]
+        if self.system_msg is None or type(system) is not dict or system.get("role") != "system":
+            return None
+        plain, content = self.system_msg.get("content"), system.get("content")
+        if type(plain) is not list or type(content) is not list or len(content) < len(plain):
+            return None
+        marked = self._marked_conversion(-1, self.client_system, memo)
+        if len(marked) != 1:
+            return None
+        client = marked[0].get("content")
+        if type(client) is not list or len(client) != len(plain) or content[: len(plain)] != plain:
+            return None
+        result = {**system, "content": [*client, *content[len(plain) :]]}
+        memo[id(system)] = (system, [result])
+        return result
 
     def _marked_conversion(self, a: int, message: Any, memo: dict[int, tuple[Any, list[Message]]]) -> list[Message]:
         """The OpenAI form of the client's marked message ``a`` (-1: the system prompt), as
