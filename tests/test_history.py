@@ -7,6 +7,7 @@ truncates its history.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -636,3 +637,33 @@ def test_recognising_a_moved_marker_looks_at_the_few_messages_that_moved(monkeyp
     t = h.begin(_marked_as_sent(base, 2))  # the system prompt's marker went, the newest message's moved
     assert t.kind in ("continue", "resend") and t.base == len(base) - 1
     assert len(calls) <= 4 < len(base)  # two messages compared, not the whole history
+
+
+def test_aiders_trailing_reminder_is_not_history_every_turn_appends(tmp_path: Path) -> None:
+    # aider ends every request with a system reminder; the next request has the assistant's
+    # answer and a new request where the reminder was, and the reminder at the end again
+    from ctxengine.manager import CompactionDue
+
+    store = SqliteStore(tmp_path / "s.db")
+    mgr = _mgr(store=store, window=200_000)
+    reminder: Message = {"role": "system", "content": "Reply with whole files."}
+    history: list[Message] = [{"role": "system", "content": "Act as an expert developer."}, {"role": "user", "content": "Change the greeting"}, {"role": "assistant", "content": "Ok."}]
+    refused = 0
+    for k in range(12):
+        history = [*history, {"role": "user", "content": f"request {k}"}]
+        sent = json.loads(json.dumps([*history, reminder]))
+        try:
+            out = mgr.prepare(sent, session_id="s", defer_record=True, may_compact=k == 0)
+        except CompactionDue:
+            refused += 1
+            out = mgr.prepare(sent, session_id="s", defer_record=True)
+        assert out == sent  # the reminder at the end, where the client put it
+        mgr.flush_records("s")
+        history = [*history, {"role": "assistant", "content": f"answer {k}"}]
+    assert refused == 0
+    assert store.history("s") == sent
+    # each message once, and each turn's reminder (after another message each time)
+    assert store.get_session("s").stored == len(sent) - 1 + 12
+    # a real edit of the history is still a branch
+    t = mgr._sessions["s"].history.begin([*history[:3], {"role": "user", "content": "edited"}, reminder])
+    assert t.kind == "branch"

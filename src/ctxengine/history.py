@@ -90,6 +90,7 @@ class TurnInput:
     pending_raw: list[Message] | None = None  # the raw history after this turn
     pending_r0: int = 0
     swapped: list[int] | None = None  # working indices whose message the caller resent with moved markers
+    dropped: int = 0  # trailing per-request messages of last turn not resent (see SessionHistory._without_trailing)
 
     @property
     def new(self) -> list[Message]:
@@ -323,6 +324,9 @@ class SessionHistory:
             moved = _marker_moves(given, seen)
             if moved is not None:
                 return self._resend(given, moved) if seen is raw else self._continue(given, moved)
+        trailing = self._without_trailing(given)
+        if trailing is not None:
+            return trailing
         p = _common_prefix(given, raw)
         q = _common_prefix(given, w)
         k = p - self.r0
@@ -363,6 +367,28 @@ class SessionHistory:
         return TurnInput(
             "resend", msgs, len(w), len(raw), _seen_index=self._seen_index(),
             pending=[*self.wpos, *range(len(w), len(w) + len(new))], pending_raw=pending_raw, pending_r0=self.r0, swapped=swapped or None,
+        )
+
+    def _without_trailing(self, given: list[Message]) -> TurnInput | None:
+        """A resend of the raw history without last turn's trailing system or developer
+        messages (aider ends each request with a reminder that the next request moves to the
+        end again): a per-request instruction, not history. The working context drops them
+        (held verbatim at its end) and takes the new messages; ``None`` when that is not the
+        case."""
+        raw, w, wpos = self.raw, self.working, self.wpos
+        t = 0
+        while t < len(raw) - 1 and isinstance(raw[-1 - t], dict) and raw[-1 - t].get("role") in ("system", "developer"):
+            t += 1
+        n = len(raw) - t
+        if not t or len(wpos) < t or wpos[-t:] != list(range(len(w) - t, len(w))) or not _extends(given, raw[:n]):
+            return None
+        if len(given) > n and isinstance(given[n], dict) and given[n].get("role") in ("system", "developer"):
+            return None  # the reminder resent where it was: an edit of it, or a real system message
+        cut = len(w) - t
+        new = given[n:]
+        return TurnInput(
+            "resend", [*w[:cut], *new], cut, n, _seen_index=self._seen_index(),
+            pending=[*wpos[:-t], *range(cut, cut + len(new))], pending_raw=[*raw[:n], *new], pending_r0=self.r0, dropped=t,
         )
 
     def _continue(self, given: list[Message], moved: Sequence[int]) -> TurnInput:
@@ -479,7 +505,8 @@ class SessionHistory:
         # so the next turn branches from there instead of chaining on the failed input)
         self._next_ids = None
         known = self._ids
-        if known and len(known) == turn.base and turn.kind in ("continue", "resend") and appender is not None:
+        if known and self.appends(turn) and appender is not None:
+            known = known[: turn.base]
             new = self.plain(messages[turn.base :])
             ids = [*known, *appender.append_messages(session_id, new, after=known[-1])] if new else known
         else:
@@ -504,7 +531,8 @@ class SessionHistory:
         write: Callable[[], list[str]]
         if known and self.appends(turn) and appender is not None:  # known: for the type checker
             new = self.plain(messages[turn.base :])
-            after, tip, add = known[-1], known, appender.append_messages
+            tip = known[: turn.base]
+            after, add = tip[-1], appender.append_messages
 
             def write() -> list[str]:
                 return [*tip, *add(session_id, new, after=after)] if new else tip
@@ -554,7 +582,8 @@ class SessionHistory:
     def appends(self, turn: TurnInput) -> bool:
         """Whether ``turn`` only appends to the store's tip (what :meth:`record_later` defers)."""
         known = self._ids
-        return known is not None and len(known) > 0 and len(known) == turn.base and turn.kind in ("continue", "resend")
+        # (a turn that dropped last turn's trailing reminder appends after the message before it)
+        return known is not None and turn.base > 0 and len(known) == turn.base + turn.dropped and turn.kind in ("continue", "resend")
 
     def forget_tip(self) -> None:
         """The store's tip moved elsewhere (a compaction, a failed write): record in full next time."""
