@@ -22,6 +22,7 @@ from ctxengine.proxy.session import (
     names_one_conversation,
     routed,
     sample_positions,
+    system_prompt_digest,
 )
 
 VALID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
@@ -308,3 +309,37 @@ def test_a_clients_sub_agents_and_side_requests_are_sessions_of_their_own(order:
     assert len({next(iter(v)) for v in ids.values()}) == len(ids)
     if 0 in ids:
         assert ids[0] == {f"cc:{UUID_A}"} or order.index(0) > 0
+
+
+def test_a_clients_own_compaction_stays_its_session_and_a_sub_agent_does_not() -> None:
+    # Claude Code compacts by itself: a new history ("This session is being continued …")
+    # under the same session id and system prompt; its sub-agents have prompts of their own
+    main_system = [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}]
+    sub_system = [{"type": "text", "text": "You are an agent for Claude Code: explore the code."}]
+    key = f"cc:{UUID_A}"
+    main_prompt = system_prompt_digest(main_system, [])
+    assert main_prompt == system_prompt_digest([{"type": "text", "text": "You are Claude Code."}], [])  # markers left out
+    router = SessionRouter()
+    history: list[dict[str, Any]] = [{"role": "user", "content": "fix the build"}]
+    for k in range(6):
+        assert router.route(key, history, branches=True, prompt=main_prompt) == key
+        history = [*history, {"role": "assistant", "content": f"step {k}"}, {"role": "user", "content": f"result {k}"}]
+    sub = [{"role": "user", "content": "find where the build breaks"}]
+    sub_id = router.route(key, sub, branches=True, prompt=system_prompt_digest(sub_system, []))
+    assert sub_id != key
+    rewrite = [{"role": "user", "content": "This session is being continued from a previous conversation. Summary: …"}]
+    assert router.route(key, rewrite, branches=True, prompt=main_prompt) == key
+    assert router.route(key, [*rewrite, {"role": "assistant", "content": "go"}, {"role": "user", "content": "r"}], branches=True, prompt=main_prompt) == key
+    assert router.route(key, [*sub, {"role": "assistant", "content": "found"}, {"role": "user", "content": "r"}], branches=True, prompt=system_prompt_digest(sub_system, [])) == sub_id
+    # without the client's own id (a derived key), or without a prompt, a new history is a new conversation
+    assert router.route(key, [{"role": "user", "content": "another rewrite"}], branches=True) != key
+    derived = SessionRouter()
+    derived.route("px-1", history, prompt=main_prompt)
+    assert derived.route("px-1", rewrite, prompt=main_prompt) != "px-1"
+
+
+def test_the_system_prompt_digest_reads_openai_system_messages() -> None:
+    msgs = [{"role": "system", "content": "a"}, {"role": "developer", "content": "b"}, {"role": "user", "content": "u"}, {"role": "system", "content": "late"}]
+    assert system_prompt_digest(None, msgs) == system_prompt_digest(None, msgs[:3])
+    assert system_prompt_digest(None, msgs) != system_prompt_digest(None, msgs[1:])
+    assert system_prompt_digest("a", []) != system_prompt_digest("b", [])

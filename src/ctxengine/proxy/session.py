@@ -62,6 +62,7 @@ __all__ = [
     "routed",
     "sample_positions",
     "session_from_header",
+    "system_prompt_digest",
 ]
 
 SESSION_HEADER = "x-ctxengine-session"
@@ -170,6 +171,22 @@ def names_one_conversation(session_id: str) -> bool:
     return session_id.startswith(("cc:", "codex:", "conv:"))
 
 
+def system_prompt_digest(system: Any, messages: Sequence[Any]) -> str:
+    """A digest of a request's system prompt (:meth:`SessionRouter.route`'s ``prompt``): the
+    Anthropic ``system`` value's text, or (``system`` ``None``) the text of the ``system`` /
+    ``developer`` messages before the first other message; markers left out."""
+    if system is not None:
+        text = content_text(system)
+    else:
+        parts = []
+        for m in messages:
+            if not isinstance(m, Mapping) or m.get("role") not in ("system", "developer"):
+                break
+            parts.append(content_text(m.get("content")))
+        text = "\x00".join(parts)
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
+
+
 def _key(headers: Mapping[str, str]) -> str:
     key = headers.get("x-api-key") or headers.get("authorization") or ""
     return hashlib.sha256(key.encode("utf-8")).hexdigest() if key else ""
@@ -257,6 +274,7 @@ class _Conversation:
     length: int  # messages of the latest request routed to it
     samples: dict[int, Any]  # position -> the message there, at sample_positions(length), in order
     opening: int = 0
+    prompt: object = None  # what the caller says stays the same for the client's conversation (its system prompt)
 
 
 @dataclass(slots=True)
@@ -286,6 +304,13 @@ class SessionRouter:
       compaction after compaction measured with two chats). A user who edits a turn of a
       client that sends no id gets a new session: what it costs is the compaction state, never
       a wrong context;
+    * with ``branches=True`` and a ``prompt`` (:func:`system_prompt_digest`), a request that
+      shares nothing with any live conversation but has the system prompt of the key's own
+      conversation (the one named by the key) is **the client's rewrite** of it (Claude Code's
+      compaction starts a new history under the same session id; Codex keeps its session id
+      across its compaction): that conversation, where the manager takes the new history as
+      given (nothing of the dropped turns comes back) and recall still finds the old turns.
+      A sub-agent or a side request (a title) has a system prompt of its own: a new one;
     * any other request starts a **new conversation**: the first one of a key is the key
       itself (one conversation per key, the usual case, keeps the id it always had), the next
       ones ``<key>.<8 hex>``, a digest of the request that started them.
@@ -318,11 +343,12 @@ class SessionRouter:
         with self._lock:
             return key in self._keys
 
-    def seed(self, key: str, conversation_id: str, messages: Sequence[Any]) -> None:
+    def seed(self, key: str, conversation_id: str, messages: Sequence[Any], *, prompt: object = None) -> None:
         """Make ``conversation_id`` a live conversation of ``key`` whose last history is
-        ``messages`` (a session read back from the store after a restart)."""
+        ``messages`` (a session read back from the store after a restart; ``prompt`` as
+        :meth:`route` takes it)."""
         messages = messages[: _history_length(messages)]
-        conv = _Conversation(conversation_id, len(messages), _samples(messages), _opening(messages))
+        conv = _Conversation(conversation_id, len(messages), _samples(messages), _opening(messages), prompt)
         with self._lock:
             entry = self._entry(key)
             entry.used.add(conversation_id)
@@ -330,7 +356,7 @@ class SessionRouter:
             entry.conversations.move_to_end(conversation_id)
             self._bound(entry)
 
-    def route(self, key: str, messages: Sequence[Any], *, branches: bool = False) -> str:
+    def route(self, key: str, messages: Sequence[Any], *, branches: bool = False, prompt: object = None) -> str:
         """The session id of a request under ``key`` with history ``messages`` (see the class
         docstring). ``messages`` is read, never kept or changed. System or developer messages
         after the last other one are not history (:func:`_history_length`)."""
@@ -340,11 +366,17 @@ class SessionRouter:
         with self._lock:
             entry = self._entry(key)
             best = self._continued(entry, messages, m, branches)
+            if best is None and branches and prompt is not None:
+                # the client's own rewrite of its conversation (its /compact): another history,
+                # the same system prompt; a sub-agent or a side request has a prompt of its own
+                main = entry.conversations.get(key)
+                if main is not None and main.prompt == prompt:
+                    best = main
             if best is None:
                 sid = key if key not in entry.used else self._new_id(key, entry, samples)
                 entry.used.add(sid)
                 best = _Conversation(sid, 0, {})
-            best.length, best.samples, best.opening = m, samples, _opening(messages)
+            best.length, best.samples, best.opening, best.prompt = m, samples, _opening(messages), prompt
             entry.conversations[best.id] = best
             entry.conversations.move_to_end(best.id)
             self._bound(entry)
