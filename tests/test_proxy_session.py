@@ -22,6 +22,7 @@ from ctxengine.proxy.session import (
     names_one_conversation,
     routed,
     sample_positions,
+    session_for,
     system_prompt_digest,
 )
 
@@ -343,3 +344,22 @@ def test_the_system_prompt_digest_reads_openai_system_messages() -> None:
     assert system_prompt_digest(None, msgs) == system_prompt_digest(None, msgs[:3])
     assert system_prompt_digest(None, msgs) != system_prompt_digest(None, msgs[1:])
     assert system_prompt_digest("a", []) != system_prompt_digest("b", [])
+
+
+def test_session_for_puts_the_sources_together() -> None:
+    router = SessionRouter()
+    history = [{"role": "user", "content": "fix the build"}]
+    body = {"model": "claude", "system": "You are Claude Code.", "messages": history, "metadata": {"user_id": json.dumps({"session_id": UUID_A})}}
+    # a name is taken as is, whatever the history
+    assert session_for(router, "anthropic", {SESSION_HEADER: "mine"}, body, body["system"], history) == "mine"
+    assert session_for(router, "anthropic", {}, body, body["system"], history) == f"cc:{UUID_A}"
+    rewrite = [{"role": "user", "content": "This session is being continued …"}]
+    assert session_for(router, "anthropic", {}, {**body, "messages": rewrite}, body["system"], rewrite) == f"cc:{UUID_A}"
+    side = [{"role": "user", "content": "a title for: fix the build"}]
+    assert session_for(router, "anthropic", {}, {**body, "system": "Write titles."}, "Write titles.", side).startswith(f"cc:{UUID_A}.")
+    # no id: the derived one, routed
+    plain = {"model": "gpt", "messages": [{"role": "system", "content": "s"}, *history]}
+    derived = session_for(router, "openai", {"authorization": "Bearer k"}, plain, None, plain["messages"])
+    assert derived == derive_session_id("openai", {"authorization": "Bearer k"}, None, plain["messages"])
+    with pytest.raises(SessionIdError):
+        session_for(router, "openai", {SESSION_HEADER: "no good!"}, plain, None, plain["messages"])

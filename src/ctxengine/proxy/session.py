@@ -61,6 +61,7 @@ __all__ = [
     "names_one_conversation",
     "routed",
     "sample_positions",
+    "session_for",
     "session_from_header",
     "system_prompt_digest",
 ]
@@ -217,6 +218,24 @@ def derive_session_id(api: str, headers: Mapping[str, str], system: Any, message
         h.update(part.encode("utf-8"))
         h.update(b"\x00")
     return "px-" + h.hexdigest()[:24]
+
+
+def session_for(router: SessionRouter, api_name: str, headers: Mapping[str, str], body: Mapping[str, Any], system: Any, messages: Sequence[Any]) -> str:
+    """The session of one request, all sources together (what the proxy calls per request,
+    before planning): a name the user gave as is; else the client's own id, or the derived
+    one, routed by the request's history (:class:`SessionRouter`; a client's own conversation
+    id with ``branches`` and its system prompt, so that its rewrite stays in it).
+
+    ``system`` is the Anthropic ``system`` value (``None`` for OpenAI-form messages, whose
+    system prompt is in ``messages``); ``messages`` the request's history as sent. Raises
+    :class:`SessionIdError` for an invalid ``x-ctxengine-session``.
+    """
+    cid = client_session_id(api_name, headers, body)
+    if cid is not None and not routed(cid):
+        return cid
+    key = cid if cid is not None else derive_session_id(api_name, headers, system, messages)
+    own = cid is not None and names_one_conversation(cid)
+    return router.route(key, messages, branches=own, prompt=system_prompt_digest(system, messages) if own else None)
 
 
 # -- telling conversations apart by their histories ---------------------------------------------
