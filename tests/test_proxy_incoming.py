@@ -342,3 +342,55 @@ def test_a_system_prompt_the_engine_extended_keeps_the_clients_markers_on_the_cl
     other = {"role": "system", "content": [{"type": "text", "text": "another prompt"}]}
     out_system, _ = inc.outgoing_anthropic([other, *ctx[1:]], [], cache_ttl="5m", native_anthropic=True)
     assert not has_cache_control(out_system)
+
+
+def _restart_run(tmp_path: Any, marked: bool) -> tuple[int, list[Any], list[Any], Any, int, int, str, int]:
+    """A compacted session of a Claude Code-like client, a restart, the same history resent."""
+    from ctxengine.config import Config
+    from ctxengine.manager import ContextManager
+    from ctxengine.store import SqliteStore
+
+    store = SqliteStore(tmp_path / f"s{marked}.db")
+
+    def manager() -> ContextManager:
+        return ContextManager(Config(), model="claude-sonnet-4.5", provider="anthropic", context_length=5000, store=store)
+
+    def sends(n: int, turn: int) -> tuple[Any, list[dict[str, Any]]]:
+        if marked:
+            return _as_claude_code_sends(history[:n], turn)
+        return json.loads(json.dumps(_CC_SYSTEM)), json.loads(json.dumps(history[:n]))
+
+    history = _conversation(110)
+    mgr, inc = manager(), IncomingHistory()
+    out: list[Any] = []
+    stop = len(history) - 4  # requests end with the user's tool results, as a client's do
+    for n in range(1, stop + 1, 2):
+        system, msgs = sends(n, n)
+        out = mgr.prepare(inc.from_anthropic(system, msgs).messages, session_id="s", defer_record=True)
+        mgr.flush_records("s")
+    compactions, stored = mgr.counters("s")["compactions"], store.get_session("s").stored
+    mgr2, inc2 = manager(), IncomingHistory()
+    assert mgr2.resume_session("s")
+    system, msgs = sends(stop, stop + 1)  # the same history again, the markers moved
+    conv = inc2.from_anthropic(system, msgs)
+    kind = mgr2._sessions["s"].history.begin(conv.messages).kind
+    out2 = mgr2.prepare(conv.messages, session_id="s", defer_record=True)
+    mgr2.flush_records("s")
+    sent = inc2.outgoing_anthropic(out2, [], cache_ttl="5m", native_anthropic=True)
+    assert sent[1][-1] == msgs[-1]  # this turn's marker (or none), as the client sent it
+    after = mgr2.counters("s")["compactions"]
+    grown = store.get_session("s").stored - stored
+    store.close()
+    return compactions, out, out2, sent, after, grown, kind, len(json.dumps(sent))
+
+
+def test_after_a_restart_a_marker_moving_client_resumes_as_one_without_markers(tmp_path: Any) -> None:
+    marked = _restart_run(tmp_path, True)
+    plain = _restart_run(tmp_path, False)
+    compactions, _, out2, _, after, grown, kind, _ = marked
+    assert compactions >= 1 and compactions == plain[0]  # the same compactions before the restart
+    assert kind == plain[6] == "resend"  # the resent history is recognised after the restart
+    assert after == plain[4]  # compacts no more than a client without markers (the engine's own choice)
+    assert len(out2) == len(plain[2]) and all(same_but_markers(a, b) for a, b in zip(out2, plain[2], strict=True))
+    assert grown == plain[5]  # the store grows as it does without markers
+    assert marked[7] <= plain[7] + 200  # sends no more than without markers (its markers aside)
