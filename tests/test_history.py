@@ -7,6 +7,7 @@ truncates its history.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -464,3 +465,205 @@ def test_the_token_memo_stays_bounded_by_the_working_context() -> None:
         h.message_tokens(working)  # and the working context again: read only
         assert len(h._tokens) <= limit + 1
     assert all(id(m) in h._tokens for m in working)  # the working context stays memoised
+
+
+# -- cache markers are not edits (Claude Code moves its marker to the newest message each turn) --
+
+_EPHEMERAL = [{"type": "ephemeral"}, {"type": "ephemeral", "ttl": "1h"}, {"type": "ephemeral", "ttl": "5m"}]
+
+
+def _marked_as_sent(history: list[Message], turn: int) -> list[Message]:
+    """``history`` as a marker-placing client sends it on ``turn``: decoded anew, a marker (its
+    ``ttl`` varying from turn to turn) on the newest message only, string content written as one
+    marked text block, and on some turns a marker on the system prompt's block as well."""
+    import json
+
+    out: list[Message] = json.loads(json.dumps(history))
+    marker = _EPHEMERAL[turn % len(_EPHEMERAL)]
+    last = out[-1]
+    content = last.get("content")
+    if isinstance(content, str):
+        last["content"] = [{"type": "text", "text": content, "cache_control": dict(marker)}]
+    elif isinstance(content, list) and content:
+        content[-1] = {**content[-1], "cache_control": dict(marker)}
+    else:
+        last["cache_control"] = dict(marker)
+    if turn % 3 == 0:
+        out[0] = {"role": "system", "content": [{"type": "text", "text": out[0]["content"], "cache_control": {"type": "ephemeral", "ttl": "1h"}}]}
+    return out
+
+
+def test_without_markers_removes_only_transport_details_and_never_edits_the_input() -> None:
+    from ctxengine.history import same_but_markers, without_markers
+
+    plain: Message = {"role": "user", "content": "hi"}
+    assert without_markers(plain) is plain
+    marked: Message = {"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral", "ttl": "1h"}}]}
+    assert without_markers(marked) == plain and marked["content"][0]["cache_control"] == {"type": "ephemeral", "ttl": "1h"}
+    assert same_but_markers(marked, plain)
+    two: Message = {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "x"}, "cache_control": {}}]}
+    assert without_markers(two) == {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "x"}}]}
+    # a tool result's nested blocks, a message-level marker, a tool call's marker
+    nested: Message = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "r", "cache_control": {}}]}]}
+    assert without_markers(nested) == {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "r"}]}]}
+    call: Message = {"role": "assistant", "content": None, "cache_control": {}, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}, "cache_control": {}}]}
+    assert without_markers(call) == {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+    # text is content: another text, or a marker key inside a tool's arguments, is an edit
+    assert not same_but_markers(marked, {"role": "user", "content": "ho"})
+    args: Message = {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"cache_control": 1}'}}]}
+    assert not same_but_markers(args, {**args, "tool_calls": [{**args["tool_calls"][0], "function": {"name": "f", "arguments": "{}"}}]})
+
+
+def test_a_moved_marker_is_a_resend_and_the_working_context_carries_this_turns_markers() -> None:
+    h = SessionHistory()
+    base = [*_head(), *[m for t in _turns(3, size=2) for m in t]]
+    first = _marked_as_sent(base[:3], 0)
+    t = h.begin(first)
+    h.finish(t, t.messages, t.messages)
+    for n in range(4, len(base) + 1):
+        sent = _marked_as_sent(base[:n], n)
+        t = h.begin(sent)
+        assert t.kind in ("continue", "resend") and t.base == n - 1  # only the newest message is new
+        assert t.messages == sent  # every message as sent this turn, markers included
+        h.finish(t, t.messages, t.messages)
+        assert h.raw == sent and h.working == sent
+
+
+def test_a_moved_marker_in_a_compacted_session_keeps_the_compaction() -> None:
+    h = SessionHistory()
+    msgs: list[Message] = [{"role": "system", "content": "s"}, *({"role": "user", "content": f"u{i}"} for i in range(6))]
+    sent = _marked_as_sent(msgs, 1)
+    t = h.begin(sent)
+    compacted = [sent[0], {"role": "user", "content": "[summary]"}, *sent[4:]]
+    h.finish(t, t.messages, compacted)
+    more = _marked_as_sent([*msgs, {"role": "user", "content": "u6"}], 2)
+    t = h.begin(more)
+    assert t.kind == "resend" and t.base == len(compacted)
+    # the summary stays; the verbatim messages are this turn's copies (the old newest one unmarked)
+    assert t.messages == [compacted[0], compacted[1], *more[4:]]
+    assert t.messages[len(compacted) - 1] == {"role": "user", "content": "u5"}
+
+
+def test_a_real_edit_next_to_a_moved_marker_is_still_a_branch() -> None:
+    h = SessionHistory()
+    msgs: list[Message] = [{"role": "system", "content": "s"}, *({"role": "user", "content": f"u{i}"} for i in range(6))]
+    t = h.begin(_marked_as_sent(msgs, 1))
+    h.finish(t, t.messages, t.messages)
+    edited = _marked_as_sent([*msgs[:5], {"role": "user", "content": "u4 edited"}, {"role": "user", "content": "u6"}], 2)
+    t = h.begin(edited)
+    assert t.kind == "branch" and t.messages == edited
+
+
+def _claude_code_run(mgr: ContextManager, base: list[Message], start: int, stop: int, *, first_turn: int) -> tuple[list[Message], int]:
+    """Turns ``start..stop`` of a marker-moving client through ``prepare``, the proxy's way:
+    the quick turn first (``may_compact=False``), the full one only when it is refused.
+    Returns the last context sent and how many turns were refused."""
+    from ctxengine.manager import CompactionDue
+
+    out: list[Message] = []
+    refused = 0
+    for n in range(start, stop + 1):
+        sent = _marked_as_sent(base[:n], n)
+        try:
+            out = mgr.prepare(sent, session_id="s", defer_record=True, may_compact=n == first_turn)
+        except CompactionDue:
+            refused += 1
+            out = mgr.prepare(sent, session_id="s", defer_record=True)
+        mgr.flush_records("s")
+    return out, refused
+
+
+def test_a_marker_moving_client_takes_the_quick_turn_and_the_store_keeps_each_message_once(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "s.db")
+    mgr = _mgr(store=store, window=200_000)
+    base = [*_head(), *[m for t in _turns(12, size=3) for m in t]]
+    out, refused = _claude_code_run(mgr, base, 3, 20, first_turn=3)
+    assert refused == 0  # every appending turn was quick
+    assert out == _marked_as_sent(base[:20], 20)  # sent as the client sent it: this turn's markers only
+    assert store.get_session("s").stored == 20  # each message once, whatever its markers were
+    assert store.history("s") == base[:20]  # recorded without the markers
+    # a restart: a new manager resumes from the store, the resent history appends again
+    mgr2 = _mgr(store=store, window=200_000)
+    assert mgr2.resume_session("s")
+    out2, refused2 = _claude_code_run(mgr2, base, 21, 24, first_turn=-1)
+    # (the first turn after a resume records in full, in the worker thread, as any resumed turn)
+    assert refused2 == 1 and out2 == _marked_as_sent(base[:24], 24)
+    assert store.get_session("s").stored == 24
+    store.close()
+
+
+def test_after_a_restart_a_compacted_marker_moving_session_compacts_nothing_new(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "s.db")
+    mgr = _mgr(store=store)
+    base = [*_head(), *[m for t in _turns(30) for m in t]]
+    stop = len(base) - 4
+    out, _ = _claude_code_run(mgr, base, 3, stop, first_turn=3)
+    compactions = mgr.counters("s")["compactions"]
+    assert compactions >= 1
+    stored = store.get_session("s").stored
+    mgr2 = _mgr(store=store)
+    assert mgr2.resume_session("s")
+    again = _marked_as_sent(base[:stop], stop + 1)  # the same history, the markers moved
+    out2 = mgr2.prepare(again, session_id="s", defer_record=True)  # (a resumed turn: the worker thread's call)
+    assert mgr2.counters("s")["compactions"] == 0
+    assert [without_markers_all(m) for m in out2] == [without_markers_all(m) for m in out]  # no more than before
+    assert out2[-1] == again[-1]  # with this turn's marker
+    mgr2.flush_records("s")
+    assert store.get_session("s").stored == stored
+    store.close()
+
+
+def without_markers_all(m: Message) -> Message:
+    from ctxengine.history import without_markers
+
+    return dict(without_markers(m))
+
+
+def test_recognising_a_moved_marker_looks_at_the_few_messages_that_moved(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ctxengine.history as history_module
+
+    h = SessionHistory()
+    base = [*_head(), *[m for t in _turns(100, size=1) for m in t]]
+    t = h.begin(_marked_as_sent(base[:-1], 1))
+    h.finish(t, t.messages, t.messages)
+    calls: list[Any] = []
+    real = history_module.without_markers
+
+    def counting(m: Any) -> Any:
+        calls.append(m)
+        return real(m)
+
+    monkeypatch.setattr(history_module, "without_markers", counting)
+    t = h.begin(_marked_as_sent(base, 2))  # the system prompt's marker went, the newest message's moved
+    assert t.kind in ("continue", "resend") and t.base == len(base) - 1
+    assert len(calls) <= 4 < len(base)  # two messages compared, not the whole history
+
+
+def test_aiders_trailing_reminder_is_not_history_every_turn_appends(tmp_path: Path) -> None:
+    # aider ends every request with a system reminder; the next request has the assistant's
+    # answer and a new request where the reminder was, and the reminder at the end again
+    from ctxengine.manager import CompactionDue
+
+    store = SqliteStore(tmp_path / "s.db")
+    mgr = _mgr(store=store, window=200_000)
+    reminder: Message = {"role": "system", "content": "Reply with whole files."}
+    history: list[Message] = [{"role": "system", "content": "Act as an expert developer."}, {"role": "user", "content": "Change the greeting"}, {"role": "assistant", "content": "Ok."}]
+    refused = 0
+    for k in range(12):
+        history = [*history, {"role": "user", "content": f"request {k}"}]
+        sent = json.loads(json.dumps([*history, reminder]))
+        try:
+            out = mgr.prepare(sent, session_id="s", defer_record=True, may_compact=k == 0)
+        except CompactionDue:
+            refused += 1
+            out = mgr.prepare(sent, session_id="s", defer_record=True)
+        assert out == sent  # the reminder at the end, where the client put it
+        mgr.flush_records("s")
+        history = [*history, {"role": "assistant", "content": f"answer {k}"}]
+    assert refused == 0
+    assert store.history("s") == sent
+    # each message once, and each turn's reminder (after another message each time)
+    assert store.get_session("s").stored == len(sent) - 1 + 12
+    # a real edit of the history is still a branch
+    t = mgr._sessions["s"].history.begin([*history[:3], {"role": "user", "content": "edited"}, reminder])
+    assert t.kind == "branch"

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from ctxengine.anthropic_adapter import anthropic_to_openai, openai_to_anthropic
 from ctxengine.caching import apply_breakpoints
+from ctxengine.history import same_but_markers, without_markers
+from ctxengine.proxy.apis import has_cache_control
 from ctxengine.proxy.incoming import IncomingHistory, TokenTally
 from ctxengine.tokens import estimate_message_tokens
 
@@ -207,3 +209,188 @@ def test_the_context_sent_converts_like_a_full_conversion_turn_after_turn(steps:
         except Exception as exc:
             got = type(exc)
         assert got == expected
+
+
+# -- a client's cache markers are not edits (Claude Code's pattern) --------------------------------
+
+
+def _conversation(turns: int) -> list[dict[str, Any]]:
+    """An Anthropic agent conversation: a task, then tool calls and results, a user nudge every 4."""
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "fix the failing build, please"}]
+    for k in range(turns):
+        msgs.append({"role": "assistant", "content": [{"type": "text", "text": f"step {k}"}, {"type": "tool_use", "id": f"t{k}", "name": "run", "input": {"k": k}}]})
+        result: list[dict[str, Any]] = [{"type": "tool_result", "tool_use_id": f"t{k}", "content": f"output {k}: " + "ok " * 40}]
+        if k % 4 == 3:
+            result.append({"type": "text", "text": f"keep going after {k}"})
+        msgs.append({"role": "user", "content": result})
+    return msgs
+
+
+_CC_SYSTEM = [{"type": "text", "text": "You are Claude Code."}, {"type": "text", "text": "Be careful with the repository."}]
+
+
+def _as_claude_code_sends(history: list[dict[str, Any]], turn: int) -> tuple[Any, list[dict[str, Any]]]:
+    """``history`` as Claude Code sends it on ``turn``: decoded anew, its marker on the newest
+    message's last block (string content becomes a marked text block), its ``ttl`` varying, and
+    on some turns a marker on the system prompt's last block."""
+    msgs: list[dict[str, Any]] = json.loads(json.dumps(history))
+    marker: dict[str, Any] = {"type": "ephemeral"} if turn % 2 else {"type": "ephemeral", "ttl": "1h"}
+    last = msgs[-1]
+    if isinstance(last["content"], str):
+        last["content"] = [{"type": "text", "text": last["content"], "cache_control": marker}]
+    else:
+        last["content"][-1] = {**last["content"][-1], "cache_control": marker}
+    system: list[dict[str, Any]] = json.loads(json.dumps(_CC_SYSTEM))
+    if turn % 3 != 1:
+        system[-1]["cache_control"] = {"type": "ephemeral", "ttl": "1h"}
+    return system, msgs
+
+
+def _plain(value: Any) -> Any:
+    return without_markers({"content": value}, keep_shape=True)["content"]
+
+
+def test_a_moved_marker_keeps_last_turns_conversion_and_converts_only_the_new_messages() -> None:
+    inc = IncomingHistory()
+    history = _conversation(6)
+    previous: list[Any] = []
+    for n in range(1, len(history) + 1):
+        system, msgs = _as_claude_code_sends(history[:n], n)
+        conv = inc.from_anthropic(system, msgs)
+        # what the manager gets: the history without the client's markers, as a full conversion
+        # gives it (a message first seen as a marked text block keeps that shape)
+        full = anthropic_to_openai(_plain(system), [{**m, "content": _plain(m["content"])} for m in msgs])
+        assert len(conv.messages) == len(full) and all(same_but_markers(a, b) for a, b in zip(conv.messages, full, strict=True))
+        assert not has_cache_control(conv.messages)
+        assert all(a is b for a, b in zip(conv.messages, previous, strict=False))  # last turn's objects
+        previous = conv.messages
+
+
+def test_claude_codes_moving_marker_takes_the_quick_turn_and_the_store_keeps_each_message_once(tmp_path: Any) -> None:
+    from ctxengine.config import Config
+    from ctxengine.manager import CompactionDue, ContextManager
+    from ctxengine.store import SqliteStore
+
+    store = SqliteStore(tmp_path / "s.db")
+
+    def manager() -> ContextManager:
+        return ContextManager(Config(), model="claude-sonnet-4.5", provider="anthropic", context_length=200_000, store=store)
+
+    def run(mgr: ContextManager, inc: IncomingHistory, start: int, stop: int) -> int:
+        refused = 0
+        for n in range(start, stop + 1):
+            system, msgs = _as_claude_code_sends(history[:n], n)
+            conv = inc.from_anthropic(system, msgs)
+            try:
+                out = mgr.prepare(conv.messages, session_id="s", defer_record=True, may_compact=False)
+            except CompactionDue:
+                refused += 1
+                out = mgr.prepare(conv.messages, session_id="s", defer_record=True)
+            assert out == conv.messages  # unchanged: the proxy sends the client's body as it came
+            mgr.flush_records("s")
+        return refused
+
+    history = _conversation(10)
+    inc = IncomingHistory()
+    mgr = manager()
+    assert run(mgr, inc, 1, 1) == 1  # a first turn records in full (the worker thread's call)
+    assert run(mgr, inc, 2, len(history) - 4) == 0  # every appending turn is quick
+    stored = store.get_session("s").stored
+    assert stored == len(anthropic_to_openai(_CC_SYSTEM, history[: len(history) - 4]))  # each message once
+    # a restart: a new manager and a new incoming history resume from the store
+    mgr2, inc2 = manager(), IncomingHistory()
+    assert mgr2.resume_session("s")
+    assert run(mgr2, inc2, len(history) - 3, len(history)) == 1  # the resumed turn only (it records in full)
+    assert store.get_session("s").stored == len(anthropic_to_openai(_CC_SYSTEM, history))
+    assert mgr2.counters("s")["compactions"] == 0
+    store.close()
+
+
+def test_a_context_converted_in_full_carries_the_clients_markers_of_this_turn_only() -> None:
+    inc = IncomingHistory()
+    history = _conversation(8)
+    for n in range(6, len(history) + 1):
+        system, msgs = _as_claude_code_sends(history[:n], n)
+        conv = inc.from_anthropic(system, msgs)
+        a = n - 2 if (n - 2) % 2 == 1 else n - 3  # the last assistant message but one
+        tail = conv.messages[conv.starts[a] :]
+        # a compacted working context, as the manager returns it: a summary, then the verbatim tail
+        ctx = [conv.messages[0], {"role": "user", "content": "summary of the earlier turns"}, *tail]
+        out_system, out_messages = inc.outgoing_anthropic(ctx, [], cache_ttl="5m", native_anthropic=True)
+        assert out_system == system  # the client's system prompt, its marker as sent this turn
+        assert out_messages[1:] == msgs[a:]  # the verbatim tail exactly as the client sent it
+        assert not has_cache_control(out_messages[:-1])  # no marker left from an earlier turn
+        # turn after turn, the same as what a proxy that saw only this request sends
+        fresh = IncomingHistory()
+        fconv = fresh.from_anthropic(system, msgs)
+        fctx = [fconv.messages[0], ctx[1], *fconv.messages[fconv.starts[a] :]]
+        assert fresh.outgoing_anthropic(fctx, [], cache_ttl="5m", native_anthropic=True) == (out_system, out_messages)
+
+
+def test_a_system_prompt_the_engine_extended_keeps_the_clients_markers_on_the_clients_blocks() -> None:
+    inc = IncomingHistory()
+    history = _conversation(4)
+    system, msgs = _as_claude_code_sends(history, 2)  # the system prompt's last block marked
+    conv = inc.from_anthropic(system, msgs)
+    note = {"type": "text", "text": "[Note: earlier turns were compacted]"}
+    rewritten = {"role": "system", "content": [*conv.messages[0]["content"], note]}
+    ctx = [rewritten, {"role": "user", "content": "summary"}, *conv.messages[conv.starts[len(msgs) - 2] :]]
+    out_system, out_messages = inc.outgoing_anthropic(ctx, [], cache_ttl="5m", native_anthropic=True)
+    assert out_system == [*system, note]  # the client's blocks as sent (its marker), then the note
+    assert out_messages[-1] == msgs[-1]
+    # a system prompt that no longer starts with the client's blocks gets no marker of theirs
+    other = {"role": "system", "content": [{"type": "text", "text": "another prompt"}]}
+    out_system, _ = inc.outgoing_anthropic([other, *ctx[1:]], [], cache_ttl="5m", native_anthropic=True)
+    assert not has_cache_control(out_system)
+
+
+def _restart_run(tmp_path: Any, marked: bool) -> tuple[int, list[Any], list[Any], Any, int, int, str, int]:
+    """A compacted session of a Claude Code-like client, a restart, the same history resent."""
+    from ctxengine.config import Config
+    from ctxengine.manager import ContextManager
+    from ctxengine.store import SqliteStore
+
+    store = SqliteStore(tmp_path / f"s{marked}.db")
+
+    def manager() -> ContextManager:
+        return ContextManager(Config(), model="claude-sonnet-4.5", provider="anthropic", context_length=5000, store=store)
+
+    def sends(n: int, turn: int) -> tuple[Any, list[dict[str, Any]]]:
+        if marked:
+            return _as_claude_code_sends(history[:n], turn)
+        return json.loads(json.dumps(_CC_SYSTEM)), json.loads(json.dumps(history[:n]))
+
+    history = _conversation(110)
+    mgr, inc = manager(), IncomingHistory()
+    out: list[Any] = []
+    stop = len(history) - 4  # requests end with the user's tool results, as a client's do
+    for n in range(1, stop + 1, 2):
+        system, msgs = sends(n, n)
+        out = mgr.prepare(inc.from_anthropic(system, msgs).messages, session_id="s", defer_record=True)
+        mgr.flush_records("s")
+    compactions, stored = mgr.counters("s")["compactions"], store.get_session("s").stored
+    mgr2, inc2 = manager(), IncomingHistory()
+    assert mgr2.resume_session("s")
+    system, msgs = sends(stop, stop + 1)  # the same history again, the markers moved
+    conv = inc2.from_anthropic(system, msgs)
+    kind = mgr2._sessions["s"].history.begin(conv.messages).kind
+    out2 = mgr2.prepare(conv.messages, session_id="s", defer_record=True)
+    mgr2.flush_records("s")
+    sent = inc2.outgoing_anthropic(out2, [], cache_ttl="5m", native_anthropic=True)
+    assert sent[1][-1] == msgs[-1]  # this turn's marker (or none), as the client sent it
+    after = mgr2.counters("s")["compactions"]
+    grown = store.get_session("s").stored - stored
+    store.close()
+    return compactions, out, out2, sent, after, grown, kind, len(json.dumps(sent))
+
+
+def test_after_a_restart_a_marker_moving_client_resumes_as_one_without_markers(tmp_path: Any) -> None:
+    marked = _restart_run(tmp_path, True)
+    plain = _restart_run(tmp_path, False)
+    compactions, _, out2, _, after, grown, kind, _ = marked
+    assert compactions >= 1 and compactions == plain[0]  # the same compactions before the restart
+    assert kind == plain[6] == "resend"  # the resent history is recognised after the restart
+    assert after == plain[4]  # compacts no more than a client without markers (the engine's own choice)
+    assert len(out2) == len(plain[2]) and all(same_but_markers(a, b) for a, b in zip(out2, plain[2], strict=True))
+    assert grown == plain[5]  # the store grows as it does without markers
+    assert marked[7] <= plain[7] + 200  # sends no more than without markers (its markers aside)

@@ -15,6 +15,16 @@ copies, e.g. JSON decoded again, by value), and hands the engine the *working co
 only the new messages*. A caller that resends its history therefore gets its working context
 back, compacted as before, and compacts no more often than one that keeps the prepared list.
 
+**Cache markers are not edits.** Clients that place their own ``cache_control`` markers move
+them every turn (Claude Code marks its newest message, so last turn's newest message comes back
+without its marker). Two messages that differ only in such transport details
+(:func:`without_markers`) are the same message: the turn is still a resend (or a continuation),
+and the caller's copy of this turn replaces the old one where the working context holds it
+verbatim, so what goes out carries the caller's markers of this turn, never last turn's. The
+comparison looks only at the messages from the first difference on (the last few, where the
+markers moved), so recognising a turn stays a C-level list comparison plus a few messages. The
+store records messages without their markers, so a moved marker never makes a message twice.
+
 When a caller edits or truncates its history (a retry, a regenerated answer, an edited
 message), the list no longer extends what was seen: the turn starts a **branch**. If the change
 lies in the part of the raw history still held verbatim in the working context, the compacted
@@ -45,7 +55,7 @@ from ctxengine.messages import Message, Violation, is_summary, validate
 from ctxengine.storage import SessionAppender, SessionRecorder
 from ctxengine.tokens import estimate_message_tokens
 
-__all__ = ["SessionHistory", "TurnInput", "TurnKind"]
+__all__ = ["MARKER_KEYS", "SessionHistory", "TurnInput", "TurnKind", "first_difference", "same_but_markers", "without_markers"]
 
 TurnKind = Literal["first", "continue", "resend", "branch", "fresh"]
 """How a turn's input relates to what the session saw:
@@ -79,6 +89,8 @@ class TurnInput:
     pending: list[int] | None = None  # working index of each raw message held verbatim
     pending_raw: list[Message] | None = None  # the raw history after this turn
     pending_r0: int = 0
+    swapped: list[int] | None = None  # working indices whose message the caller resent with moved markers
+    dropped: int = 0  # trailing per-request messages of last turn not resent (see SessionHistory._without_trailing)
 
     @property
     def new(self) -> list[Message]:
@@ -110,6 +122,114 @@ class TurnInput:
         if i >= self.base:
             return self.caller_start + (i - self.base)
         return self._seen_index(i) if self._seen_index is not None else i
+
+
+MARKER_KEYS = frozenset({"cache_control"})
+"""Keys that are per-turn transport details, not content: a client moves them from message to
+message (and changes a marker's ``ttl``) without editing anything."""
+
+
+def _plain_parts(parts: list[Any]) -> list[Any] | None:
+    """``parts`` without marker keys (on a part, and on the blocks of a tool result's own
+    ``content`` list), ``None`` when there is none to remove."""
+    for p in parts:  # the usual list holds no marker: looked at once, nothing built
+        if type(p) is dict and ("cache_control" in p or type(p.get("content")) is list):
+            break
+    else:
+        return None
+    out: list[Any] | None = None
+    for i, p in enumerate(parts):
+        if type(p) is not dict:
+            continue
+        q = p
+        if not MARKER_KEYS.isdisjoint(p):
+            q = {k: v for k, v in p.items() if k not in MARKER_KEYS}
+        inner = q.get("content")
+        if type(inner) is list:
+            plain = _plain_parts(inner)
+            if plain is not None:
+                q = {**q, "content": plain}
+        if q is not p:
+            if out is None:
+                out = list(parts)
+            out[i] = q
+    return out
+
+
+def without_markers(message: Any, *, keep_shape: bool = False) -> Any:
+    """``message`` without its transport details (:data:`MARKER_KEYS` on the message, on its
+    content parts or blocks, on blocks nested in a tool result, on tool calls), and a content
+    list left as one plain text part (what a marker on string content makes of it) written as
+    that string, unless ``keep_shape``. The same object when there is nothing to remove; never
+    edits the input."""
+    if type(message) is not dict:
+        return message
+    content = message.get("content")
+    calls = message.get("tool_calls")
+    if "cache_control" not in message and type(content) is not list and calls is None:
+        return message  # the usual message: string content, no marker
+    out = message
+    if not MARKER_KEYS.isdisjoint(message):
+        out = {k: v for k, v in message.items() if k not in MARKER_KEYS}
+    if type(content) is list:
+        plain = _plain_parts(content)
+        new = content if plain is None else plain
+        if not keep_shape and len(new) == 1 and type(new[0]) is dict and new[0].get("type") == "text" and len(new[0]) == 2 and type(new[0].get("text")) is str:
+            new = new[0]["text"]
+        if new is not content:
+            out = {**out, "content": new}
+    if type(calls) is list:
+        plain = _plain_parts(calls)
+        if plain is not None:
+            out = {**out, "tool_calls": plain}
+    return out
+
+
+def same_but_markers(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` are the same message once their transport details are left out
+    (:func:`without_markers`)."""
+    return a is b or a == b or without_markers(a) == without_markers(b)
+
+
+def first_difference(a: list[Any], b: list[Any], n: int) -> int:
+    """The first index below ``n`` where ``a`` and ``b`` differ (``n`` when none does). The
+    differences a moved marker makes lie at the end, so the prefixes before the last 1, 2, 4 …
+    items are compared first (each in C, stopping at its own first difference); the index is
+    then looked for among those last items only."""
+    if a[:n] == b[:n]:
+        return n
+    t = 1
+    while t < n:
+        k = n - t
+        if a[:k] == b[:k]:
+            break
+        t *= 2
+    else:
+        k = 0
+    while k < n and (a[k] is b[k] or a[k] == b[k]):
+        k += 1
+    return k
+
+
+def _marker_moves(given: list[Any], seen: list[Any]) -> list[int] | None:
+    """The indices where ``given`` holds a message of ``seen`` that differs only in its markers,
+    when ``given`` starts with every message of ``seen`` that way; ``None`` otherwise. Only the
+    messages from the first difference on are looked at (a real difference ends the search
+    there)."""
+    n = len(seen)
+    if len(given) < n:
+        return None
+    moved: list[int] = []
+    p = 0
+    while p < n:
+        p += first_difference(given[p:n], seen[p:], n - p)
+        if p >= n:
+            break
+        if without_markers(given[p]) != without_markers(seen[p]):
+            return None
+        moved.append(p)
+        p += 1
+    return moved
 
 
 def _common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
@@ -174,6 +294,7 @@ class SessionHistory:
         self._sums: list[int] = []  # running token sums of ``working``
         self._last_summary = -1  # index of the last summary in ``working``
         self._last_kind: TurnKind | None = None  # what the last finished turn was
+        self._plain_memo: dict[int, tuple[Message, Message]] = {}  # marked message -> its copy without markers
 
     # -- the turn ----------------------------------------------------------------------------
     def begin(self, messages: Sequence[Message]) -> TurnInput:
@@ -198,6 +319,14 @@ class SessionHistory:
             return self._take(given, "continue", base=len(w))
         if not raw_first and _extends(given, raw):
             return self._resend(given)
+        # the same history, with the caller's cache markers moved since last turn
+        for seen in (raw, w) if raw_first or self._last_kind == "resend" else (w, raw):
+            moved = _marker_moves(given, seen)
+            if moved is not None:
+                return self._resend(given, moved) if seen is raw else self._continue(given, moved)
+        trailing = self._without_trailing(given)
+        if trailing is not None:
+            return trailing
         p = _common_prefix(given, raw)
         q = _common_prefix(given, w)
         k = p - self.r0
@@ -221,14 +350,60 @@ class SessionHistory:
         # the change lies in the compacted part: start over from the caller's list
         return self._take(given, "fresh", base=0)
 
-    def _resend(self, given: list[Message]) -> TurnInput:
-        """The raw history seen so far, extended: the working context plus the new messages."""
+    def _resend(self, given: list[Message], moved: Sequence[int] = ()) -> TurnInput:
+        """The raw history seen so far, extended: the working context plus the new messages.
+        ``moved``: the raw indices whose message the caller sent again with other markers (its
+        copy replaces the old one, in the working context where it is held verbatim)."""
         w, raw = self.working, self.raw
         new = given[len(raw) :]
+        msgs, pending_raw = [*w, *new], [*raw, *new]
+        swapped = []
+        for i in moved:
+            pending_raw[i] = given[i]
+            k = i - self.r0
+            if 0 <= k < len(self.wpos):
+                msgs[self.wpos[k]] = given[i]
+                swapped.append(self.wpos[k])
         return TurnInput(
-            "resend", [*w, *new], len(w), len(raw), _seen_index=self._seen_index(),
-            pending=[*self.wpos, *range(len(w), len(w) + len(new))], pending_raw=[*raw, *new], pending_r0=self.r0,
+            "resend", msgs, len(w), len(raw), _seen_index=self._seen_index(),
+            pending=[*self.wpos, *range(len(w), len(w) + len(new))], pending_raw=pending_raw, pending_r0=self.r0, swapped=swapped or None,
         )
+
+    def _without_trailing(self, given: list[Message]) -> TurnInput | None:
+        """A resend of the raw history without last turn's trailing system or developer
+        messages (aider ends each request with a reminder that the next request moves to the
+        end again): a per-request instruction, not history. The working context drops them
+        (held verbatim at its end) and takes the new messages; ``None`` when that is not the
+        case."""
+        raw, w, wpos = self.raw, self.working, self.wpos
+        t = 0
+        while t < len(raw) - 1 and isinstance(raw[-1 - t], dict) and raw[-1 - t].get("role") in ("system", "developer"):
+            t += 1
+        n = len(raw) - t
+        if not t or len(wpos) < t or wpos[-t:] != list(range(len(w) - t, len(w))) or not _extends(given, raw[:n]):
+            return None
+        if len(given) > n and isinstance(given[n], dict) and given[n].get("role") in ("system", "developer"):
+            return None  # the reminder resent where it was: an edit of it, or a real system message
+        cut = len(w) - t
+        new = given[n:]
+        return TurnInput(
+            "resend", [*w[:cut], *new], cut, n, _seen_index=self._seen_index(),
+            pending=[*wpos[:-t], *range(cut, cut + len(new))], pending_raw=[*raw[:n], *new], pending_r0=self.r0, dropped=t,
+        )
+
+    def _continue(self, given: list[Message], moved: Sequence[int]) -> TurnInput:
+        """The working context returned last time, extended, with the caller's markers moved on
+        the messages at ``moved`` (its copies replace the old ones, in the raw history too)."""
+        turn = self._take(given, "continue", base=len(self.working))
+        msgs, raw = turn.messages, turn.pending_raw
+        assert raw is not None  # a continuation keeps the raw history
+        for i in moved:
+            msgs[i] = given[i]
+            k = bisect.bisect_left(self.wpos, i)
+            if k < len(self.wpos) and self.wpos[k] == i:
+                raw[self.r0 + k] = given[i]
+        turn.swapped = list(moved) or None
+        return turn
 
     def _take(self, given: list[Message], kind: TurnKind, *, base: int, keep_raw: bool = False) -> TurnInput:
         """The caller's list is the working input; ``given[:base]`` was seen and equals
@@ -289,6 +464,13 @@ class SessionHistory:
             self.r0 = r0
             self._clean_turn = self.turns + 1  # the working context is this turn's input
         old = self.working
+        if turn.swapped:
+            # the messages whose markers moved count as they did (a marker is no content): the
+            # running sums go on from the caller's copies instead of being summed again
+            old = list(old)
+            for i in turn.swapped:
+                if i < len(old) and i < len(inp):
+                    old[i] = inp[i]
         self.raw = raw
         self.working = result
         self.turns += 1
@@ -323,11 +505,12 @@ class SessionHistory:
         # so the next turn branches from there instead of chaining on the failed input)
         self._next_ids = None
         known = self._ids
-        if known and len(known) == turn.base and turn.kind in ("continue", "resend") and appender is not None:
-            new = list(messages[turn.base :])
+        if known and self.appends(turn) and appender is not None:
+            known = known[: turn.base]
+            new = self.plain(messages[turn.base :])
             ids = [*known, *appender.append_messages(session_id, new, after=known[-1])] if new else known
         else:
-            ids = list(store.record_messages(session_id, list(messages)))
+            ids = list(store.record_messages(session_id, self.plain(messages)))
         self._next_ids = ids
         return ids
 
@@ -347,14 +530,15 @@ class SessionHistory:
         known = self._ids
         write: Callable[[], list[str]]
         if known and self.appends(turn) and appender is not None:  # known: for the type checker
-            new = list(messages[turn.base :])
-            after, tip, add = known[-1], known, appender.append_messages
+            new = self.plain(messages[turn.base :])
+            tip = known[: turn.base]
+            after, add = tip[-1], appender.append_messages
 
             def write() -> list[str]:
                 return [*tip, *add(session_id, new, after=after)] if new else tip
 
         else:
-            whole = list(messages)
+            whole = self.plain(messages)
 
             def write() -> list[str]:
                 return list(store.record_messages(session_id, whole))
@@ -372,10 +556,34 @@ class SessionHistory:
 
         return job
 
+    def plain(self, messages: Sequence[Message]) -> list[Message]:
+        """``messages`` as the store keeps them: without their cache markers (:func:`without_markers`;
+        a marker moved next turn must not make the message a new one). A marked message's plain
+        copy is made once and kept while the message is in the working context: the store
+        recognises the list it wrote last by identity."""
+        out = list(messages)
+        memo = self._plain_memo
+        for i, m in enumerate(out):
+            if type(m) is not dict:
+                continue
+            hit = memo.get(id(m))
+            if hit is not None and hit[0] is m:
+                out[i] = hit[1]
+                continue
+            p = without_markers(m)
+            if p is not m:
+                memo[id(m)] = (m, p)
+                out[i] = p
+        if len(memo) > 2 * len(self.working) + 64:
+            ids = {id(m) for m in (*self.working, *out)}
+            self._plain_memo = {k: v for k, v in memo.items() if k in ids}
+        return out
+
     def appends(self, turn: TurnInput) -> bool:
         """Whether ``turn`` only appends to the store's tip (what :meth:`record_later` defers)."""
         known = self._ids
-        return known is not None and len(known) > 0 and len(known) == turn.base and turn.kind in ("continue", "resend")
+        # (a turn that dropped last turn's trailing reminder appends after the message before it)
+        return known is not None and turn.base > 0 and len(known) == turn.base + turn.dropped and turn.kind in ("continue", "resend")
 
     def forget_tip(self) -> None:
         """The store's tip moved elsewhere (a compaction, a failed write): record in full next time."""

@@ -1057,7 +1057,7 @@ class ContextManager:
         s.last_compaction = data
         if self.store is not None:
             try:
-                self.store.record_compaction(s.id, data, msgs, out)
+                self.store.record_compaction(s.id, data, s.history.plain(msgs), s.history.plain(out))
             except Exception as exc:  # the agent keeps going; status() reports it
                 s.store_errors += 1
                 log.warning("session store: recording a compaction of %s failed: %s", s.id, exc)

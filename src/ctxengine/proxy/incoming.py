@@ -8,6 +8,16 @@ request with its OpenAI-form group (the adapter turns one Anthropic message into
 OpenAI messages), so only the messages not seen last turn are converted; and
 :meth:`IncomingHistory.with_markers` writes cache markers back by converting only the groups
 that carry one, leaving every other message of the body as the client sent it.
+
+**A client's cache markers are not edits.** Claude Code moves its ``cache_control`` marker to
+the newest message every turn (and marks system blocks, with a ``ttl``). The OpenAI-form
+messages handed to the manager are converted *without* the client's markers, and a message
+sent again with only its markers changed keeps last turn's conversion: the manager sees the
+same objects turn after turn (its quick turn, one store row per message, a resumed session
+recognised after a restart). The client's markers of this turn are not lost: a body sent
+unchanged goes out as the client sent it, and a context converted in full
+(:meth:`IncomingHistory.outgoing_anthropic`, after a compaction) gets them back on the messages
+the client marked this turn, wherever they are still held verbatim.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ from ctxengine.anthropic_adapter import (
 )
 from ctxengine.caching import apply_breakpoints, cache_marker
 from ctxengine.errors import InputError
+from ctxengine.history import first_difference, same_but_markers, without_markers
 from ctxengine.messages import Message, identical_prefix
 from ctxengine.tokens import estimate_message_tokens
 
@@ -117,6 +128,12 @@ class IncomingHistory:
     # the tokens of the history the client sent and of the context sent upstream, for the metrics
     tokens_in: TokenTally = field(default_factory=TokenTally)
     tokens_out: TokenTally = field(default_factory=TokenTally)
+    # the client's own markers of the last request: the system prompt as sent when it carries
+    # one, and the Anthropic index of each message that carries one (the message as sent); and
+    # their conversions with the markers, by the id of what was converted
+    client_system: Any = None
+    client_marked: dict[int, Any] = field(default_factory=dict)
+    client_memo: dict[int, tuple[Any, list[Message]]] = field(default_factory=dict)
 
     def from_anthropic(self, system: Any, messages: Sequence[Any]) -> Converted:
         """The request in OpenAI form, converting only the messages not seen last turn.
@@ -124,31 +141,53 @@ class IncomingHistory:
         Raises :class:`~ctxengine.errors.InputError` for a malformed message (as the adapter does).
         """
         if self.system_msg is None or system != self.system_raw:
-            converted = anthropic_to_openai(system, []) if system is not None else []
-            self.system_raw, self.system_msg = system, (converted[0] if converted else None)
+            if system is None or self.system_msg is None or not _same_system(system, self.system_raw):
+                plain = _plain_system(system)
+                converted = anthropic_to_openai(plain, []) if plain is not None else []
+                self.system_msg = converted[0] if converted else None
+            self.system_raw = system  # (only its markers moved: last turn's conversion stays)
+            self.client_system = system if system is not None and _plain_system(system) is not system else None
         prev = self.anthropic
         n = len(prev)
+        moved: list[int] = []
         if n <= len(messages) and self.raw == messages[:n]:
             k = n  # the usual turn: everything seen before is resent as is (compared in C, identity first)
         else:
+            # the first difference, looked for from the end (a moved marker is there); a message
+            # sent again with only its markers changed is the same message (its conversion stays)
+            lim, raw = min(n, len(messages)), self.raw
+            seen = messages if isinstance(messages, list) else list(messages)
             k = 0
-            for m, (seen, _) in zip(messages, prev, strict=False):
-                if m is not seen and m != seen:
+            while True:
+                k += first_difference(seen[k:lim], raw[k:lim], lim - k)
+                if k >= lim or not same_but_markers(seen[k], raw[k]):
                     break
+                moved.append(k)
                 k += 1
         pairs = prev[:k]
+        marked = {a: m for a, m in self.client_marked.items() if a < k}
+        for a in moved:
+            m = messages[a]
+            if without_markers(m, keep_shape=True) is m:
+                marked.pop(a, None)
+            else:
+                marked[a] = m
         cut = self.body_starts[k] if k < len(self.body_starts) else len(self.body)
         body, owner, starts = self.body[:cut], self.body_owner[:cut], self.body_starts[:k]
         for a in range(k, len(messages)):
             m = messages[a]
+            plain = without_markers(m, keep_shape=True)
+            if plain is not m:
+                marked[a] = m
             # a tool result's conversion looks at the OpenAI message before it
-            group = anthropic_message_to_openai(m, index=a, previous=pairs[-1][1][-1] if pairs and pairs[-1][1] else None)
+            group = anthropic_message_to_openai(plain, index=a, previous=pairs[-1][1][-1] if pairs and pairs[-1][1] else None)
             pairs.append((m, group))
             starts.append(len(body))
             body.extend(group)
             owner.extend([a] * len(group))
         self.anthropic, self.raw = pairs, list(messages)
         self.body, self.body_owner, self.body_starts = body, owner, starts
+        self.client_marked = marked
         if self.system_msg is not None and system is not None:
             out = [self.system_msg, *body]
             self.messages = out
@@ -162,6 +201,7 @@ class IncomingHistory:
         converting only what changed since last turn: the Anthropic messages that ended before
         the first message that differs (another object, or marked where it was not, or the
         reverse) are last turn's; the rest is converted again, each message once (the memo)."""
+        context = self._client_markers(context)
         setting = (cache_ttl, native_anthropic)
         marks = frozenset(marked)
         n = identical_prefix(context, self.out_context) if setting == self.out_setting else 0
@@ -191,6 +231,90 @@ class IncomingHistory:
             ids = {id(m) for m in sent}
             self.outgoing = {k: v for k, v in self.outgoing.items() if k in ids}
         return system, messages
+
+    def _client_markers(self, context: Sequence[Message]) -> Sequence[Message]:
+        """``context`` with the client's markers of the last request back on the messages it
+        marked (:meth:`from_anthropic` hands the manager their conversions without markers),
+        where they are still held verbatim: the system prompt at the start, a message at its
+        place counted from the end (the context's tail is the history's). Only the marked
+        messages are looked at; their marked conversions are made once per message object."""
+        if self.client_system is None and not self.client_marked:
+            return context
+        out: list[Message] | None = None
+        memo: dict[int, tuple[Any, list[Message]]] = {}
+        if self.client_system is not None and context and context[0] is self.system_msg:
+            group = self._marked_conversion(-1, self.client_system, memo)
+            if len(group) == 1:
+                out = list(context)
+                out[0] = group[0]
+        elif self.client_system is not None and context and self.system_msg is not None:
+            # the engine rewrote the system prompt (a note appended after a compaction): the
+            # client's blocks it starts with keep their markers
+            rewritten = self._marked_system_rewrite(context[0], memo)
+            if rewritten is not None:
+                out = list(context)
+                out[0] = rewritten
+        shift = 1 if self.system_msg is not None and self.messages and self.messages[0] is self.system_msg else 0
+        tail = len(context) - len(self.messages)
+        for a, m in self.client_marked.items():
+            if a >= len(self.anthropic):
+                continue
+            plain_group = self.anthropic[a][1]
+            at = self.body_starts[a] + shift + tail
+            if not plain_group or at < 0 or at + len(plain_group) > len(context):
+                continue
+            if not all(context[at + j] is g or context[at + j] == g for j, g in enumerate(plain_group)):
+                continue
+            try:
+                group = self._marked_conversion(a, m, memo)
+            except InputError:
+                continue
+            if len(group) != len(plain_group):
+                continue
+            if out is None:
+                out = list(context)
+            out[at : at + len(group)] = group
+        self.client_memo = memo
+        return context if out is None else out
+
+    def _marked_system_rewrite(self, system: Any, memo: dict[int, tuple[Any, list[Message]]]) -> Message | None:
+        """``system`` (a system message the engine made from the client's) with the client's
+        markers on the parts it kept from the client's system prompt, when it starts with them
+        (the marked prefix is then cached as the client meant); ``None`` otherwise."""
+        hit = self.client_memo.get(id(system))
+        if hit is not None and hit[0] is system:
+            memo[id(system)] = hit
+            return hit[1][0]
+        if self.system_msg is None or type(system) is not dict or system.get("role") != "system":
+            return None
+        plain, content = self.system_msg.get("content"), system.get("content")
+        if type(plain) is not list or type(content) is not list or len(content) < len(plain):
+            return None
+        marked = self._marked_conversion(-1, self.client_system, memo)
+        if len(marked) != 1:
+            return None
+        client = marked[0].get("content")
+        if type(client) is not list or len(client) != len(plain) or content[: len(plain)] != plain:
+            return None
+        result = {**system, "content": [*client, *content[len(plain) :]]}
+        memo[id(system)] = (system, [result])
+        return result
+
+    def _marked_conversion(self, a: int, message: Any, memo: dict[int, tuple[Any, list[Message]]]) -> list[Message]:
+        """The OpenAI form of the client's marked message ``a`` (-1: the system prompt), as
+        converted last time when it is the same object (identity keeps the outgoing
+        conversion incremental)."""
+        hit = self.client_memo.get(id(message))
+        if hit is not None and hit[0] is message:
+            memo[id(message)] = hit
+            return hit[1]
+        if a < 0:
+            group = anthropic_to_openai(message, [])
+        else:
+            previous = self.anthropic[a - 1][1][-1] if a > 0 and self.anthropic[a - 1][1] else None
+            group = anthropic_message_to_openai(message, index=a, previous=previous)
+        memo[id(message)] = (message, group)
+        return group
 
     def with_markers(
         self, body: Mapping[str, Any], conv: Converted, context: Sequence[Message], marked: Sequence[int], *, cache_ttl: str, native_anthropic: bool
@@ -261,3 +385,16 @@ def _converted_back(a: int, group: Sequence[Message]) -> Any:
     if system is not None or len(converted) != 1:
         raise ValueError(f"message {a} did not convert back to one Anthropic message")
     return converted[0]
+
+
+def _plain_system(system: Any) -> Any:
+    """The Anthropic ``system`` value without the client's markers (the same object without any)."""
+    if type(system) is not list:
+        return system
+    plain = without_markers({"content": system}, keep_shape=True)["content"]
+    return plain
+
+
+def _same_system(a: Any, b: Any) -> bool:
+    """Whether two ``system`` values differ only in their markers."""
+    return bool(a == b or _plain_system(a) == _plain_system(b))
