@@ -185,3 +185,29 @@ def test_a_context_length_rejection_is_learnt_compacted_and_retried_unseen(stub:
         assert metric(p, "ctxengine_proxy_context_retries_total", api="openai") == 1
         assert all(len(r.prompt_text) // 4 <= limit for r in stub.requests[-5:])
         assert p.proxy.manager(OPENAI, "local-coder").status(f"local-{stream}")["window_source"] == "learnt"
+
+
+def test_two_chats_with_the_same_opening_are_two_sessions_and_a_client_id_wins(stub: StubServer, tmp_path: Path) -> None:
+    """aider's opening (system prompt and example exchange) is the same in every chat, and it
+    sends no id: two chats interleaved are still two sessions. Claude Code's id names its own."""
+    stub.responder = lambda req: StubReply.ok("ok")
+    opening = [
+        {"role": "system", "content": "Act as an expert software developer."},
+        {"role": "user", "content": "Change get_factorial() to use math.factorial"},
+        {"role": "assistant", "content": "To make this change we need to modify `mathweb/flask/app.py`."},
+    ]
+    with ProxyServer(make_config(stub, tmp_path)) as p:
+        c = openai.OpenAI(base_url=p.openai_base_url, api_key=KEY, max_retries=0)
+        chats: dict[str, list[Any]] = {"a": [*opening], "b": [*opening]}
+        names: dict[str, set[str]] = {"a": set(), "b": set()}
+        for turn in range(4):
+            for name, msgs in chats.items():
+                msgs.append({"role": "user", "content": f"chat {name}, request {turn}"})
+                raw = c.chat.completions.with_raw_response.create(model="gpt-4o", messages=msgs)
+                names[name].add(raw.headers[SESSION_HEADER])
+                msgs.append({"role": "assistant", "content": raw.parse().choices[0].message.content})
+        assert len(names["a"]) == 1 and len(names["b"]) == 1 and names["a"] != names["b"]
+        uid = json.dumps({"device_id": "d" * 64, "account_uuid": "", "session_id": "0b3f6a1e-1c2d-4e5f-8a9b-0c1d2e3f4a5b"})
+        a = anthropic.Anthropic(base_url=p.anthropic_base_url, api_key=KEY, max_retries=0)
+        raw2 = a.messages.with_raw_response.create(model="claude-sonnet-4-5", max_tokens=8, messages=[{"role": "user", "content": "hi"}], metadata={"user_id": uid})
+        assert raw2.headers[SESSION_HEADER] == "cc:0b3f6a1e-1c2d-4e5f-8a9b-0c1d2e3f4a5b"

@@ -100,6 +100,10 @@ class Api:
         """The system prompt kept outside the messages (Anthropic's ``system``), or None."""
         return None
 
+    def history(self, body: Mapping[str, Any]) -> Sequence[Any]:
+        """The request's history as sent, in the API's own form (what tells sessions apart)."""
+        return body["messages"]  # type: ignore[no-any-return]
+
     def read(self, body: Mapping[str, Any], incoming: IncomingHistory) -> tuple[list[Message], Converted | None]:
         """The request's conversation as canonical messages (a new list), and, for an API
         converted incrementally, where each message came from (:meth:`write`)."""

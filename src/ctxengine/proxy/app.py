@@ -77,7 +77,10 @@ from ctxengine.proxy.rawbody import BodyCache
 from ctxengine.proxy.session import (
     SESSION_HEADER,
     SessionIdError,
+    SessionRouter,
+    client_session_id,
     derive_session_id,
+    session_for,
     session_from_header,
 )
 from ctxengine.proxy.state import ProxySession, SessionTable
@@ -210,6 +213,7 @@ class Proxy:
         self._managers: dict[tuple[str, str], ContextManager] = {}
         self.sessions = SessionTable(self.settings.session_idle_seconds)
         self.windows = Windows(self.config)
+        self.router = SessionRouter()
         # a local store (SQLite) or none: the turn's write waits until the response is out, and
         # a quick turn is planned on the event loop (a shared store is written before the
         # request goes upstream, so another process serving the session's next turn sees it)
@@ -403,10 +407,14 @@ class Proxy:
             body = orjson.loads(raw)
             if api.problem(body) is None:
                 named = session_from_header(request.headers.get(SESSION_HEADER))
-                sid = named or derive_session_id(api.name, request.headers, api.system(body), body["messages"])
-                counted = _count_body(self.sessions.get(api.name, sid), body)
-                if counted is not None:
-                    content = encode(counted)
+                key = named or client_session_id(api.name, request.headers, body) or derive_session_id(api.name, request.headers, api.system(body), api.history(body))
+                # the key's conversations (the router may have told several apart): the one this body continues
+                for s in self.sessions:
+                    if s.api == api.name and (s.id == key or (not named and s.id.startswith(key + "."))):
+                        counted = _count_body(s, body)
+                        if counted is not None:
+                            content = encode(counted)
+                            break
         except (orjson.JSONDecodeError, SessionIdError):
             pass  # the upstream answers a body it cannot count
         url = self._upstream(api, request.scope["path"], request.scope.get("query_string", b"").decode())
@@ -471,8 +479,8 @@ class Proxy:
                 log.debug("request forwarded unchanged: %s", passthrough)
                 self.metrics.child(self.metrics.plans, api.name, "passthrough").inc()
             else:
-                if not named:
-                    plan.session = derive_session_id(api.name, request.headers, api.system(body), body["messages"])
+                if not named:  # the client's own id, or a derived one: routed by the history
+                    plan.session = session_for(self.router, api.name, request.headers, body, api.system(body), api.history(body))
                 await self._settled(api, plan.session)
                 t_queue = time.perf_counter()
                 quick = self._plan_inline(api, plan.session, body, raw)
