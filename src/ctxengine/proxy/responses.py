@@ -1,0 +1,825 @@
+"""The OpenAI Responses API (``POST /v1/responses``) as an :class:`~ctxengine.proxy.apis.Api`.
+
+A Responses request carries its conversation as ``instructions`` plus a list of *items*
+(``input``). :data:`RESPONSES` reads them as ctxengine's canonical chat messages (DESIGN §3.1)
+and writes a working context back as items, losslessly:
+
+* ``instructions`` → a leading ``system`` message (written back to ``instructions``);
+* a user, system or developer message item → a message of that role, its content as it came
+  (a string, or Responses parts: ``input_text``, ``input_image``, ``input_file`` …; the text
+  functions of ctxengine read parts through their ``text`` key);
+* one *assistant turn* — the run of model-side items (``reasoning``, assistant messages,
+  ``function_call``, ``custom_tool_call``, ``local_shell_call``, ``web_search_call`` …) between
+  two other items — → one ``assistant`` message: its ``content`` is the text of its message
+  items, its ``tool_calls`` the calls answered by the outputs that follow (id = ``call_id``;
+  ``arguments`` the call's arguments, a freeform tool's ``input``, or the JSON of a shell
+  call's ``action``);
+* each output item (``function_call_output``, ``custom_tool_call_output`` …) answering one of
+  those calls → a ``tool`` message (``tool_call_id`` = ``call_id``, ``content`` its output: a
+  string, a list of parts, or the JSON of an object output);
+* items with no chat counterpart (``item_reference``, a ``compaction`` item that is not ours,
+  unknown types, an output whose call is not in the request) ride along verbatim on the
+  message before them inside a turn, or become an *opaque* ``user`` message (content
+  ``None``) between turns, so no engine can reorder or drop them on their own;
+* a ctxengine ``compaction`` item (:func:`compact_reply`) → the messages it stands for.
+
+What the canonical fields do not say lives under one private key, ``"responses"``
+(:data:`META_KEY`): the items of the message with the fields the canonical form carries
+blanked out (content, names, arguments, outputs), and the verbatim items riding along. Writing
+back fills the canonical fields into those templates, so an untouched message comes back
+byte for byte and a changed one (a cut output, elided arguments) changes only where the
+engine changed it. Messages an engine created (summaries, records) are written from their
+canonical fields. Messages whose default form is already exact carry no private key.
+
+:func:`compact_input` and :func:`compact_reply` answer ``POST /v1/responses/compact`` (Codex's
+remote compaction) statelessly: the reply's compaction item carries the compacted messages
+themselves (``ctxengine:v1:`` + base64 of compressed JSON), expanded again by
+:meth:`RESPONSES.messages <Api.messages>` on every later request.
+
+Nothing here mutates its arguments.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import functools
+import hashlib
+import time
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import orjson
+
+from ctxengine.engine import normalize_usage
+from ctxengine.errors import InputError
+from ctxengine.messages import Message, content_text
+from ctxengine.proxy.apis import Api, ToolCall, _loads_args
+
+__all__ = [
+    "COMPACTION_PREFIX",
+    "META_KEY",
+    "RESPONSES",
+    "compact_input",
+    "compact_reply",
+    "decode_compaction",
+    "encode_compaction",
+    "session_hint",
+]
+
+META_KEY = "responses"
+"""The private key of a canonical message that holds what its items need to be written back."""
+
+COMPACTION_PREFIX = "ctxengine:v1:"
+"""How the ``encrypted_content`` of a ctxengine compaction item starts."""
+
+_MAX_EXPANDED = 256 * 1024 * 1024  # bytes a compaction token may expand to
+
+# call item type -> (fixed tool name or None for the item's own "name", field holding the
+# arguments, whether that field is a JSON value rather than a string)
+_CALLS: dict[str, tuple[str | None, str, bool]] = {
+    "function_call": (None, "arguments", False),
+    "custom_tool_call": (None, "input", False),
+    "local_shell_call": ("local_shell", "action", True),
+    "shell_call": ("shell", "action", True),
+    "apply_patch_call": ("apply_patch", "operation", True),
+    "computer_call": ("computer", "action", True),
+    "tool_search_call": ("tool_search", "arguments", True),
+}
+# the output item type answering each call type
+_ANSWER: dict[str, str] = {
+    "function_call": "function_call_output",
+    "custom_tool_call": "custom_tool_call_output",
+    "local_shell_call": "local_shell_call_output",
+    "shell_call": "shell_call_output",
+    "apply_patch_call": "apply_patch_call_output",
+    "computer_call": "computer_call_output",
+    "tool_search_call": "tool_search_output",
+}
+# output item type -> (field holding the output, whether it is a JSON value shown as its JSON)
+_OUTPUTS: dict[str, tuple[str, bool]] = {
+    "function_call_output": ("output", False),
+    "custom_tool_call_output": ("output", False),
+    "local_shell_call_output": ("output", False),
+    "apply_patch_call_output": ("output", False),
+    "shell_call_output": ("output", True),
+    "computer_call_output": ("output", True),
+    "tool_search_output": ("tools", True),
+}
+# model-side items that no client output answers
+_SERVER_ITEMS = frozenset({"reasoning", "mcp_list_tools", "mcp_approval_request"})
+_INPUT_ROLES = frozenset({"user", "system", "developer"})
+
+
+def _dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+# -- the compaction token ---------------------------------------------------------------------
+
+
+def encode_compaction(messages: Sequence[Message]) -> str:
+    """The ``encrypted_content`` of a ctxengine compaction item standing for ``messages``."""
+    raw = orjson.dumps(list(messages))
+    return COMPACTION_PREFIX + base64.urlsafe_b64encode(zlib.compress(raw, 6)).decode("ascii")
+
+
+@functools.lru_cache(maxsize=32)
+def _expanded(token: str) -> bytes:
+    try:
+        packed = base64.urlsafe_b64decode(token[len(COMPACTION_PREFIX) :].encode("ascii"))
+    except (binascii.Error, ValueError, UnicodeEncodeError) as exc:
+        raise InputError(f"not base64 ({exc})") from None
+    inflate = zlib.decompressobj()
+    try:
+        raw = inflate.decompress(packed, _MAX_EXPANDED)
+    except zlib.error as exc:
+        raise InputError(f"not compressed data ({exc})") from None
+    if inflate.unconsumed_tail:
+        raise InputError(f"expands to more than {_MAX_EXPANDED} bytes")
+    if not inflate.eof:
+        raise InputError("truncated")
+    return raw
+
+
+def decode_compaction(token: str) -> list[Message]:
+    """The messages a ctxengine compaction token stands for; :class:`InputError` if it is not one
+    or is damaged."""
+    if not isinstance(token, str) or not token.startswith(COMPACTION_PREFIX):
+        raise InputError("not a ctxengine compaction token")
+    raw = _expanded(token)
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InputError(f"not JSON ({exc})") from None
+    if not isinstance(value, list) or not all(isinstance(m, dict) for m in value):
+        raise InputError("not a list of messages")
+    return value
+
+
+def _is_ours(item: Mapping[str, Any]) -> bool:
+    content = item.get("encrypted_content")
+    return item.get("type") == "compaction" and isinstance(content, str) and content.startswith(COMPACTION_PREFIX)
+
+
+# -- checking items ---------------------------------------------------------------------------
+
+
+def _item_problem(item: Any) -> str | None:
+    """What is wrong with one input item (the caller adds its index), or None."""
+    if not isinstance(item, dict):
+        return f"must be an object, not {type(item).__name__}"
+    kind = item.get("type")
+    if kind is not None and not isinstance(kind, str):
+        return f"'type' must be a string, not {type(kind).__name__}"
+    if kind is None or kind == "message":
+        role = item.get("role")
+        if not isinstance(role, str) or (role not in _INPUT_ROLES and role != "assistant"):
+            return f"a message item needs a 'role' of user, assistant, system or developer, not {role!r}"
+        content = item.get("content")
+        if not isinstance(content, str | list):
+            return f"a message item's 'content' must be a string or a list of parts, not {type(content).__name__}"
+        if isinstance(content, list):
+            for n, part in enumerate(content):
+                if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                    return f"content part {n} must be an object with a string 'type'"
+        return None
+    if kind in _CALLS:
+        fixed, field, is_json = _CALLS[kind]
+        cid = item.get("call_id")
+        if cid is not None and not isinstance(cid, str):
+            return f"a {kind} item's 'call_id' must be a string"
+        if fixed is None and not isinstance(item.get("name"), str):
+            return f"a {kind} item needs a string 'name'"
+        if not is_json and field in item and not isinstance(item[field], str):
+            return f"a {kind} item's {field!r} must be a string, not {type(item[field]).__name__}"
+        if kind in ("function_call", "custom_tool_call") and not isinstance(cid, str):
+            return f"a {kind} item needs a string 'call_id'"
+        return None
+    if kind in _OUTPUTS:
+        field, is_json = _OUTPUTS[kind]
+        cid = item.get("call_id")
+        if cid is not None and not isinstance(cid, str):
+            return f"a {kind} item's 'call_id' must be a string"
+        if kind in ("function_call_output", "custom_tool_call_output"):
+            if not isinstance(cid, str):
+                return f"a {kind} item needs a string 'call_id'"
+            if not isinstance(item.get(field), str | list):
+                return f"a {kind} item's 'output' must be a string or a list of parts"
+        return None
+    if _is_ours(item):
+        try:
+            decode_compaction(item["encrypted_content"])
+        except InputError as exc:
+            return f"its ctxengine compaction token is damaged: {exc}"
+    return None
+
+
+def _checked(body: Mapping[str, Any]) -> list[Any]:
+    """``body``'s input items, raising :class:`InputError` naming the first bad one."""
+    items = body.get("input")
+    if isinstance(items, str):
+        return [items]
+    if not isinstance(items, list):
+        raise InputError(f"'input' must be a string or a list of items, not {type(items).__name__}")
+    for i, item in enumerate(items):
+        problem = _item_problem(item)
+        if problem:
+            raise InputError(f"input[{i}]: {problem}")
+    return items
+
+
+# -- items -> messages ------------------------------------------------------------------------
+
+
+def _template(item: Mapping[str, Any], blank: Sequence[str]) -> dict[str, Any]:
+    return {k: (None if k in blank else v) for k, v in item.items()}
+
+
+def _call_parts(item: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A call item's canonical tool call and its template."""
+    kind = item["type"]
+    fixed, field, is_json = _CALLS[kind]
+    if is_json:
+        args = _dumps(item.get(field))
+        template = dict(item)
+    else:
+        args = item.get(field, "")
+        template = _template(item, (field,) if fixed is not None else (field, "name"))
+    name = fixed if fixed is not None else item["name"]
+    return {"id": item["call_id"], "type": "function", "function": {"name": name, "arguments": args}}, template
+
+
+def _output_parts(item: Mapping[str, Any]) -> tuple[Any, dict[str, Any], bool]:
+    """An output item's canonical content, its template, and whether its output is JSON."""
+    field, is_json = _OUTPUTS[item["type"]]
+    if field not in item:
+        return None, dict(item), is_json
+    if is_json:
+        return _dumps(item[field]), dict(item), True
+    return item[field], _template(item, (field,)), False
+
+
+def _pairable(item: Mapping[str, Any]) -> bool:
+    return item.get("type") in _CALLS and isinstance(item.get("call_id"), str) and bool(item["call_id"])
+
+
+def _model_side(item: Mapping[str, Any]) -> bool:
+    kind = item.get("type")
+    if kind is None or kind == "message":
+        return item.get("role") == "assistant"
+    if kind in _CALLS or kind in _SERVER_ITEMS:
+        return True
+    return isinstance(kind, str) and kind.endswith("_call") and not _is_ours(item)
+
+
+def _answer(item: Mapping[str, Any]) -> bool:
+    return item.get("type") in _OUTPUTS and isinstance(item.get("call_id"), str)
+
+
+class _Builder:
+    """Turns a list of items into canonical messages (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.out: list[Message] = []
+
+    def run(self, items: Sequence[Any]) -> list[Message]:
+        n = len(items)
+        i = 0
+        while i < n:
+            item = items[i]
+            if _model_side(item):
+                j = i
+                while j < n and (_model_side(items[j]) or _opaque(items[j])):
+                    j += 1
+                k = j
+                while k < n and (_answer(items[k]) or _opaque(items[k])):
+                    k += 1
+                self._turn(items[i:j], items[j:k])
+                i = k
+            elif item.get("type") in (None, "message"):
+                self._message(item)
+                i += 1
+            elif _is_ours(item):
+                self.out.extend(decode_compaction(item["encrypted_content"]))
+                i += 1
+            else:  # an output without its call, or an item with no chat counterpart
+                last = self.out[-1] if self.out else None
+                meta = last.get(META_KEY) if last is not None else None
+                if isinstance(meta, dict) and "opaque" in meta:
+                    assert last is not None
+                    self.out[-1] = {**last, META_KEY: {"opaque": [*meta["opaque"], item]}}
+                else:
+                    self.out.append({"role": "user", "content": None, META_KEY: {"opaque": [item]}})
+                i += 1
+        return self.out
+
+    def _message(self, item: dict[str, Any]) -> None:
+        msg: Message = {"role": item["role"], "content": item["content"]}
+        self._finish(msg, [["c", _template(item, ("content",))]], [item])
+
+    def _turn(self, turn: Sequence[dict[str, Any]], answers: Sequence[dict[str, Any]]) -> None:
+        # which calls the outputs answer: the first output for each call id of the turn
+        call_ids: set[str] = set()
+        for item in turn:
+            if _pairable(item) and item["call_id"] not in call_ids:
+                call_ids.add(item["call_id"])
+        answered: dict[str, int] = {}
+        for pos, item in enumerate(answers):
+            cid = item.get("call_id") if _answer(item) else None
+            if isinstance(cid, str) and cid in call_ids and cid not in answered:
+                answered[cid] = pos
+        entries: list[list[Any]] = []
+        calls: list[dict[str, Any]] = []
+        texts: list[tuple[int, Any]] = []  # (entry index, content) of the assistant message items
+        kinds: dict[str, str] = {}
+        for item in turn:
+            kind = item.get("type")
+            if _pairable(item) and item["call_id"] in answered and item["call_id"] not in kinds:
+                call, template = _call_parts(item)
+                calls.append(call)
+                kinds[item["call_id"]] = str(kind)
+                entries.append(["t", template])
+            elif (kind is None or kind == "message") and item.get("role") == "assistant":
+                texts.append((len(entries), item["content"]))
+                entries.append(["c", _template(item, ("content",))])
+            else:
+                entries.append(["v", item])
+        if len(texts) == 1:
+            content: Any = texts[0][1]
+        elif texts:
+            content = []
+            for at, value in texts:
+                if isinstance(value, str):
+                    content.append({"type": "output_text", "text": value})
+                    entries[at].append(-1)
+                else:
+                    content.extend(value)
+                    entries[at].append(len(value))
+        else:
+            content = None
+        msg: Message = {"role": "assistant", "content": content}
+        if calls:
+            msg["tool_calls"] = calls
+        self._finish(msg, entries, list(turn))
+        for pos, item in enumerate(answers):
+            cid = item.get("call_id")
+            if isinstance(cid, str) and answered.get(cid) == pos:
+                out, template, is_json = _output_parts(item)
+                tool: Message = {"role": "tool", "tool_call_id": cid, "content": out}
+                self._finish(tool, [["j" if is_json else "o", template]], [item], kinds[cid])
+            else:  # rides on the message before it
+                last = self.out[-1]
+                meta = last.get(META_KEY)
+                entries_now = list(meta["items"]) if isinstance(meta, dict) and "items" in meta else _entries_for(last, kinds)
+                self.out[-1] = {**last, META_KEY: {"items": [*entries_now, ["v", item]]}}
+
+    def _finish(self, msg: Message, entries: list[list[Any]], items: list[Any], call_kind: str | None = None) -> None:
+        """Append ``msg``, with its entries under the private key unless its default form is exact."""
+        kinds = {msg["tool_call_id"]: call_kind} if call_kind is not None else {}
+        if not _same_items(_default_items(msg, kinds), items):
+            msg[META_KEY] = {"items": entries}
+        self.out.append(msg)
+
+
+def _opaque(item: Any) -> bool:
+    """An item that rides along inside a turn: not a message, not model-side, not an output,
+    not ours."""
+    if not isinstance(item, dict):
+        return False
+    kind = item.get("type")
+    if kind is None or kind == "message" or _is_ours(item):
+        return False
+    return not _model_side(item) and not _answer(item)
+
+
+def _entries_for(msg: Message, kinds: Mapping[str, str]) -> list[list[Any]]:
+    """Entries that rebuild a message's default items exactly (a message that had none)."""
+    out: list[list[Any]] = []
+    for item in _default_items(msg, kinds):
+        kind = item.get("type")
+        if kind == "message" or kind is None:
+            out.append(["c", _template(item, ("content",))])
+        elif kind in _CALLS:
+            out.append(["t", _call_parts(item)[1]])
+        elif kind in _OUTPUTS:
+            _, template, is_json = _output_parts(item)
+            out.append(["j" if is_json else "o", template])
+        else:
+            out.append(["v", item])
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a is b or (type(a) is type(b) and a == b)
+
+
+def _same_items(made: Sequence[dict[str, Any]], items: Sequence[Any]) -> bool:
+    """Whether ``made`` serialises exactly as ``items`` (key order included)."""
+    if len(made) != len(items):
+        return False
+    for m, it in zip(made, items, strict=True):
+        if not isinstance(it, dict) or list(m) != list(it):
+            return False
+        if not all(_same(v, it[k]) for k, v in m.items()):
+            return False
+    return True
+
+
+# -- messages -> items ------------------------------------------------------------------------
+
+
+def _parts(content: Any, assistant: bool) -> Any:
+    """Chat-completions parts an engine may have written (``text``, ``image_url``) in
+    Responses form; every other value as it is (the same object when nothing changes)."""
+    if not isinstance(content, list):
+        return content
+    out: list[Any] = []
+    changed = False
+    for part in content:
+        if isinstance(part, dict) and part.get("type") == "text":
+            out.append({"type": "output_text" if assistant else "input_text", "text": part.get("text", "")})
+            changed = True
+        elif isinstance(part, dict) and part.get("type") == "image_url":
+            image = part.get("image_url")
+            url = image.get("url") if isinstance(image, Mapping) else image
+            new: dict[str, Any] = {"type": "input_image", "image_url": url}
+            if isinstance(image, Mapping) and image.get("detail"):
+                new["detail"] = image["detail"]
+            out.append(new)
+            changed = True
+        else:
+            out.append(part)
+    return out if changed else content
+
+
+def _call_item(call: Any) -> dict[str, Any]:
+    fn = call.get("function") if isinstance(call, Mapping) else None
+    fn = fn if isinstance(fn, Mapping) else {}
+    args = fn.get("arguments")
+    return {
+        "type": "function_call",
+        "name": str(fn.get("name", "")),
+        "arguments": args if isinstance(args, str) else _dumps(args if args is not None else {}),
+        "call_id": str(call.get("id", "")) if isinstance(call, Mapping) else "",
+    }
+
+
+def _output_value(content: Any) -> Any:
+    if content is None:
+        return ""
+    return _parts(content, False)
+
+
+def _default_items(msg: Mapping[str, Any], kinds: Mapping[str, str]) -> list[dict[str, Any]]:
+    """A message's items written from its canonical fields only."""
+    role = msg.get("role")
+    content = msg.get("content")
+    if role == "assistant":
+        items: list[dict[str, Any]] = []
+        if content is not None and content != "" and content != []:
+            items.append({"type": "message", "role": "assistant", "content": _parts(content, True)})
+        items.extend(_call_item(c) for c in msg.get("tool_calls") or [])
+        return items
+    if role == "tool":
+        cid = str(msg.get("tool_call_id", ""))
+        kind = _ANSWER.get(kinds.get(cid, "function_call"), "function_call_output")
+        field, is_json = _OUTPUTS[kind]
+        value = _output_value(content)
+        if is_json and isinstance(value, str):
+            try:
+                value = orjson.loads(value)
+            except orjson.JSONDecodeError:
+                kind, field = "function_call_output", "output"
+        return [{"type": kind, "call_id": cid, field: value}]
+    if role not in _INPUT_ROLES:
+        role = "user"
+    return [{"role": role, "content": "" if content is None else _parts(content, False)}]
+
+
+def _rebuilt_call(template: Mapping[str, Any], call: Any) -> dict[str, Any]:
+    fixed, field, is_json = _CALLS[template["type"]]
+    fn = call.get("function") if isinstance(call, Mapping) else None
+    fn = fn if isinstance(fn, Mapping) else {}
+    args = fn.get("arguments")
+    out = dict(template)
+    if fixed is None and isinstance(fn.get("name"), str):
+        out["name"] = fn["name"]
+    if is_json:
+        text = args if isinstance(args, str) else _dumps(args)
+        if text != _dumps(template.get(field)):
+            with contextlib.suppress(orjson.JSONDecodeError):  # not JSON: the original stays
+                out[field] = orjson.loads(text)
+    else:
+        out[field] = args if isinstance(args, str) else _dumps(args if args is not None else {})
+    return out
+
+
+def _rebuilt_output(template: Mapping[str, Any], content: Any, is_json: bool) -> dict[str, Any]:
+    field = _OUTPUTS[template["type"]][0]
+    out = dict(template)
+    if content is None and (field not in template or is_json):
+        return out
+    if not is_json:
+        out[field] = _output_value(content)
+        return out
+    text = content if isinstance(content, str) else _dumps(content)
+    if text != _dumps(template.get(field)):
+        with contextlib.suppress(orjson.JSONDecodeError):  # a cut JSON output: the original stays
+            out[field] = orjson.loads(text)
+    return out
+
+
+def _split(content: Any, sizes: Sequence[int]) -> list[Any] | None:
+    """``content`` split back over message items that contributed ``sizes`` parts (-1: a
+    string), or None when the engine changed its shape."""
+    expected = sum(1 if s < 0 else s for s in sizes)
+    if not isinstance(content, list) or len(content) != expected:
+        return None
+    out: list[Any] = []
+    at = 0
+    for s in sizes:
+        if s < 0:
+            part = content[at]
+            text = part.get("text") if isinstance(part, Mapping) else None
+            out.append(text if isinstance(text, str) and part.get("type") in ("output_text", "text") else [part])
+            at += 1
+        else:
+            out.append(content[at : at + s])
+            at += s
+    return out
+
+
+def _items_of(msg: Mapping[str, Any], kinds: dict[str, str]) -> list[Any]:
+    """A canonical message as Responses items (records the kinds of its calls in ``kinds``)."""
+    meta = msg.get(META_KEY)
+    if isinstance(meta, Mapping) and isinstance(meta.get("opaque"), list):
+        return list(meta["opaque"])
+    entries = meta.get("items") if isinstance(meta, Mapping) else None
+    if not isinstance(entries, list):
+        for call in msg.get("tool_calls") or []:
+            if isinstance(call, Mapping):
+                kinds[str(call.get("id", ""))] = "function_call"
+        return _default_items(msg, kinds)
+    role = msg.get("role")
+    content = msg.get("content")
+    if role == "tool":
+        out: list[Any] = []
+        for entry in entries:
+            slot, template = entry[0], entry[1]
+            if slot in ("o", "j"):
+                out.append(_rebuilt_output(template, content, slot == "j"))
+            else:
+                out.append(template)
+        return out
+    if role != "assistant":
+        out = []
+        for entry in entries:
+            slot, template = entry[0], entry[1]
+            out.append({**template, "content": "" if content is None else _parts(content, False)} if slot == "c" else template)
+        return out
+    calls = {str(c.get("id")): c for c in msg.get("tool_calls") or [] if isinstance(c, Mapping)}
+    c_slots = [e for e in entries if e[0] == "c"]
+    sizes = [e[2] if len(e) > 2 else 0 for e in c_slots]
+    shares = [content] if len(c_slots) == 1 else _split(content, sizes) if c_slots else None
+    if c_slots and shares is None:  # the engine changed the text's shape: all of it in the first
+        shares = [content] + [None] * (len(c_slots) - 1)
+    texts = iter(shares or [])
+    placed_text = bool(c_slots)
+    out = []
+    used: set[str] = set()
+    for entry in entries:
+        slot, template = entry[0], entry[1]
+        if slot == "c":
+            share = next(texts)
+            if share is not None:  # None: the engine removed this item's text
+                out.append({**template, "content": _parts(share, True)})
+        elif slot == "t":
+            cid = str(template.get("call_id"))
+            if cid in calls and cid not in used:
+                if not placed_text and content not in (None, "", []):
+                    out.append({"type": "message", "role": "assistant", "content": _parts(content, True)})
+                    placed_text = True
+                out.append(_rebuilt_call(template, calls[cid]))
+                used.add(cid)
+                kinds[cid] = template["type"]
+        else:
+            out.append(template)
+    if not placed_text and content not in (None, "", []):
+        out.append({"type": "message", "role": "assistant", "content": _parts(content, True)})
+    for cid, call in calls.items():
+        if cid not in used:  # a call the engine added
+            out.append(_call_item(call))
+            kinds[cid] = "function_call"
+    return out
+
+
+# -- the Api ----------------------------------------------------------------------------------
+
+
+class _Responses(Api):
+    name = "responses"
+    _TYPES: ClassVar[dict[int, str]] = {400: "invalid_request_error", 401: "invalid_api_key", 404: "not_found", 413: "invalid_request_error", 500: "server_error", 502: "server_error"}
+
+    def passthrough_reason(self, body: Mapping[str, Any]) -> str | None:
+        """Why this request cannot be compacted and must go upstream unchanged, or None."""
+        if body.get("previous_response_id"):
+            return "previous_response_id: the history is stored on the server"
+        if body.get("conversation"):
+            return "conversation: the history is stored on the server"
+        if body.get("background") is True:
+            return "background: the response is polled by id"
+        if body.get("input") is None:
+            return "no input"
+        return None
+
+    def problem(self, body: Any) -> str | None:
+        """What makes ``body`` unusable, or None. A body :meth:`passthrough_reason` forwards
+        needs only a model."""
+        if not isinstance(body, dict):
+            return f"the request body must be a JSON object, not {type(body).__name__}"
+        if not isinstance(body.get("model"), str) or not body["model"]:
+            return "'model' is required and must be a string"
+        if self.passthrough_reason(body) is not None:
+            return None
+        if not isinstance(body.get("input"), str | list):
+            return f"'input' must be a string or a list of items, not {type(body.get('input')).__name__}"
+        instructions = body.get("instructions")
+        if instructions is not None and not isinstance(instructions, str):
+            return f"'instructions' must be a string, not {type(instructions).__name__}"
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            return f"'tools' must be a list, not {type(tools).__name__}"
+        try:
+            _checked(body)
+        except InputError as exc:
+            return str(exc)
+        return None
+
+    def messages(self, body: Mapping[str, Any]) -> list[Message]:
+        items = _checked(body)
+        out: list[Message] = []
+        instructions = body.get("instructions")
+        if isinstance(instructions, str):
+            out.append({"role": "system", "content": instructions, META_KEY: {"instructions": True}})
+        if isinstance(body["input"], str):
+            out.append({"role": "user", "content": body["input"], META_KEY: {"string": True}})
+            return out
+        return out + _Builder().run(items)
+
+    def with_messages(self, body: Mapping[str, Any], messages: Sequence[Message]) -> dict[str, Any]:
+        out = dict(body)
+        items: list[Any] = []
+        kinds: dict[str, str] = {}
+        string: str | None = None
+        for m in messages:
+            meta = m.get(META_KEY)
+            if isinstance(meta, Mapping) and meta.get("instructions"):
+                content = m.get("content")
+                out["instructions"] = content if isinstance(content, str) else content_text(content)
+                continue
+            if isinstance(meta, Mapping) and meta.get("string") and isinstance(m.get("content"), str):
+                string = m["content"]
+                items.append({"role": "user", "content": string})
+                continue
+            items.extend(_items_of(m, kinds))
+        out["input"] = string if string is not None and len(items) == 1 else items
+        return out
+
+    def tool_names(self, body: Mapping[str, Any]) -> set[str]:
+        names: set[str] = set()
+        for t in body.get("tools") or []:
+            if isinstance(t, Mapping):
+                name = t.get("name")
+                fn = t.get("function")
+                if isinstance(name, str):
+                    names.add(name)
+                elif isinstance(fn, Mapping) and isinstance(fn.get("name"), str):
+                    names.add(fn["name"])
+        return names
+
+    def tool_schema(self, openai_tool: Mapping[str, Any]) -> dict[str, Any]:
+        fn = openai_tool.get("function") or openai_tool
+        out: dict[str, Any] = {"type": "function", "name": fn["name"]}
+        if fn.get("description"):
+            out["description"] = fn["description"]
+        out["parameters"] = fn.get("parameters") or {"type": "object", "properties": {}}
+        # Responses function tools are strict unless told otherwise; the engine's schemas are not
+        out["strict"] = bool(fn.get("strict", False))
+        return out
+
+    def calls(self, response: Mapping[str, Any]) -> list[ToolCall]:
+        """Every call in the output the client would have to answer (function calls and the
+        other client-executed kinds, named by kind), in order."""
+        out = []
+        for item in response.get("output") or []:
+            if not isinstance(item, Mapping):
+                continue
+            kind = item.get("type")
+            if kind == "function_call":
+                out.append(ToolCall(str(item.get("call_id", "")), str(item.get("name", "")), _loads_args(item.get("arguments"))))
+            elif kind in _CALLS or kind == "mcp_approval_request":
+                fixed, field, _ = _CALLS.get(str(kind), (None, "arguments", True))
+                name = fixed or str(item.get("name") or kind)
+                out.append(ToolCall(str(item.get("call_id") or item.get("id", "")), name, _loads_args(item.get(field))))
+        return out
+
+    def assistant_message(self, response: Mapping[str, Any]) -> dict[str, Any]:
+        """The response's output items (``{"role": "assistant", "output": [...]}``), for :meth:`followup`."""
+        return {"role": "assistant", "output": [dict(i) for i in response.get("output") or [] if isinstance(i, Mapping)]}
+
+    def followup(self, body: Mapping[str, Any], assistant: Mapping[str, Any], results: Sequence[tuple[ToolCall, str]]) -> dict[str, Any]:
+        """``body`` with the response's output items and one ``function_call_output`` per result
+        appended to ``input``. Without server storage (``store: false``) a reasoning item can
+        only be sent back with its ``encrypted_content``; one without it is left out."""
+        source = body.get("input")
+        items: list[Any] = [{"role": "user", "content": source}] if isinstance(source, str) else list(source or [])
+        stored = body.get("store") is not False
+        for item in assistant.get("output") or []:
+            if not stored and isinstance(item, Mapping) and item.get("type") == "reasoning" and not item.get("encrypted_content"):
+                continue
+            items.append(dict(item))
+        items += [{"type": "function_call_output", "call_id": call.id, "output": result} for call, result in results]
+        out = dict(body)
+        out["input"] = items
+        return out
+
+    def without_calls(self, response: Mapping[str, Any], names: set[str]) -> dict[str, Any]:
+        out = dict(response)
+        out["output"] = [
+            i for i in response.get("output") or [] if not (isinstance(i, Mapping) and i.get("type") == "function_call" and i.get("name") in names)
+        ]
+        return out
+
+    def usage(self, response: Mapping[str, Any]) -> dict[str, Any] | None:
+        """``usage`` as the API reports it (``input_tokens``, ``output_tokens``,
+        ``input_tokens_details.cached_tokens``): :func:`ctxengine.engine.normalize_usage` reads it."""
+        u = response.get("usage")
+        return dict(u) if isinstance(u, Mapping) else None
+
+    def error(self, status: int, message: str, kind: str | None = None) -> dict[str, Any]:
+        etype = kind or self._TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+        return {"error": {"message": message, "type": etype, "param": None, "code": etype}}
+
+
+RESPONSES: _Responses = _Responses()
+
+
+# -- remote compaction ------------------------------------------------------------------------
+
+
+def compact_input(body: Mapping[str, Any]) -> list[Message]:
+    """The conversation a ``POST /v1/responses/compact`` body asks to compact (``instructions``
+    + ``input``, as :meth:`RESPONSES.messages <Api.messages>` reads a request).
+    :class:`InputError` names what is wrong with a bad body."""
+    problem = RESPONSES.problem(dict(body)) if isinstance(body, Mapping) else "the request body must be a JSON object"
+    if problem:
+        raise InputError(problem)
+    if body.get("input") is None:
+        raise InputError("'input' is required to compact (previous_response_id is not supported)")
+    return RESPONSES.messages(body)
+
+
+def compact_reply(body: Mapping[str, Any], compacted: Sequence[Message], usage: Mapping[str, Any] | None = None, *, created_at: int | None = None) -> dict[str, Any]:
+    """The ``response.compaction`` object answering ``body``: its ``output`` is one ctxengine
+    compaction item standing for ``compacted`` (the engine's result for :func:`compact_input`),
+    without the instructions and the system/developer items the client sends afresh.
+
+    ``usage``: the compaction's token counts in either provider's shape (zeros when None).
+    ``created_at``: the Unix time to report (default: now).
+    """
+    resent = {orjson.dumps(m) for m in compact_input(body) if m.get("role") in ("system", "developer")}
+    kept = [m for m in compacted if m.get("role") not in ("system", "developer") or orjson.dumps(m) not in resent]
+    token = encode_compaction(kept)
+    digest = hashlib.sha256(token.encode("ascii")).hexdigest()[:32]
+    u = normalize_usage(dict(usage) if usage else {})
+    return {
+        "id": f"resp_ctx{digest}",
+        "object": "response.compaction",
+        "created_at": int(time.time()) if created_at is None else created_at,
+        "output": [{"type": "compaction", "id": f"cmp_ctx{digest}", "encrypted_content": token}],
+        "usage": {
+            "input_tokens": u.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": u.cache_read_tokens},
+            "output_tokens": u.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": u.total_tokens,
+        },
+    }
+
+
+def session_hint(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | None:
+    """What names a Responses client's session: the body's ``prompt_cache_key`` (Codex sends its
+    conversation id), else a ``session_id``/``session-id``/``thread-id``/``conversation_id``
+    header; None without any."""
+    key = body.get("prompt_cache_key")
+    if isinstance(key, str) and key:
+        return key
+    lowered = {k.lower(): v for k, v in headers.items()}
+    for name in ("session_id", "session-id", "thread-id", "conversation_id"):
+        value = lowered.get(name)
+        if value:
+            return value
+    return None
