@@ -369,17 +369,19 @@ class _Builder:
             if isinstance(cid, str) and answered.get(cid) == pos:
                 out, template, is_json = _output_parts(item)
                 tool: Message = {"role": "tool", "tool_call_id": cid, "content": out}
-                self._finish(tool, [["j" if is_json else "o", template]], [item], kinds[cid])
+                # a JSON output keeps its original, which a cut that is no longer JSON leaves in place
+                self._finish(tool, [["j" if is_json else "o", template]], [item], kinds[cid], keep=is_json)
             else:  # rides on the message before it
                 last = self.out[-1]
                 meta = last.get(META_KEY)
                 entries_now = list(meta["items"]) if isinstance(meta, dict) and "items" in meta else _entries_for(last, kinds)
                 self.out[-1] = {**last, META_KEY: {"items": [*entries_now, ["v", item]]}}
 
-    def _finish(self, msg: Message, entries: list[list[Any]], items: list[Any], call_kind: str | None = None) -> None:
-        """Append ``msg``, with its entries under the private key unless its default form is exact."""
+    def _finish(self, msg: Message, entries: list[list[Any]], items: list[Any], call_kind: str | None = None, *, keep: bool = False) -> None:
+        """Append ``msg``, with its entries under the private key unless its default form is
+        exact (``keep``: always)."""
         kinds = {msg["tool_call_id"]: call_kind} if call_kind is not None else {}
-        if not _same_items(_default_items(msg, kinds), items):
+        if keep or not _same_items(_default_items(msg, kinds), items):
             msg[META_KEY] = {"items": entries}
         self.out.append(msg)
 
