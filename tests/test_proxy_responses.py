@@ -21,6 +21,7 @@ from ctxengine.proxy.responses import (
     COMPACTION_PREFIX,
     META_KEY,
     RESPONSES,
+    ResponsesHistory,
     compact_input,
     compact_reply,
     decode_compaction,
@@ -704,3 +705,33 @@ def test_closing_and_failure_events() -> None:
     assert err.data["type"] == "error" and err.data["code"] == "context_length_exceeded" and err.data["message"] == "too long"
     (err,) = EventSplitter().feed(tracker.failure(502, b"bad gateway"))
     assert err.data["message"] == "bad gateway" and err.data["code"] == "server_error"
+
+
+# -- turn after turn --------------------------------------------------------------------------
+
+
+@PROPERTY
+@given(conversation(), st.data())
+def test_a_history_converts_growing_and_edited_inputs_as_a_fresh_conversion_does(items: list[dict[str, Any]], data: st.DataObject) -> None:
+    history = ResponsesHistory()
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(items)), max_size=4)))
+    bodies = [{"model": "m", "instructions": "sys", "input": items[:c]} for c in [*cuts, len(items)]]
+    if data.draw(st.booleans()) and len(items) > 1:  # a client that rewrote its history (its own /compact)
+        bodies.append({"model": "m", "instructions": "sys", "input": [items[-1], *items[:-1]]})
+    for body in bodies:
+        msgs = history.messages(body)
+        assert msgs == RESPONSES.messages(body)
+        assert orjson.dumps(history.with_messages(body, msgs)) == orjson.dumps(body)
+        assert orjson.dumps(history.with_messages(body, msgs)) == orjson.dumps(body)  # from the memo
+
+
+def test_a_resent_history_keeps_its_message_objects() -> None:
+    history = ResponsesHistory()
+    body = codex_turn()
+    first = history.messages(body)
+    grown = {**body, "input": [*body["input"], {"role": "user", "content": "and now?"}]}
+    second = history.messages(grown)
+    assert all(a is b for a, b in zip(first, second, strict=False))
+    assert second[-1] == {"role": "user", "content": "and now?"}
+    with pytest.raises(ValueError, match=r"input\[7\]"):
+        history.messages({**grown, "input": [*grown["input"], {"type": "function_call", "name": 3}]})

@@ -43,12 +43,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import bisect
 import contextlib
 import functools
 import hashlib
 import time
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import orjson
@@ -62,6 +64,7 @@ __all__ = [
     "COMPACTION_PREFIX",
     "META_KEY",
     "RESPONSES",
+    "ResponsesHistory",
     "compact_input",
     "compact_reply",
     "decode_compaction",
@@ -282,12 +285,17 @@ def _answer(item: Mapping[str, Any]) -> bool:
 class _Builder:
     """Turns a list of items into canonical messages (see the module docstring)."""
 
-    def __init__(self) -> None:
-        self.out: list[Message] = []
+    def __init__(self, out: list[Message] | None = None, segments: list[tuple[int, int, str]] | None = None) -> None:
+        self.out: list[Message] = out if out is not None else []
+        # per segment (a message item, a turn with its outputs, a run of opaque items, one of
+        # our compaction items): where its items end, where its messages end, and which kind of
+        # items would have continued it (_continues). A segment's messages depend on its items
+        # only, and where it ends on the item after it.
+        self.segments: list[tuple[int, int, str]] = segments if segments is not None else []
 
-    def run(self, items: Sequence[Any]) -> list[Message]:
+    def run(self, items: Sequence[Any], start: int = 0) -> list[Message]:
         n = len(items)
-        i = 0
+        i = start
         while i < n:
             item = items[i]
             if _model_side(item):
@@ -298,22 +306,20 @@ class _Builder:
                 while k < n and (_answer(items[k]) or _opaque(items[k])):
                     k += 1
                 self._turn(items[i:j], items[j:k])
-                i = k
+                i, follow = k, ("answers" if k > j else "turn")
             elif item.get("type") in (None, "message"):
                 self._message(item)
-                i += 1
+                i, follow = i + 1, ""
             elif _is_ours(item):
                 self.out.extend(decode_compaction(item["encrypted_content"]))
-                i += 1
-            else:  # an output without its call, or an item with no chat counterpart
-                last = self.out[-1] if self.out else None
-                meta = last.get(META_KEY) if last is not None else None
-                if isinstance(meta, dict) and "opaque" in meta:
-                    assert last is not None
-                    self.out[-1] = {**last, META_KEY: {"opaque": [*meta["opaque"], item]}}
-                else:
-                    self.out.append({"role": "user", "content": None, META_KEY: {"opaque": [item]}})
-                i += 1
+                i, follow = i + 1, ""
+            else:  # outputs without their call, items with no chat counterpart: one opaque message
+                j = i + 1
+                while j < n and not _model_side(items[j]) and items[j].get("type") not in (None, "message") and not _is_ours(items[j]):
+                    j += 1
+                self.out.append({"role": "user", "content": None, META_KEY: {"opaque": list(items[i:j])}})
+                i, follow = j, "opaque"
+            self.segments.append((i, len(self.out), follow))
         return self.out
 
     def _message(self, item: dict[str, Any]) -> None:
@@ -384,6 +390,19 @@ class _Builder:
         if keep or not _same_items(_default_items(msg, kinds), items):
             msg[META_KEY] = {"items": entries}
         self.out.append(msg)
+
+
+def _continues(follow: str, item: Any) -> bool:
+    """Whether ``item`` would have continued a segment that ``follow`` describes (_Builder)."""
+    if not isinstance(item, dict):
+        return False
+    if follow == "turn":
+        return _model_side(item) or _opaque(item) or _answer(item)
+    if follow == "answers":
+        return _answer(item) or _opaque(item)
+    if follow == "opaque":
+        return not _model_side(item) and item.get("type") not in (None, "message") and not _is_ours(item)
+    return False
 
 
 def _opaque(item: Any) -> bool:
@@ -554,7 +573,7 @@ def _split(content: Any, sizes: Sequence[int]) -> list[Any] | None:
     return out
 
 
-def _items_of(msg: Mapping[str, Any], kinds: dict[str, str]) -> list[Any]:
+def _items_of(msg: Message, kinds: dict[str, str]) -> list[Any]:
     """A canonical message as Responses items (records the kinds of its calls in ``kinds``)."""
     meta = msg.get(META_KEY)
     if isinstance(meta, Mapping) and isinstance(meta.get("opaque"), list):
@@ -618,6 +637,27 @@ def _items_of(msg: Mapping[str, Any], kinds: dict[str, str]) -> list[Any]:
     return out
 
 
+def _write(body: Mapping[str, Any], messages: Sequence[Message], items_of: Callable[[Message, dict[str, str]], list[Any]]) -> dict[str, Any]:
+    """``body`` with ``messages`` as its ``instructions`` and ``input`` (see the module docstring)."""
+    out = dict(body)
+    items: list[Any] = []
+    kinds: dict[str, str] = {}
+    string: str | None = None
+    for m in messages:
+        meta = m.get(META_KEY)
+        if isinstance(meta, Mapping) and meta.get("instructions"):
+            content = m.get("content")
+            out["instructions"] = content if isinstance(content, str) else content_text(content)
+            continue
+        if isinstance(meta, Mapping) and meta.get("string") and isinstance(m.get("content"), str):
+            string = m["content"]
+            items.append({"role": "user", "content": string})
+            continue
+        items.extend(items_of(m, kinds))
+    out["input"] = string if string is not None and len(items) == 1 else items
+    return out
+
+
 # -- the Api ----------------------------------------------------------------------------------
 
 
@@ -661,34 +701,13 @@ class _Responses(Api):
         return None
 
     def messages(self, body: Mapping[str, Any]) -> list[Message]:
-        items = _checked(body)
-        out: list[Message] = []
-        instructions = body.get("instructions")
-        if isinstance(instructions, str):
-            out.append({"role": "system", "content": instructions, META_KEY: {"instructions": True}})
-        if isinstance(body["input"], str):
-            out.append({"role": "user", "content": body["input"], META_KEY: {"string": True}})
-            return out
-        return out + _Builder().run(items)
+        """``instructions`` and ``input`` as canonical messages; :class:`InputError` names the
+        first malformed item. (:class:`ResponsesHistory` does the same turn after turn,
+        converting only what is new.)"""
+        return ResponsesHistory().messages(body)
 
     def with_messages(self, body: Mapping[str, Any], messages: Sequence[Message]) -> dict[str, Any]:
-        out = dict(body)
-        items: list[Any] = []
-        kinds: dict[str, str] = {}
-        string: str | None = None
-        for m in messages:
-            meta = m.get(META_KEY)
-            if isinstance(meta, Mapping) and meta.get("instructions"):
-                content = m.get("content")
-                out["instructions"] = content if isinstance(content, str) else content_text(content)
-                continue
-            if isinstance(meta, Mapping) and meta.get("string") and isinstance(m.get("content"), str):
-                string = m["content"]
-                items.append({"role": "user", "content": string})
-                continue
-            items.extend(_items_of(m, kinds))
-        out["input"] = string if string is not None and len(items) == 1 else items
-        return out
+        return _write(body, messages, _items_of)
 
     def tool_names(self, body: Mapping[str, Any]) -> set[str]:
         names: set[str] = set()
@@ -825,3 +844,82 @@ def session_hint(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | N
         if value:
             return value
     return None
+
+
+@dataclass
+class ResponsesHistory:
+    """One session's last request, converted: a client resends its whole history every turn,
+    so :meth:`messages` converts only the items after the part seen last turn (compared by
+    identity first, in C), and :meth:`with_messages` writes back only the messages it has not
+    written before. Results equal :data:`RESPONSES`' own, which uses a fresh one."""
+
+    items: list[Any] = field(default_factory=list)
+    body: list[Message] = field(default_factory=list)  # the messages of ``items``
+    segments: list[tuple[int, int, str]] = field(default_factory=list)  # see _Builder
+    system: tuple[Any, Message | None] = (None, None)  # the instructions and their message
+    # what with_messages wrote last, by the message's id (the message kept, so its id stays its
+    # own): the items, the call kind a tool message without the private key was written with
+    # (None: any), and the call kinds an assistant message recorded
+    written: dict[int, tuple[Message, list[Any], str | None, dict[str, str]]] = field(default_factory=dict)
+
+    def messages(self, body: Mapping[str, Any]) -> list[Message]:
+        source = body.get("input")
+        out: list[Message] = []
+        instructions = body.get("instructions")
+        if isinstance(instructions, str):
+            if self.system[1] is None or self.system[0] != instructions:
+                self.system = (instructions, {"role": "system", "content": instructions, META_KEY: {"instructions": True}})
+            assert self.system[1] is not None
+            out.append(self.system[1])
+        if isinstance(source, str):
+            out.append({"role": "user", "content": source, META_KEY: {"string": True}})
+            return out
+        if not isinstance(source, list):
+            raise InputError(f"'input' must be a string or a list of items, not {type(source).__name__}")
+        prev = self.items
+        n = len(prev)
+        if not (n <= len(source) and prev == source[:n]):
+            n = 0
+            for a, b in zip(source, prev, strict=False):
+                if a is not b and a != b:
+                    break
+                n += 1
+        # the segments that ended before the shared part does are converted as they were, and
+        # the one that ended with it unless the next item would have continued it
+        ends = [seg[0] for seg in self.segments]
+        keep = bisect.bisect_left(ends, n)
+        if keep < len(self.segments) and ends[keep] == n and (n == len(source) or not _continues(self.segments[keep][2], source[n])):
+            keep += 1
+        segments = self.segments[:keep]
+        start, msg_end = segments[-1][:2] if segments else (0, 0)
+        for i in range(start, len(source)):
+            problem = _item_problem(source[i])
+            if problem:
+                raise InputError(f"input[{i}]: {problem}")
+        builder = _Builder(self.body[:msg_end], segments)
+        builder.run(source, start)
+        self.items, self.body, self.segments = list(source), builder.out, builder.segments
+        return out + builder.out
+
+    def with_messages(self, body: Mapping[str, Any], messages: Sequence[Message]) -> dict[str, Any]:
+        """:meth:`RESPONSES.with_messages <Api.with_messages>`, reusing the items of every
+        message written last time."""
+        memo = self.written
+        fresh: dict[int, tuple[Message, list[Any], str | None, dict[str, str]]] = {}
+
+        def items_of(m: Message, kinds: dict[str, str]) -> list[Any]:
+            hit = memo.get(id(m))
+            read = kinds.get(str(m.get("tool_call_id"))) if m.get("role") == "tool" and META_KEY not in m else None
+            if hit is not None and hit[0] is m and hit[2] == read:
+                kinds.update(hit[3])
+                fresh[id(m)] = hit
+                return hit[1]
+            items = _items_of(m, kinds)
+            ids = (str(c.get("id", "")) for c in m.get("tool_calls") or [] if isinstance(c, Mapping))
+            recorded = {cid: kinds[cid] for cid in ids if cid in kinds}
+            fresh[id(m)] = (m, items, read, recorded)
+            return items
+
+        out = _write(body, messages, items_of)
+        self.written = fresh
+        return out
