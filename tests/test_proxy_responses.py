@@ -30,7 +30,7 @@ from ctxengine.proxy.responses import (
 )
 from ctxengine.proxy.streams import Event, EventSplitter, ResponsesStream
 
-PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 def roundtrip(body: dict[str, Any]) -> dict[str, Any]:
@@ -735,3 +735,32 @@ def test_a_resent_history_keeps_its_message_objects() -> None:
     assert second[-1] == {"role": "user", "content": "and now?"}
     with pytest.raises(ValueError, match=r"input\[7\]"):
         history.messages({**grown, "input": [*grown["input"], {"type": "function_call", "name": 3}]})
+
+
+def canonical(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The fields engines read, without opaque messages (their items may ride on a neighbour
+    once the messages between them are gone)."""
+    return [{k: v for k, v in m.items() if k != META_KEY} for m in msgs if "opaque" not in (m.get(META_KEY) or {})]
+
+
+@PROPERTY
+@given(bodies(conversation()), st.data())
+def test_what_an_engine_writes_is_what_the_provider_reads(body: dict[str, Any], data: st.DataObject) -> None:
+    msgs = RESPONSES.messages(body)
+    edited: list[dict[str, Any]] = []
+    for m in msgs:
+        json_output = any(e[0] == "j" for e in (m.get(META_KEY) or {}).get("items", []))
+        how = data.draw(st.sampled_from(["keep", "keep", "edit", "drop"]))
+        if how == "edit" and m["role"] == "tool" and not json_output:
+            m = {**m, "content": "[cut] " + str(m["content"])[:5]}
+        elif how == "edit" and m["role"] == "assistant":
+            calls = [{**c, "function": {**c["function"], "arguments": "{}"}} for c in m.get("tool_calls") or []]
+            m = {**m, "content": "[edited]", **({"tool_calls": calls} if calls else {})}
+        elif how == "drop" and m["role"] == "user" and m.get("content") is not None:
+            continue  # an engine may summarise user turns away too
+        edited.append(m)
+    written = RESPONSES.with_messages(body, edited)
+    assert all(META_KEY not in i for i in written["input"] if isinstance(i, dict))
+    again = RESPONSES.messages(written)
+    assert errors(again) == []
+    assert canonical(again) == canonical(edited)

@@ -608,9 +608,9 @@ def _items_of(msg: Message, kinds: dict[str, str]) -> list[Any]:
     if c_slots and shares is None:  # the engine changed the text's shape: all of it in the first
         shares = [content] + [None] * (len(c_slots) - 1)
     texts = iter(shares or [])
-    placed_text = bool(c_slots)
     out = []
     used: set[str] = set()
+    first_call = -1
     for entry in entries:
         slot, template = entry[0], entry[1]
         if slot == "c":
@@ -620,21 +620,31 @@ def _items_of(msg: Message, kinds: dict[str, str]) -> list[Any]:
         elif slot == "t":
             cid = str(template.get("call_id"))
             if cid in calls and cid not in used:
-                if not placed_text and content not in (None, "", []):
-                    out.append({"type": "message", "role": "assistant", "content": _parts(content, True)})
-                    placed_text = True
+                first_call = len(out) if first_call < 0 else first_call
                 out.append(_rebuilt_call(template, calls[cid]))
                 used.add(cid)
                 kinds[cid] = template["type"]
         else:
             out.append(template)
-    if not placed_text and content not in (None, "", []):
-        out.append({"type": "message", "role": "assistant", "content": _parts(content, True)})
-    for cid, call in calls.items():
-        if cid not in used:  # a call the engine added
-            out.append(_call_item(call))
-            kinds[cid] = "function_call"
+    # text or calls the engine added go after the turn's last model-side item (before the items
+    # riding after it), the text before the first call
+    if not c_slots and content not in (None, "", []):
+        text = {"type": "message", "role": "assistant", "content": _parts(content, True)}
+        out.insert(first_call if first_call >= 0 else _after_model_side(out), text)
+    added = [c for cid, c in calls.items() if cid not in used]
+    if added:
+        at = _after_model_side(out)
+        out[at:at] = [_call_item(c) for c in added]
+        for c in added:
+            kinds[str(c.get("id"))] = "function_call"
     return out
+
+
+def _after_model_side(items: Sequence[Any]) -> int:
+    for at in range(len(items) - 1, -1, -1):
+        if isinstance(items[at], dict) and _model_side(items[at]):
+            return at + 1
+    return 0
 
 
 def _write(body: Mapping[str, Any], messages: Sequence[Message], items_of: Callable[[Message, dict[str, str]], list[Any]]) -> dict[str, Any]:
