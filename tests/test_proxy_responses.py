@@ -764,3 +764,31 @@ def test_what_an_engine_writes_is_what_the_provider_reads(body: dict[str, Any], 
     again = RESPONSES.messages(written)
     assert errors(again) == []
     assert canonical(again) == canonical(edited)
+
+
+def test_a_reasoning_item_goes_with_the_last_of_the_calls_it_preceded() -> None:
+    items = [
+        {"role": "user", "content": "go"},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "A"},
+        {"type": "function_call", "call_id": "a", "name": "f", "arguments": "{}"},
+        {"type": "reasoning", "id": "rs_2", "summary": [], "encrypted_content": "B"},
+        {"type": "function_call", "call_id": "b", "name": "g", "arguments": "{}"},
+        {"type": "function_call", "call_id": "c", "name": "h", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "a", "output": "A"},
+        {"type": "function_call_output", "call_id": "b", "output": "B"},
+        {"type": "function_call_output", "call_id": "c", "output": "C"},
+    ]
+    body = {"model": "m", "input": items}
+    msgs = RESPONSES.messages(body)
+
+    def without(ids: set[str]) -> list[Any]:
+        kept = [
+            {**m, "tool_calls": [c for c in m["tool_calls"] if c["id"] not in ids]} if m.get("tool_calls") else m
+            for m in msgs
+            if m.get("tool_call_id") not in ids
+        ]
+        return [i.get("id") or i.get("call_id") for i in RESPONSES.with_messages(body, kept)["input"][1:]]
+
+    assert without({"a"}) == ["rs_2", "b", "c", "b", "c"]  # rs_1 preceded only the removed call
+    assert without({"b"}) == ["rs_1", "a", "rs_2", "c", "a", "c"]  # rs_2 still precedes c
+    assert without({"b", "c"}) == ["rs_1", "a", "a"]

@@ -610,26 +610,39 @@ def _items_of(msg: Message, kinds: dict[str, str]) -> list[Any]:
     texts = iter(shares or [])
     out = []
     used: set[str] = set()
-    first_call = -1
+    # per reasoning item: its place in ``out``, and how many of the text and call items after
+    # it (up to the next one) were kept and removed. A reasoning item whose items the engine
+    # all removed goes too: the API rejects one "without its required following item".
+    reasoning: list[list[int]] = []
     for entry in entries:
         slot, template = entry[0], entry[1]
         if slot == "c":
             share = next(texts)
             if share is not None:  # None: the engine removed this item's text
                 out.append({**template, "content": _parts(share, True)})
+            if reasoning:
+                reasoning[-1][1 if share is not None else 2] += 1
         elif slot == "t":
             cid = str(template.get("call_id"))
-            if cid in calls and cid not in used:
-                first_call = len(out) if first_call < 0 else first_call
+            kept = cid in calls and cid not in used
+            if kept:
                 out.append(_rebuilt_call(template, calls[cid]))
                 used.add(cid)
                 kinds[cid] = template["type"]
+            if reasoning:
+                reasoning[-1][1 if kept else 2] += 1
         else:
+            if template.get("type") == "reasoning":
+                reasoning.append([len(out), 0, 0])
             out.append(template)
+    orphans = {at for at, kept, removed in reasoning if removed and not kept}
+    if orphans:
+        out = [item for at, item in enumerate(out) if at not in orphans]
     # text or calls the engine added go after the turn's last model-side item (before the items
     # riding after it), the text before the first call
     if not c_slots and content not in (None, "", []):
         text = {"type": "message", "role": "assistant", "content": _parts(content, True)}
+        first_call = next((at for at, item in enumerate(out) if item.get("type") in _CALLS and str(item.get("call_id")) in used), -1)
         out.insert(first_call if first_call >= 0 else _after_model_side(out), text)
     added = [c for cid, c in calls.items() if cid not in used]
     if added:
