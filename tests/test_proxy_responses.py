@@ -494,7 +494,7 @@ def test_problems_name_the_index_and_what_is_wrong() -> None:
     assert RESPONSES.problem({"input": "x"}) == "'model' is required and must be a string"
     assert RESPONSES.problem({"model": "m", "input": 3}) == "'input' must be a string or a list of items, not int"
     assert RESPONSES.problem({"model": "m", "input": [{"role": "user", "content": "a"}, 5]}) == "input[1]: must be an object, not int"
-    assert "input[0]: a function_call item needs a string 'call_id'" == RESPONSES.problem({"model": "m", "input": [{"type": "function_call", "name": "f", "arguments": "{}"}]})
+    assert RESPONSES.problem({"model": "m", "input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}) == "input[0]: a function_call item needs a string 'call_id'"
     assert "role" in str(RESPONSES.problem({"model": "m", "input": [{"role": "robot", "content": "a"}]}))
     assert "'output'" in str(RESPONSES.problem({"model": "m", "input": [{"type": "function_call_output", "call_id": "c", "output": 3}]}))
     assert RESPONSES.problem({"model": "m", "input": [], "instructions": 4}) == "'instructions' must be a string, not int"
@@ -792,3 +792,24 @@ def test_a_reasoning_item_goes_with_the_last_of_the_calls_it_preceded() -> None:
     assert without({"a"}) == ["rs_2", "b", "c", "b", "c"]  # rs_1 preceded only the removed call
     assert without({"b"}) == ["rs_1", "a", "rs_2", "c", "a", "c"]  # rs_2 still precedes c
     assert without({"b", "c"}) == ["rs_1", "a", "a"]
+
+
+def test_a_stream_without_engine_calls_keeps_its_bytes_when_engine_tools_were_added() -> None:
+    events = [
+        {"type": "response.created", "response": response_obj("resp_1", "in_progress", [])},
+        {"type": "response.output_item.added", "output_index": 0, "item": {"type": "reasoning", "id": "rs_1", "summary": []}},
+        {"type": "response.reasoning_summary_part.added", "item_id": "rs_1", "output_index": 0, "summary_index": 0, "part": {"type": "summary_text", "text": ""}},
+        {"type": "response.reasoning_summary_text.delta", "item_id": "rs_1", "output_index": 0, "summary_index": 0, "delta": "Thinking"},
+        {"type": "response.output_item.done", "output_index": 0, "item": {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Thinking"}]}},
+        *text_events(1, "msg_1", "Hi"),
+        *call_events(2, "fc_1", "call_1", "shell", '{"command":["ls"]}'),
+        {"type": "response.completed", "response": response_obj("resp_1", "completed", [{"type": "message"}], USAGE)},
+    ]
+    raw = sse(events)
+    tracker = ResponsesStream(engine_tools=frozenset({"ctx_grep"}))
+    relayed = b""
+    for event in EventSplitter().feed(raw):
+        tracker.feed(event)
+        relayed += tracker.visible(event) or b""
+    assert relayed == raw
+    assert tracker.calls() == [("call_1", "shell", {"command": ["ls"]})] and not tracker.engine_calls_only()

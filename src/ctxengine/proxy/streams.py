@@ -450,10 +450,10 @@ class ResponsesStream(StreamTracker):
         if kind in _RESPONSE_END:
             if self.engine_tools and self.engine_calls_only():
                 return None
-            out = dict(data)
+            out = data
             resp = data.get("response")
-            if isinstance(resp, dict) and (self.engine_items or self.earlier_output or any(self._is_engine(i) for i in self.items)):
-                out["response"] = {**resp, "output": self._final_output(resp)}
+            if isinstance(resp, dict) and (self.earlier_output or any(self._is_engine(i) for i in self.items)):
+                out = {**data, "response": {**resp, "output": self._final_output(resp)}}
             return self._renumbered(out, event, kind)
         idx = data.get("output_index")
         if isinstance(idx, int) and self._is_engine(idx):
