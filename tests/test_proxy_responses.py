@@ -183,8 +183,9 @@ def conversation(draw: st.DrawFn) -> list[dict[str, Any]]:
             outputs = [draw(answer(c)) for c in calls if draw(st.integers(0, 9)) > 0]  # sometimes unanswered
             if draw(st.integers(0, 9)) == 0:
                 outputs.append({"type": "function_call_output", "call_id": "call_orphan", "output": "lost"})
-            outputs = draw(st.permutations(outputs))
-            if outputs and draw(st.booleans()):
+            outputs = list(draw(st.permutations(outputs)))
+            interleave = draw(st.booleans())
+            if outputs and interleave:
                 outputs = [*outputs[:1], draw(opaque), *outputs[1:]]
             items += turn + list(outputs)
     return items
@@ -509,7 +510,7 @@ def test_requests_with_server_side_history_pass_through() -> None:
 
 
 def test_tools_are_flat_and_not_strict() -> None:
-    engine_tool = {"type": "function", "function": {"name": "ctx_grep", "description": "search", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}
+    engine_tool: dict[str, Any] = {"type": "function", "function": {"name": "ctx_grep", "description": "search", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}
     body = {"model": "m", "input": "x", "tools": [{"type": "function", "name": "shell", "parameters": {}}, {"type": "custom", "name": "apply_patch"}, {"type": "web_search"}]}
     assert RESPONSES.tool_names(body) == {"shell", "apply_patch"}
     out = RESPONSES.with_tools(body, [engine_tool])
@@ -517,7 +518,7 @@ def test_tools_are_flat_and_not_strict() -> None:
     assert body["tools"] == out["tools"][:3] and len(body["tools"]) == 3
 
 
-RESPONSE = {
+RESPONSE: dict[str, Any] = {
     "id": "resp_1",
     "object": "response",
     "status": "completed",
@@ -645,7 +646,7 @@ def test_a_plain_stream_is_relayed_as_is_and_its_usage_read() -> None:
 
 def test_engine_calls_are_hidden_and_the_follow_up_round_continues_the_stream() -> None:
     tools = frozenset({"ctx_grep"})
-    round1 = [
+    round1: list[dict[str, Any]] = [
         {"type": "response.created", "response": response_obj("resp_1", "in_progress", [])},
         {"type": "response.in_progress", "response": response_obj("resp_1", "in_progress", [])},
         {"type": "response.output_item.added", "output_index": 0, "item": {"type": "reasoning", "id": "rs_1", "summary": []}},
@@ -795,7 +796,7 @@ def test_a_reasoning_item_goes_with_the_last_of_the_calls_it_preceded() -> None:
 
 
 def test_a_stream_without_engine_calls_keeps_its_bytes_when_engine_tools_were_added() -> None:
-    events = [
+    events: list[dict[str, Any]] = [
         {"type": "response.created", "response": response_obj("resp_1", "in_progress", [])},
         {"type": "response.output_item.added", "output_index": 0, "item": {"type": "reasoning", "id": "rs_1", "summary": []}},
         {"type": "response.reasoning_summary_part.added", "item_id": "rs_1", "output_index": 0, "summary_index": 0, "part": {"type": "summary_text", "text": ""}},
