@@ -814,3 +814,14 @@ def test_a_stream_without_engine_calls_keeps_its_bytes_when_engine_tools_were_ad
         relayed += tracker.visible(event) or b""
     assert relayed == raw
     assert tracker.calls() == [("call_1", "shell", {"command": ["ls"]})] and not tracker.engine_calls_only()
+
+
+@PROPERTY
+@given(bodies(conversation()))
+def test_an_uncompacted_reply_stands_for_the_whole_history_but_what_the_client_resends(body: dict[str, Any]) -> None:
+    reply = compact_reply(body, compact_input(body))
+    later = {"model": "m", "input": [*reply["output"], {"role": "user", "content": "next"}]}
+    written = RESPONSES.with_messages(later, RESPONSES.messages(later))["input"]
+    resent = [i for i in body["input"] if i.get("type") in (None, "message") and i["role"] in ("system", "developer")]
+    expected = [i for i in body["input"] if not any(i is r for r in resent)]
+    assert orjson.dumps(written) == orjson.dumps([*expected, {"role": "user", "content": "next"}])
