@@ -269,13 +269,22 @@ def _pairable(item: Mapping[str, Any]) -> bool:
     return item.get("type") in _CALLS and isinstance(item.get("call_id"), str) and bool(item["call_id"])
 
 
-def _model_side(item: Mapping[str, Any]) -> bool:
+_MESSAGE, _MODEL, _ANSWER_ITEM, _OPAQUE, _OURS = "u", "m", "a", "o", "c"
+
+
+def _code(item: Any) -> str:
+    """Which part an item plays: a message item (not the model's), model-side, an output
+    answering a call, one of our compaction items, or opaque (everything else)."""
     kind = item.get("type")
     if kind is None or kind == "message":
-        return item.get("role") == "assistant"
+        return _MODEL if item.get("role") == "assistant" else _MESSAGE
     if kind in _CALLS or kind in _SERVER_ITEMS:
-        return True
-    return isinstance(kind, str) and kind.endswith("_call") and not _is_ours(item)
+        return _MODEL
+    if kind in _OUTPUTS:
+        return _ANSWER_ITEM if isinstance(item.get("call_id"), str) else _OPAQUE
+    if _is_ours(item):
+        return _OURS
+    return _MODEL if isinstance(kind, str) and kind.endswith("_call") else _OPAQUE
 
 
 def _answer(item: Mapping[str, Any]) -> bool:
@@ -295,27 +304,29 @@ class _Builder:
 
     def run(self, items: Sequence[Any], start: int = 0) -> list[Message]:
         n = len(items)
+        codes = [_code(item) for item in items[start:]]
+        codes[:0] = [""] * start
         i = start
         while i < n:
-            item = items[i]
-            if _model_side(item):
+            code = codes[i]
+            if code == _MODEL:
                 j = i
-                while j < n and (_model_side(items[j]) or _opaque(items[j])):
+                while j < n and codes[j] in (_MODEL, _OPAQUE):
                     j += 1
                 k = j
-                while k < n and (_answer(items[k]) or _opaque(items[k])):
+                while k < n and codes[k] in (_ANSWER_ITEM, _OPAQUE):
                     k += 1
                 self._turn(items[i:j], items[j:k])
                 i, follow = k, ("answers" if k > j else "turn")
-            elif item.get("type") in (None, "message"):
-                self._message(item)
+            elif code == _MESSAGE:
+                self._message(items[i])
                 i, follow = i + 1, ""
-            elif _is_ours(item):
-                self.out.extend(decode_compaction(item["encrypted_content"]))
+            elif code == _OURS:
+                self.out.extend(decode_compaction(items[i]["encrypted_content"]))
                 i, follow = i + 1, ""
             else:  # outputs without their call, items with no chat counterpart: one opaque message
                 j = i + 1
-                while j < n and not _model_side(items[j]) and items[j].get("type") not in (None, "message") and not _is_ours(items[j]):
+                while j < n and codes[j] in (_OPAQUE, _ANSWER_ITEM):
                     j += 1
                 self.out.append({"role": "user", "content": None, META_KEY: {"opaque": list(items[i:j])}})
                 i, follow = j, "opaque"
@@ -396,24 +407,12 @@ def _continues(follow: str, item: Any) -> bool:
     """Whether ``item`` would have continued a segment that ``follow`` describes (_Builder)."""
     if not isinstance(item, dict):
         return False
+    code = _code(item)
     if follow == "turn":
-        return _model_side(item) or _opaque(item) or _answer(item)
-    if follow == "answers":
-        return _answer(item) or _opaque(item)
-    if follow == "opaque":
-        return not _model_side(item) and item.get("type") not in (None, "message") and not _is_ours(item)
+        return code in (_MODEL, _OPAQUE, _ANSWER_ITEM)
+    if follow in ("answers", "opaque"):
+        return code in (_ANSWER_ITEM, _OPAQUE)
     return False
-
-
-def _opaque(item: Any) -> bool:
-    """An item that rides along inside a turn: not a message, not model-side, not an output,
-    not ours."""
-    if not isinstance(item, dict):
-        return False
-    kind = item.get("type")
-    if kind is None or kind == "message" or _is_ours(item):
-        return False
-    return not _model_side(item) and not _answer(item)
 
 
 def _entries_for(msg: Message, kinds: Mapping[str, str]) -> list[list[Any]]:
@@ -655,7 +654,7 @@ def _items_of(msg: Message, kinds: dict[str, str]) -> list[Any]:
 
 def _after_model_side(items: Sequence[Any]) -> int:
     for at in range(len(items) - 1, -1, -1):
-        if isinstance(items[at], dict) and _model_side(items[at]):
+        if isinstance(items[at], dict) and _code(items[at]) == _MODEL:
             return at + 1
     return 0
 
