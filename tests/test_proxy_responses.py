@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ctxengine.engine import normalize_usage
-from ctxengine.messages import validate
+from ctxengine.messages import content_text, validate
 from ctxengine.proxy.apis import ToolCall
 from ctxengine.proxy.responses import (
     COMPACTION_PREFIX,
@@ -357,7 +357,8 @@ def test_edited_arguments_and_text_keep_the_reasoning_in_place() -> None:
     shorter = edit(msgs, last, lambda m: {**m, "content": "Green."})
     out = RESPONSES.with_messages(body, shorter)["input"]
     assert out[4]["encrypted_content"] == "ENC2"
-    assert out[5] == {"type": "message", "role": "assistant", "content": "Green.", "phase": "final_answer"}
+    # the item had a list of parts: the engine's string becomes one part
+    assert out[5] == {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Green.", "annotations": []}], "phase": "final_answer"}
 
 
 def test_engine_made_messages_are_written_from_their_fields() -> None:
@@ -739,9 +740,14 @@ def test_a_resent_history_keeps_its_message_objects() -> None:
 
 
 def canonical(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The fields engines read, without opaque messages (their items may ride on a neighbour
-    once the messages between them are gone)."""
-    return [{k: v for k, v in m.items() if k != META_KEY} for m in msgs if "opaque" not in (m.get(META_KEY) or {})]
+    """The fields engines read (content as its text: a string written into an item whose
+    content was a list comes back as one part), without opaque messages (their items may ride
+    on a neighbour once the messages between them are gone)."""
+    return [
+        {k: (content_text(v) if k == "content" else v) for k, v in m.items() if k != META_KEY}
+        for m in msgs
+        if "opaque" not in (m.get(META_KEY) or {})
+    ]
 
 
 @PROPERTY
@@ -825,3 +831,13 @@ def test_an_uncompacted_reply_stands_for_the_whole_history_but_what_the_client_r
     resent = [i for i in body["input"] if i.get("type") in (None, "message") and i["role"] in ("system", "developer")]
     expected = [i for i in body["input"] if not any(i is r for r in resent)]
     assert orjson.dumps(written) == orjson.dumps([*expected, {"role": "user", "content": "next"}])
+
+
+def test_a_string_written_into_an_item_that_had_parts_becomes_one_part() -> None:
+    body = codex_turn()
+    msgs = RESPONSES.messages(body)
+    out = RESPONSES.with_messages(body, edit(msgs, 1, lambda m: {**m, "content": "run the tests, quickly"}))
+    assert out["input"][0] == {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "run the tests, quickly"}]}
+    plain = {"model": "m", "input": [{"role": "user", "content": "hi"}]}
+    msgs = RESPONSES.messages(plain)
+    assert RESPONSES.with_messages(plain, edit(msgs, 0, lambda m: {**m, "content": "hello"}))["input"] == [{"role": "user", "content": "hello"}]

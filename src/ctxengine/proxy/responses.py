@@ -335,7 +335,7 @@ class _Builder:
 
     def _message(self, item: dict[str, Any]) -> None:
         msg: Message = {"role": item["role"], "content": item["content"]}
-        self._finish(msg, [["c", _template(item, ("content",))]], [item])
+        self._finish(msg, [["c", _template(item, ("content",)), _size(item["content"])]], [item])
 
     def _turn(self, turn: Sequence[dict[str, Any]], answers: Sequence[dict[str, Any]]) -> None:
         # which calls the outputs answer: the first output for each call id of the turn
@@ -361,20 +361,18 @@ class _Builder:
                 entries.append(["t", template])
             elif (kind is None or kind == "message") and item.get("role") == "assistant":
                 texts.append((len(entries), item["content"]))
-                entries.append(["c", _template(item, ("content",))])
+                entries.append(["c", _template(item, ("content",)), _size(item["content"])])
             else:
                 entries.append(["v", item])
         if len(texts) == 1:
             content: Any = texts[0][1]
         elif texts:
             content = []
-            for at, value in texts:
+            for _, value in texts:
                 if isinstance(value, str):
                     content.append({"type": "output_text", "text": value})
-                    entries[at].append(-1)
                 else:
                     content.extend(value)
-                    entries[at].append(len(value))
         else:
             content = None
         msg: Message = {"role": "assistant", "content": content}
@@ -421,7 +419,7 @@ def _entries_for(msg: Message, kinds: Mapping[str, str]) -> list[list[Any]]:
     for item in _default_items(msg, kinds):
         kind = item.get("type")
         if kind == "message" or kind is None:
-            out.append(["c", _template(item, ("content",))])
+            out.append(["c", _template(item, ("content",)), _size(item["content"])])
         elif kind in _CALLS:
             out.append(["t", _call_parts(item)[1]])
         elif kind in _OUTPUTS:
@@ -598,11 +596,11 @@ def _items_of(msg: Message, kinds: dict[str, str]) -> list[Any]:
         out = []
         for entry in entries:
             slot, template = entry[0], entry[1]
-            out.append({**template, "content": "" if content is None else _parts(content, False)} if slot == "c" else template)
+            out.append({**template, "content": _as_shaped(content, entry, False)} if slot == "c" else template)
         return out
     calls = {str(c.get("id")): c for c in msg.get("tool_calls") or [] if isinstance(c, Mapping)}
     c_slots = [e for e in entries if e[0] == "c"]
-    sizes = [e[2] if len(e) > 2 else 0 for e in c_slots]
+    sizes = [e[2] for e in c_slots]
     shares = [content] if len(c_slots) == 1 else _split(content, sizes) if c_slots else None
     if c_slots and shares is None:  # the engine changed the text's shape: all of it in the first
         shares = [content] + [None] * (len(c_slots) - 1)
@@ -618,7 +616,7 @@ def _items_of(msg: Message, kinds: dict[str, str]) -> list[Any]:
         if slot == "c":
             share = next(texts)
             if share is not None:  # None: the engine removed this item's text
-                out.append({**template, "content": _parts(share, True)})
+                out.append({**template, "content": _as_shaped(share, entry, True)})
             if reasoning:
                 reasoning[-1][1 if share is not None else 2] += 1
         elif slot == "t":
@@ -650,6 +648,23 @@ def _items_of(msg: Message, kinds: dict[str, str]) -> list[Any]:
         for c in added:
             kinds[str(c.get("id"))] = "function_call"
     return out
+
+
+def _size(content: Any) -> int:
+    """How a message item's content was shaped: -1 a string, else its number of parts."""
+    return len(content) if isinstance(content, list) else -1
+
+
+def _as_shaped(content: Any, entry: Sequence[Any], assistant: bool) -> Any:
+    """``content`` for a message item whose content was a list (``entry[2] >= 0``): an engine's
+    string becomes one text part (an item with an ``id`` or ``status`` takes no string)."""
+    if content is None:
+        content = ""
+    if isinstance(content, str) and entry[2] >= 0:
+        if assistant:
+            return [{"type": "output_text", "text": content, "annotations": []}]
+        return [{"type": "input_text", "text": content}]
+    return _parts(content, assistant)
 
 
 def _after_model_side(items: Sequence[Any]) -> int:
