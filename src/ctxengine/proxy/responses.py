@@ -64,6 +64,7 @@ __all__ = [
     "COMPACTION_PREFIX",
     "META_KEY",
     "RESPONSES",
+    "ResponsesApi",
     "ResponsesHistory",
     "compact_input",
     "compact_reply",
@@ -698,7 +699,10 @@ def _write(body: Mapping[str, Any], messages: Sequence[Message], items_of: Calla
 # -- the Api ----------------------------------------------------------------------------------
 
 
-class _Responses(Api):
+class ResponsesApi(Api):
+    """The Responses API's adapter (:data:`RESPONSES`); beyond :class:`Api` it says which
+    requests must pass through unchanged (:meth:`passthrough_reason`)."""
+
     name = "responses"
     _TYPES: ClassVar[dict[int, str]] = {400: "invalid_request_error", 401: "invalid_api_key", 404: "not_found", 413: "invalid_request_error", 500: "server_error", 502: "server_error"}
 
@@ -822,7 +826,7 @@ class _Responses(Api):
         return {"error": {"message": message, "type": etype, "param": None, "code": etype}}
 
 
-RESPONSES: _Responses = _Responses()
+RESPONSES: ResponsesApi = ResponsesApi()
 
 
 # -- remote compaction ------------------------------------------------------------------------
