@@ -508,6 +508,10 @@ def test_requests_with_server_side_history_pass_through() -> None:
     assert RESPONSES.passthrough_reason({"model": "m", "prompt": {"id": "pmpt_1"}}) == "no input"
     assert RESPONSES.passthrough_reason({"model": "m", "input": "hi", "store": True}) is None
     assert RESPONSES.problem({"model": "m", "previous_response_id": "resp_1"}) is None
+    with pytest.raises(ValueError, match="previous_response_id"):
+        compact_input({"model": "m", "input": [], "previous_response_id": "resp_1"})
+    with pytest.raises(ValueError, match=r"input\[0\]"):
+        compact_input({"model": "m", "input": [7]})
 
 
 def test_tools_are_flat_and_not_strict() -> None:

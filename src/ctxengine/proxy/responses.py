@@ -835,12 +835,14 @@ RESPONSES: ResponsesApi = ResponsesApi()
 def compact_input(body: Mapping[str, Any]) -> list[Message]:
     """The conversation a ``POST /v1/responses/compact`` body asks to compact (``instructions``
     + ``input``, as :meth:`RESPONSES.messages <Api.messages>` reads a request).
-    :class:`InputError` names what is wrong with a bad body."""
+    :class:`InputError` names what is wrong with a bad body, or says that its history is on
+    the server (``previous_response_id``, ``conversation``): such a body is forwarded."""
     problem = RESPONSES.problem(dict(body)) if isinstance(body, Mapping) else "the request body must be a JSON object"
     if problem:
         raise InputError(problem)
-    if body.get("input") is None:
-        raise InputError("'input' is required to compact (previous_response_id is not supported)")
+    reason = RESPONSES.passthrough_reason(body)
+    if reason is not None:
+        raise InputError(f"cannot compact this request here ({reason}); forward it")
     return RESPONSES.messages(body)
 
 
