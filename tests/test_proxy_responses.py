@@ -845,3 +845,37 @@ def test_a_string_written_into_an_item_that_had_parts_becomes_one_part() -> None
     plain = {"model": "m", "input": [{"role": "user", "content": "hi"}]}
     msgs = RESPONSES.messages(plain)
     assert RESPONSES.with_messages(plain, edit(msgs, 0, lambda m: {**m, "content": "hello"}))["input"] == [{"role": "user", "content": "hello"}]
+
+
+@pytest.mark.parametrize("engine", ["compressor", "rules"])
+def test_the_manager_compacts_a_codex_history_into_valid_responses_input(engine: str) -> None:
+    from ctxengine.config import Config
+    from ctxengine.manager import ContextManager
+
+    items: list[dict[str, Any]] = [
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "sandbox"}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "fix the failing test in src/app.py"}]},
+        {"type": "compaction", "encrypted_content": "theirs"},
+    ]
+    for n in range(40):
+        items += [
+            {"type": "reasoning", "summary": [], "encrypted_content": f"E{n}"},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": f"step {n}"}]},
+            {"type": "function_call", "name": "shell", "arguments": json.dumps({"command": ["cat", f"src/f{n}.py"]}), "call_id": f"c{n}"},
+            {"type": "function_call_output", "call_id": f"c{n}", "output": f"src/f{n}.py\nError: boom {n}\n" + "code line\n" * 200},
+        ]
+        if n % 10 == 9:
+            items.append({"role": "user", "content": f"continue {n}"})
+    body = {"model": "gpt-5", "instructions": "You are Codex.", "input": items, "store": False}
+    mgr = ContextManager(Config.model_validate({"context": {"engine": engine}}), model="gpt-5", context_length=16_000)
+    history = ResponsesHistory()
+    out = mgr.prepare(history.messages(body), session_id="s")
+    written = history.with_messages(body, out)
+    assert len(orjson.dumps(written)) < len(orjson.dumps(body)) / 2
+    w = written["input"]
+    assert errors(RESPONSES.messages(written)) == []
+    assert sorted(i["call_id"] for i in w if i.get("type") == "function_call") == sorted(i["call_id"] for i in w if i.get("type") == "function_call_output")
+    assert all(META_KEY not in i for i in w)
+    if engine == "rules":  # it never drops a user message; the compressor summarises old ones, opaque ones too
+        assert {"type": "compaction", "encrypted_content": "theirs"} in w
+    assert written["instructions"].startswith("You are Codex.") and w[-1] == items[-1]  # (the compressor adds a note)
