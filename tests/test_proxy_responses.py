@@ -467,10 +467,11 @@ def test_a_compaction_reply_expands_into_the_messages_it_stands_for() -> None:
 
 
 def test_developer_items_the_client_resends_stay_out_of_the_token() -> None:
-    body = {"model": "m", "input": [{"type": "message", "role": "developer", "content": "perm"}, {"role": "user", "content": "hi"}]}
+    body = {"model": "m", "instructions": "sys", "input": [{"type": "message", "role": "developer", "content": "perm"}, {"role": "user", "content": "hi"}]}
     msgs = compact_input(body)
     made_system = {"role": "system", "content": "[ctxengine:summary] kept"}
-    reply = compact_reply(body, [*msgs, made_system])
+    noted = {**msgs[0], "content": "sys\n[Note: compacted]"}  # the instructions, an engine's note added
+    reply = compact_reply(body, [noted, *msgs[1:], made_system])
     assert [m["content"] for m in decode_compaction(reply["output"][0]["encrypted_content"])] == ["hi", "[ctxengine:summary] kept"]
 
 

@@ -846,16 +846,24 @@ def compact_input(body: Mapping[str, Any]) -> list[Message]:
     return RESPONSES.messages(body)
 
 
+def _instructions(m: Mapping[str, Any]) -> bool:
+    """The message :meth:`RESPONSES.messages <Api.messages>` made of ``instructions`` (an engine
+    may have added to it)."""
+    meta = m.get(META_KEY)
+    return isinstance(meta, Mapping) and bool(meta.get("instructions"))
+
+
 def compact_reply(body: Mapping[str, Any], compacted: Sequence[Message], usage: Mapping[str, Any] | None = None, *, created_at: int | None = None) -> dict[str, Any]:
     """The ``response.compaction`` object answering ``body``: its ``output`` is one ctxengine
     compaction item standing for ``compacted`` (the engine's result for :func:`compact_input`),
-    without the instructions and the system/developer items the client sends afresh.
+    without the instructions (even with an engine's note added) and the system/developer items
+    the client sends afresh.
 
     ``usage``: the compaction's token counts in either provider's shape (zeros when None).
     ``created_at``: the Unix time to report (default: now).
     """
     resent = {orjson.dumps(m) for m in compact_input(body) if m.get("role") in ("system", "developer")}
-    kept = [m for m in compacted if m.get("role") not in ("system", "developer") or orjson.dumps(m) not in resent]
+    kept = [m for m in compacted if not _instructions(m) and (m.get("role") not in ("system", "developer") or orjson.dumps(m) not in resent)]
     token = encode_compaction(kept)
     digest = hashlib.sha256(token.encode("ascii")).hexdigest()[:32]
     u = normalize_usage(dict(usage) if usage else {})
