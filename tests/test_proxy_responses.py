@@ -880,3 +880,29 @@ def test_the_manager_compacts_a_codex_history_into_valid_responses_input(engine:
     if engine == "rules":  # it never drops a user message; the compressor summarises old ones, opaque ones too
         assert {"type": "compaction", "encrypted_content": "theirs"} in w
     assert written["instructions"].startswith("You are Codex.") and w[-1] == items[-1]  # (the compressor adds a note)
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-3, 3) | st.text(max_size=5), lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=6)
+fuzz_item = st.dictionaries(
+    st.sampled_from(["type", "role", "content", "call_id", "name", "arguments", "input", "output", "action", "id", "encrypted_content", "tools"]),
+    st.one_of(
+        st.sampled_from(["message", "function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output", "shell_call", "shell_call_output", "reasoning", "compaction", "user", "assistant", "developer", "c1", COMPACTION_PREFIX + "x"]),
+        json_values,
+    ),
+    max_size=6,
+)
+
+
+@PROPERTY
+@given(st.lists(st.one_of(fuzz_item, any_item, any_item, any_item, conversation().map(lambda c: c[0]), json_values), max_size=8))
+def test_any_input_is_named_as_a_problem_or_converts_losslessly(items: list[Any]) -> None:
+    body = {"model": "m", "input": items}
+    problem = RESPONSES.problem(body)
+    if problem is not None:
+        assert problem.startswith("input[")
+        with pytest.raises(ValueError, match=r"^input\["):
+            RESPONSES.messages(body)
+        return
+    msgs = RESPONSES.messages(body)
+    assert errors(msgs) == []
+    assert orjson.dumps(roundtrip(body)) == orjson.dumps(body)
