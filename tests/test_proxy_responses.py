@@ -550,7 +550,10 @@ def test_calls_followup_and_without_calls() -> None:
     ]
     assert body["input"] == "find it"
     shown = RESPONSES.without_calls(RESPONSE, {"ctx_grep"})
-    assert [i["type"] for i in shown["output"]] == ["reasoning", "reasoning"] and len(RESPONSE["output"]) == 3
+    # rs_2 went with the call after it (the API rejects a reasoning item without its following item)
+    assert [i["id"] for i in shown["output"]] == ["rs_1"] and len(RESPONSE["output"]) == 3
+    more = {"output": [*RESPONSE["output"][1:], {"type": "message", "id": "msg_1", "role": "assistant", "content": []}]}
+    assert [i["id"] for i in RESPONSES.without_calls(more, {"ctx_grep"})["output"]] == ["rs_2", "msg_1"]
     mixed = {"output": [*RESPONSE["output"], {"type": "custom_tool_call", "call_id": "c2", "name": "apply_patch", "input": "p"}]}
     assert [c.name for c in RESPONSES.calls(mixed)] == ["ctx_grep", "apply_patch"]  # not only the engine's
 
@@ -624,9 +627,8 @@ def run(tracker: ResponsesStream, raw: bytes, chunk: int = 17) -> list[dict[str,
     for event in events:
         tracker.feed(event)
         out = tracker.visible(event)
-        if out:
-            (again,) = EventSplitter().feed(out)
-            assert out.startswith(b"event: " + again.data["type"].encode() + b"\n")
+        for again in EventSplitter().feed(out or b""):
+            assert again.raw.startswith(b"event: " + again.data["type"].encode() + b"\n")
             shown.append(again.data)
     return shown
 
@@ -662,7 +664,8 @@ def test_engine_calls_are_hidden_and_the_follow_up_round_continues_the_stream() 
     ]
     first = ResponsesStream(engine_tools=tools)
     shown = run(first, sse(round1))
-    assert [e["type"] for e in shown] == ["response.created", "response.in_progress", "response.output_item.added", "response.output_item.done"]
+    # the reasoning item went with the engine's call that followed it
+    assert [e["type"] for e in shown] == ["response.created", "response.in_progress"]
     assert first.engine_calls_only() and first.usage == USAGE
     assert first.calls() == [("call_1", "ctx_grep", {"q": "TypeError"})]
     assistant = first.assistant_message()
@@ -681,10 +684,10 @@ def test_engine_calls_are_hidden_and_the_follow_up_round_continues_the_stream() 
     assert "response.created" not in [e["type"] for e in shown2]
     seqs = [e["sequence_number"] for e in shown + shown2]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
-    assert {e["output_index"] for e in shown2 if "output_index" in e} == {1, 2}  # after the reasoning item
+    assert {e["output_index"] for e in shown2 if "output_index" in e} == {0, 1}
     final = shown2[-1]
     assert final["type"] == "response.completed"
-    assert [i.get("id") for i in final["response"]["output"]] == ["rs_1", "msg_2", "fc_2"]
+    assert [i.get("id") for i in final["response"]["output"]] == ["msg_2", "fc_2"]
     assert not second.engine_calls_only()
 
 
@@ -906,3 +909,34 @@ def test_any_input_is_named_as_a_problem_or_converts_losslessly(items: list[Any]
     msgs = RESPONSES.messages(body)
     assert errors(msgs) == []
     assert orjson.dumps(roundtrip(body)) == orjson.dumps(body)
+
+
+def test_a_reasoning_item_is_shown_once_the_item_after_it_is_the_clients() -> None:
+    def reasoning_events(idx: int, rid: str) -> list[dict[str, Any]]:
+        return [
+            {"type": "response.output_item.added", "output_index": idx, "item": {"type": "reasoning", "id": rid, "summary": []}},
+            {"type": "response.reasoning_summary_text.delta", "item_id": rid, "output_index": idx, "summary_index": 0, "delta": "hm"},
+            {"type": "response.output_item.done", "output_index": idx, "item": {"type": "reasoning", "id": rid, "summary": [], "encrypted_content": "E"}},
+        ]
+
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": response_obj("resp_1", "in_progress", [])},
+        *reasoning_events(0, "rs_1"),
+        *call_events(1, "fc_1", "call_1", "ctx_grep", "{}"),
+        *reasoning_events(2, "rs_2"),
+        *text_events(3, "msg_1", "Here."),
+        *reasoning_events(4, "rs_3"),
+        *call_events(5, "fc_2", "call_2", "shell", "{}"),
+        {"type": "response.completed", "response": response_obj("resp_1", "completed", [{"type": "reasoning", "id": r} for r in ("rs_1", "rs_2", "rs_3")], USAGE)},
+    ]
+    tracker = ResponsesStream(engine_tools=frozenset({"ctx_grep"}))
+    shown = run(tracker, sse(events))
+    ids = [e.get("item_id") or (e.get("item") or {}).get("id") for e in shown[1:-1]]
+    assert "rs_1" not in ids and "fc_1" not in ids
+    assert ids[:3] == ["rs_2", "rs_2", "rs_2"] and ids[3] == "msg_1"  # held, then shown before the text
+    assert [e["output_index"] for e in shown[1:-1]] == sorted(e["output_index"] for e in shown[1:-1])
+    assert {e["output_index"] for e in shown[1:-1]} == {0, 1, 2, 3}
+    seqs = [e["sequence_number"] for e in shown]
+    assert seqs == sorted(seqs)
+    assert [i["id"] for i in shown[-1]["response"]["output"]] == ["rs_2", "rs_3"]
+    assert [i["id"] for i in tracker.visible_output()] == ["rs_2", "msg_1", "rs_3", "fc_2"]

@@ -809,10 +809,26 @@ class ResponsesApi(Api):
         return out
 
     def without_calls(self, response: Mapping[str, Any], names: set[str]) -> dict[str, Any]:
+        """``response`` without its calls to ``names``, and without a reasoning item all of
+        whose following items (up to the next reasoning item) were such calls: the API rejects
+        a reasoning item sent back "without its required following item"."""
+        items = list(response.get("output") or [])
+        gone = [isinstance(i, Mapping) and i.get("type") == "function_call" and i.get("name") in names for i in items]
+        kept = []
+        for at, item in enumerate(items):
+            if gone[at]:
+                continue
+            if isinstance(item, Mapping) and item.get("type") == "reasoning":
+                following = []
+                for j in range(at + 1, len(items)):
+                    if isinstance(items[j], Mapping) and items[j].get("type") == "reasoning":
+                        break
+                    following.append(gone[j])
+                if following and all(following):
+                    continue
+            kept.append(item)
         out = dict(response)
-        out["output"] = [
-            i for i in response.get("output") or [] if not (isinstance(i, Mapping) and i.get("type") == "function_call" and i.get("name") in names)
-        ]
+        out["output"] = kept
         return out
 
     def usage(self, response: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -359,6 +359,10 @@ class ResponsesStream(StreamTracker):
     ``response.created``/``in_progress`` again, continues the ``sequence_number`` past the
     last one shown, and its final event lists every item the client saw in all rounds.
 
+    A reasoning item is held back until the next item starts: the API rejects a reasoning item
+    sent back "without its required following item", so one followed by a call to the engine's
+    tools is hidden with it; otherwise its events are shown then, before the next item's.
+
     ``output_offset``: items the client saw in earlier rounds; ``sequence_offset``: added to
     this round's sequence numbers; ``earlier_output``: the items of the earlier rounds the
     client saw (the final event's ``response.output`` starts with them).
@@ -374,6 +378,10 @@ class ResponsesStream(StreamTracker):
     response: dict[str, Any] = field(default_factory=dict)
     status: str | None = None
     last_sequence: int = -1  # the highest sequence number of this round (offset applied)
+    pending: int | None = None  # output index of a reasoning item whose events are held
+    held: list[tuple[Event, dict[str, Any]]] = field(default_factory=list)
+    release: bool = False  # the held events go out before the current one
+    hidden: set[int] = field(default_factory=set)  # reasoning items hidden with the call after them
 
     def feed(self, event: Event) -> None:
         data = event.data
@@ -392,6 +400,8 @@ class ResponsesStream(StreamTracker):
                 self.status = resp.get("status") if isinstance(resp.get("status"), str) else self.status
             if kind in _RESPONSE_END:
                 self.finished = True
+                if self.pending is not None:
+                    self._decide(hide=self.engine_calls_only())
             return
         if kind == "error":
             self.status = "failed"
@@ -404,9 +414,13 @@ class ResponsesStream(StreamTracker):
             item = data.get("item")
             item = dict(item) if isinstance(item, dict) else {}
             self.items[idx] = item
+            if self.pending is not None and self.pending != idx:
+                self._decide(hide=self._names_engine(item))
             if self._names_engine(item):
                 if isinstance(item.get("id"), str):
                     self.engine_items.add(item["id"])
+            elif self.engine_tools and item.get("type") == "reasoning":
+                self.pending = idx
             elif idx not in self.client_index:
                 self.client_index[idx] = self.output_offset + len(self.client_index)
         elif kind == "response.output_item.done":
@@ -417,6 +431,17 @@ class ResponsesStream(StreamTracker):
             self.arguments.setdefault(idx, []).append(str(data.get("delta", "")))
         elif kind == "response.function_call_arguments.done" and isinstance(data.get("arguments"), str):
             self.arguments[idx] = [data["arguments"]]
+
+    def _decide(self, hide: bool) -> None:
+        """The held reasoning item goes with the engine's call after it, or is shown now."""
+        assert self.pending is not None
+        if hide:
+            self.hidden.add(self.pending)
+            self.held.clear()
+        else:
+            self.client_index[self.pending] = self.output_offset + len(self.client_index)
+            self.release = True
+        self.pending = None
 
     def _names_engine(self, item: dict[str, Any]) -> bool:
         return item.get("type") == "function_call" and item.get("name") in self.engine_tools
@@ -442,6 +467,18 @@ class ResponsesStream(StreamTracker):
         if not self.engine_tools and self.first_round:
             return event.raw
         data = event.data
+        if isinstance(data, dict) and self.pending is not None and data.get("output_index") == self.pending:
+            self.held.append((event, data))
+            return None
+        if self.release:
+            self.release = False
+            held, self.held = self.held, []
+            before = b"".join(self._shown(e, d) or b"" for e, d in held)
+            now = self._shown(event, data)
+            return before + (now or b"")
+        return self._shown(event, data)
+
+    def _shown(self, event: Event, data: Any) -> bytes | None:
         if not isinstance(data, dict):
             return event.raw
         kind = data.get("type")
@@ -452,11 +489,11 @@ class ResponsesStream(StreamTracker):
                 return None
             out = data
             resp = data.get("response")
-            if isinstance(resp, dict) and (self.earlier_output or any(self._is_engine(i) for i in self.items)):
+            if isinstance(resp, dict) and (self.earlier_output or self.hidden or any(self._is_engine(i) for i in self.items)):
                 out = {**data, "response": {**resp, "output": self._final_output(resp)}}
             return self._renumbered(out, event, kind)
         idx = data.get("output_index")
-        if isinstance(idx, int) and self._is_engine(idx):
+        if isinstance(idx, int) and (idx in self.hidden or self._is_engine(idx)):
             return None
         if data.get("item_id") in self.engine_items:
             return None
@@ -468,8 +505,11 @@ class ResponsesStream(StreamTracker):
         return self._renumbered(out, event, kind)
 
     def _final_output(self, resp: dict[str, Any]) -> list[Any]:
+        gone = {self.items[i].get("id") for i in self.hidden if self.items.get(i, {}).get("id")}
         mine = [
-            i for i in resp.get("output") or [] if not (isinstance(i, dict) and i.get("type") == "function_call" and i.get("name") in self.engine_tools)
+            i
+            for i in resp.get("output") or []
+            if not (isinstance(i, dict) and ((i.get("type") == "function_call" and i.get("name") in self.engine_tools) or (gone and i.get("id") in gone)))
         ]
         return [*self.earlier_output, *mine]
 
