@@ -29,7 +29,12 @@ blanked out (content, names, arguments, outputs), and the verbatim items riding 
 back fills the canonical fields into those templates, so an untouched message comes back
 byte for byte and a changed one (a cut output, elided arguments) changes only where the
 engine changed it. Messages an engine created (summaries, records) are written from their
-canonical fields. Messages whose default form is already exact carry no private key.
+canonical fields. Messages whose default form is already exact carry no private key. A
+``reasoning`` item whose following items an engine removed is left out too: the API rejects
+one sent back "without its required following item".
+
+:class:`ResponsesHistory` does the same per session, turn after turn, converting only the items
+a resent history adds.
 
 :func:`compact_input` and :func:`compact_reply` answer ``POST /v1/responses/compact`` (Codex's
 remote compaction) statelessly: the reply's compaction item carries the compacted messages
