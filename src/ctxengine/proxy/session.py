@@ -30,8 +30,10 @@ A derived id, and a client's id too, may be shared by several conversations: aid
 message is always the same example, ``claude -p`` twice with one prompt gives the same opening,
 a client's sub-agents and side requests (titles, summaries) come with its session id. Those are
 told apart by their histories (:class:`SessionRouter`): a request belongs to the conversation
-whose history it continues, and one that continues none starts a new conversation, never joins
-another one (see the router for the rules and for ids that survive a restart).
+whose history it continues (or retries), and one that continues none starts a new
+conversation, never joins another one; under a client's own conversation id, an edited turn and
+the client's rewrite of its history (its compaction: the same system prompt) stay in the
+session (see the router for the rules and for ids that survive a restart).
 :func:`routed` says which ids go through the router (all but a name the user gave).
 """
 
