@@ -257,12 +257,12 @@ def test_a_moved_marker_keeps_last_turns_conversion_and_converts_only_the_new_me
     for n in range(1, len(history) + 1):
         system, msgs = _as_claude_code_sends(history[:n], n)
         conv = inc.from_anthropic(system, msgs)
-        # what the manager gets: the history without the client's markers, as a full conversion
-        # gives it (a message first seen as a marked text block keeps that shape)
-        full = anthropic_to_openai(_plain(system), [{**m, "content": _plain(m["content"])} for m in msgs])
-        assert len(conv.messages) == len(full) and all(same_but_markers(a, b) for a, b in zip(conv.messages, full, strict=True))
+        # what the manager gets: the history without the client's markers, as a full conversion gives it
+        assert conv.messages == anthropic_to_openai(_plain(system), [{**m, "content": _plain(m["content"])} for m in msgs])
         assert not has_cache_control(conv.messages)
-        assert all(a is b for a, b in zip(conv.messages, previous, strict=False))  # last turn's objects
+        # last turn's objects, but for a string that came as a marked text block last turn
+        reshaped = {i for i, m in enumerate(previous) if isinstance(m.get("content"), list) and m.get("role") == "user" and len(m["content"]) == 1}
+        assert all(a is b for i, (a, b) in enumerate(zip(conv.messages, previous, strict=False)) if i not in reshaped)
         previous = conv.messages
 
 
@@ -394,3 +394,39 @@ def test_after_a_restart_a_marker_moving_client_resumes_as_one_without_markers(t
     assert len(out2) == len(plain[2]) and all(same_but_markers(a, b) for a, b in zip(out2, plain[2], strict=True))
     assert grown == plain[5]  # the store grows as it does without markers
     assert marked[7] <= plain[7] + 200  # sends no more than without markers (its markers aside)
+
+
+def test_through_the_proxy_a_moving_marker_is_planned_inline_and_sent_as_the_client_sent_it(tmp_path: Any) -> None:
+    # the measured regression: every turn was planned in a worker thread, the store kept 2.3x rows
+    import httpx2 as httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from ctxengine.config import Config
+    from ctxengine.proxy import ProxyServer
+    from ctxengine.store import SqliteStore
+    from ctxengine.testing.stub_server import StubServer
+
+    history = _conversation(10)
+    with StubServer() as stub:
+        config = Config().with_overrides(
+            proxy={"openai_base_url": stub.openai_base_url, "anthropic_base_url": stub.anthropic_base_url}, store={"path": str(tmp_path / "s.db")}
+        )
+        with ProxyServer(config) as proxy:
+            for n in range(1, len(history) + 1, 2):
+                system, msgs = _as_claude_code_sends(history[:n], n)
+                body = {"model": "claude-sonnet-4-5", "max_tokens": 64, "system": system, "messages": msgs}
+                r = httpx.post(proxy.anthropic_base_url + "/v1/messages", json=body, headers={"x-api-key": "sk-k", "anthropic-version": "2023-06-01"})
+                assert r.status_code == 200, r.text
+                sent = stub.requests[-1].body
+                assert sent["messages"] == msgs and sent["system"] == system  # the client's markers, as sent
+            plans = {
+                s.labels["where"]: s.value
+                for family in text_string_to_metric_families(httpx.get(proxy.url + "/metrics").text)
+                for s in family.samples
+                if s.name == "ctxengine_proxy_plans_total"
+            }
+    assert plans == {"worker": 1.0, "inline": float(len(range(1, len(history) + 1, 2)) - 1)}  # only the first turn in a worker
+    store = SqliteStore(tmp_path / "s.db")
+    (session,) = store.list_sessions()
+    assert session.stored == session.length == len(anthropic_to_openai(_CC_SYSTEM, history))  # each message once
+    store.close()

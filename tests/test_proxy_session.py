@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from ctxengine.proxy.session import (
     SESSION_HEADER,
     SessionIdError,
+    SessionKey,
     SessionRouter,
     client_session_id,
     derive_session_id,
@@ -23,6 +24,7 @@ from ctxengine.proxy.session import (
     routed,
     sample_positions,
     session_for,
+    session_key,
     system_prompt_digest,
 )
 
@@ -363,3 +365,20 @@ def test_session_for_puts_the_sources_together() -> None:
     assert derived == derive_session_id("openai", {"authorization": "Bearer k"}, None, plain["messages"])
     with pytest.raises(SessionIdError):
         session_for(router, "openai", {SESSION_HEADER: "no good!"}, plain, None, plain["messages"])
+
+
+def test_session_key_says_what_is_routed_and_how() -> None:
+    history = [{"role": "user", "content": "fix the build"}]
+    body = {"model": "claude", "system": "You are Claude Code.", "messages": history, "metadata": {"user_id": json.dumps({"session_id": UUID_A})}}
+    assert session_key("anthropic", {SESSION_HEADER: "mine"}, body, body["system"], history) == SessionKey("mine", False)
+    own = session_key("anthropic", {}, body, body["system"], history)
+    assert own == SessionKey(f"cc:{UUID_A}", True, True, system_prompt_digest("You are Claude Code.", []))
+    cache_key = session_key("openai", {}, {"prompt_cache_key": "user-7"}, None, history)
+    assert cache_key == SessionKey("pck:user-7", True, False, None)  # maybe one key per user: no branches
+    derived = session_key("openai", {}, {}, None, history)
+    assert derived.routed and not derived.branches and derived.key.startswith("px-")
+    # a restart: a router seeded from the store before the key's first request resumes it
+    router = SessionRouter()
+    assert not router.knows(own.key)
+    router.seed(own.key, own.key, history, prompt=own.prompt)
+    assert session_for(router, "anthropic", {}, body, body["system"], [*history, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "go"}]) == own.key

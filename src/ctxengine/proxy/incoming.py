@@ -14,7 +14,9 @@ the newest message every turn (and marks system blocks, with a ``ttl``). The Ope
 messages handed to the manager are converted *without* the client's markers, and a message
 sent again with only its markers changed keeps last turn's conversion: the manager sees the
 same objects turn after turn (its quick turn, one store row per message, a resumed session
-recognised after a restart). The client's markers of this turn are not lost: a body sent
+recognised after a restart); only a message whose shape changed with its marker (string
+content sent as a marked text block, then as a string again) is converted again, the manager
+taking it as the same message. The client's markers of this turn are not lost: a body sent
 unchanged goes out as the client sent it, and a context converted in full
 (:meth:`IncomingHistory.outgoing_anthropic`, after a compaction) gets them back on the messages
 the client marked this turn, wherever they are still held verbatim.
@@ -35,7 +37,7 @@ from ctxengine.anthropic_adapter import (
 )
 from ctxengine.caching import apply_breakpoints, cache_marker
 from ctxengine.errors import InputError
-from ctxengine.history import first_difference, same_but_markers, without_markers
+from ctxengine.history import first_difference, without_markers
 from ctxengine.messages import Message, identical_prefix
 from ctxengine.tokens import estimate_message_tokens
 
@@ -160,7 +162,9 @@ class IncomingHistory:
             k = 0
             while True:
                 k += first_difference(seen[k:lim], raw[k:lim], lim - k)
-                if k >= lim or not same_but_markers(seen[k], raw[k]):
+                # (string content that came as a marked text block is another shape: converted
+                # again, so what goes out keeps the client's shape of this turn)
+                if k >= lim or not _same_shape_but_markers(seen[k], raw[k]):
                     break
                 moved.append(k)
                 k += 1
@@ -398,3 +402,9 @@ def _plain_system(system: Any) -> Any:
 def _same_system(a: Any, b: Any) -> bool:
     """Whether two ``system`` values differ only in their markers."""
     return bool(a == b or _plain_system(a) == _plain_system(b))
+
+
+def _same_shape_but_markers(a: Any, b: Any) -> bool:
+    """Whether two Anthropic messages differ only in their markers (their content in the same
+    shape: a string and a text block are two shapes)."""
+    return bool(a == b or without_markers(a, keep_shape=True) == without_markers(b, keep_shape=True))

@@ -30,8 +30,10 @@ A derived id, and a client's id too, may be shared by several conversations: aid
 message is always the same example, ``claude -p`` twice with one prompt gives the same opening,
 a client's sub-agents and side requests (titles, summaries) come with its session id. Those are
 told apart by their histories (:class:`SessionRouter`): a request belongs to the conversation
-whose history it continues, and one that continues none starts a new conversation, never joins
-another one (see the router for the rules and for ids that survive a restart).
+whose history it continues (or retries), and one that continues none starts a new
+conversation, never joins another one; under a client's own conversation id, an edited turn and
+the client's rewrite of its history (its compaction: the same system prompt) stay in the
+session (see the router for the rules and for ids that survive a restart).
 :func:`routed` says which ids go through the router (all but a name the user gave).
 """
 
@@ -54,6 +56,7 @@ from ctxengine.messages import content_text
 __all__ = [
     "SESSION_HEADER",
     "SessionIdError",
+    "SessionKey",
     "SessionRouter",
     "client_session_id",
     "derive_session_id",
@@ -63,6 +66,7 @@ __all__ = [
     "sample_positions",
     "session_for",
     "session_from_header",
+    "session_key",
     "system_prompt_digest",
 ]
 
@@ -220,11 +224,23 @@ def derive_session_id(api: str, headers: Mapping[str, str], system: Any, message
     return "px-" + h.hexdigest()[:24]
 
 
-def session_for(router: SessionRouter, api_name: str, headers: Mapping[str, str], body: Mapping[str, Any], system: Any, messages: Sequence[Any]) -> str:
-    """The session of one request, all sources together (what the proxy calls per request,
-    before planning): a name the user gave as is; else the client's own id, or the derived
-    one, routed by the request's history (:class:`SessionRouter`; a client's own conversation
-    id with ``branches`` and its system prompt, so that its rewrite stays in it).
+@dataclass(frozen=True, slots=True)
+class SessionKey:
+    """Where a request's session comes from (:func:`session_key`): ``key`` is the session itself
+    when not ``routed`` (a name the user gave), else what :meth:`SessionRouter.route` takes with
+    ``branches`` and ``prompt``."""
+
+    key: str
+    routed: bool
+    branches: bool = False
+    prompt: str | None = None
+
+
+def session_key(api_name: str, headers: Mapping[str, str], body: Mapping[str, Any], system: Any, messages: Sequence[Any]) -> SessionKey:
+    """The key a request's session is found by, all sources together (a name the user gave, the
+    client's own id, a derived id); :func:`session_for` routes it. Apart for a caller that does
+    something between the two, e.g. seeds the router from the store on a key's first request
+    after a restart (:meth:`SessionRouter.knows`, :meth:`SessionRouter.seed`).
 
     ``system`` is the Anthropic ``system`` value (``None`` for OpenAI-form messages, whose
     system prompt is in ``messages``); ``messages`` the request's history as sent. Raises
@@ -232,10 +248,20 @@ def session_for(router: SessionRouter, api_name: str, headers: Mapping[str, str]
     """
     cid = client_session_id(api_name, headers, body)
     if cid is not None and not routed(cid):
-        return cid
-    key = cid if cid is not None else derive_session_id(api_name, headers, system, messages)
-    own = cid is not None and names_one_conversation(cid)
-    return router.route(key, messages, branches=own, prompt=system_prompt_digest(system, messages) if own else None)
+        return SessionKey(cid, False)
+    if cid is None:
+        return SessionKey(derive_session_id(api_name, headers, system, messages), True)
+    own = names_one_conversation(cid)
+    return SessionKey(cid, True, own, system_prompt_digest(system, messages) if own else None)
+
+
+def session_for(router: SessionRouter, api_name: str, headers: Mapping[str, str], body: Mapping[str, Any], system: Any, messages: Sequence[Any]) -> str:
+    """The session of one request (what the proxy calls per request, before planning): a name
+    the user gave as is; else the client's own id, or the derived one, routed by the request's
+    history (:class:`SessionRouter`; a client's own conversation id with ``branches`` and its
+    system prompt, so that its rewrite stays in it). Arguments as :func:`session_key` takes them."""
+    k = session_key(api_name, headers, body, system, messages)
+    return router.route(k.key, messages, branches=k.branches, prompt=k.prompt) if k.routed else k.key
 
 
 # -- telling conversations apart by their histories ---------------------------------------------
