@@ -21,7 +21,8 @@ from typing import Any, ClassVar
 from ctxengine.anthropic_adapter import anthropic_to_openai, openai_to_anthropic
 from ctxengine.caching import apply_breakpoints
 from ctxengine.messages import Message
-from ctxengine.proxy.incoming import Converted, IncomingHistory
+from ctxengine.proxy.incoming import Converted
+from ctxengine.proxy.state import ProxySession
 from ctxengine.proxy.streams import AnthropicStream, OpenAIStream, StreamTracker
 
 __all__ = ["ANTHROPIC", "OPENAI", "Api", "Marking", "ToolCall", "anthropic_body", "has_cache_control"]
@@ -104,13 +105,14 @@ class Api:
         """The request's history as sent, in the API's own form (what tells sessions apart)."""
         return body["messages"]  # type: ignore[no-any-return]
 
-    def read(self, body: Mapping[str, Any], incoming: IncomingHistory) -> tuple[list[Message], Converted | None]:
+    def read(self, body: Mapping[str, Any], session: ProxySession) -> tuple[list[Message], Converted | None]:
         """The request's conversation as canonical messages (a new list), and, for an API
-        converted incrementally, where each message came from (:meth:`write`)."""
+        converted incrementally (its state kept on ``session``), where each message came from
+        (:meth:`write`)."""
         return list(body["messages"]), None
 
     def write(
-        self, body: Mapping[str, Any], incoming: IncomingHistory, conv: Converted | None, context: list[Message], changed: bool, marking: Marking
+        self, body: Mapping[str, Any], session: ProxySession, conv: Converted | None, context: list[Message], changed: bool, marking: Marking
     ) -> tuple[Mapping[str, Any], list[int] | None]:
         """``body`` with ``context`` as its conversation and cache markers placed by
         ``marking`` (``body`` itself when neither changes it), and the indices of the body's
@@ -123,11 +125,11 @@ class Api:
         """A tracker of this API's streamed response (``previous``: last round's)."""
         raise NotImplementedError
 
-    def closing(self) -> bytes:
+    def closing(self, tracker: StreamTracker) -> bytes:
         """The end of a stream whose last round still called only the engine's tools."""
         raise NotImplementedError
 
-    def stream_error(self, status: int, content: bytes) -> bytes:
+    def stream_error(self, status: int, content: bytes, tracker: StreamTracker | None = None) -> bytes:
         """An upstream error met in a follow-up round, as an event of the stream under way."""
         try:
             payload = json.loads(content)
@@ -196,7 +198,7 @@ class _OpenAI(Api):
     def tracker(self, engine_tools: frozenset[str], first_round: bool = True, previous: StreamTracker | None = None) -> StreamTracker:
         return OpenAIStream(engine_tools=engine_tools, first_round=first_round)
 
-    def closing(self) -> bytes:
+    def closing(self, tracker: StreamTracker) -> bytes:
         chunk = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
         return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\ndata: [DONE]\n\n"
 
@@ -282,18 +284,19 @@ class _Anthropic(Api):
     def system(self, body: Mapping[str, Any]) -> Any:
         return body.get("system")
 
-    def read(self, body: Mapping[str, Any], incoming: IncomingHistory) -> tuple[list[Message], Converted | None]:
-        conv = incoming.from_anthropic(body.get("system"), body["messages"])
+    def read(self, body: Mapping[str, Any], session: ProxySession) -> tuple[list[Message], Converted | None]:
+        conv = session.incoming.from_anthropic(body.get("system"), body["messages"])
         return conv.messages, conv
 
     def write(
-        self, body: Mapping[str, Any], incoming: IncomingHistory, conv: Converted | None, context: list[Message], changed: bool, marking: Marking
+        self, body: Mapping[str, Any], session: ProxySession, conv: Converted | None, context: list[Message], changed: bool, marking: Marking
     ) -> tuple[Mapping[str, Any], list[int] | None]:
         """Only what changed is converted: markers alone are written into the messages that
         own them (:meth:`IncomingHistory.with_markers`); a context that differs from the
         history (every turn after a compaction) is converted from its first change on."""
+        incoming = session.incoming
         if conv is None:
-            return super().write(body, incoming, conv, context, changed, marking)
+            return super().write(body, session, conv, context, changed, marking)
         if marking.indices and not changed:
             try:
                 return incoming.with_markers(body, conv, context, marking.indices, cache_ttl=marking.cache_ttl, native_anthropic=marking.native_anthropic)
@@ -309,7 +312,7 @@ class _Anthropic(Api):
         offset = previous.client_blocks if isinstance(previous, AnthropicStream) else 0
         return AnthropicStream(engine_tools=engine_tools, first_round=first_round, index_offset=offset)
 
-    def closing(self) -> bytes:
+    def closing(self, tracker: StreamTracker) -> bytes:
         delta = {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None}, "usage": {"output_tokens": 0}}
         return (
             b"event: message_delta\ndata: "
@@ -317,7 +320,7 @@ class _Anthropic(Api):
             + b'\n\nevent: message_stop\ndata: {"type":"message_stop"}\n\n'
         )
 
-    def stream_error(self, status: int, content: bytes) -> bytes:
+    def stream_error(self, status: int, content: bytes, tracker: StreamTracker | None = None) -> bytes:
         try:
             payload = json.loads(content)
         except ValueError:

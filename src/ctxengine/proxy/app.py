@@ -74,6 +74,7 @@ from ctxengine.proxy.apis import ANTHROPIC, OPENAI, Api, Marking, ToolCall, has_
 from ctxengine.proxy.limits import Windows, context_limit_from_error, is_context_length_error
 from ctxengine.proxy.metrics import CONTENT_TYPE, ProxyMetrics
 from ctxengine.proxy.rawbody import BodyCache
+from ctxengine.proxy.responses import RESPONSES, compact_input, compact_reply
 from ctxengine.proxy.session import (
     SESSION_HEADER,
     SessionIdError,
@@ -226,6 +227,8 @@ class Proxy:
                 Route("/metrics", self.metrics_endpoint, methods=["GET"]),
                 Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
                 Route("/v1/messages", self.messages, methods=["POST"]),
+                Route("/v1/responses", self.responses, methods=["POST"]),
+                Route("/v1/responses/compact", self.responses_compact, methods=["POST"]),
                 Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
                 Route("/v1/{path:path}", self.forward, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
                 Route("/{path:path}", self.not_served, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
@@ -381,6 +384,9 @@ class Proxy:
     async def messages(self, request: Request) -> Response:
         return await self._chat(request, ANTHROPIC)
 
+    async def responses(self, request: Request) -> Response:
+        return await self._chat(request, RESPONSES)
+
     async def not_served(self, request: Request) -> Response:
         """A path outside ``/v1/`` (e.g. Gemini's ``/v1beta/…``): a JSON 404 saying what is served."""
         message = (
@@ -390,6 +396,55 @@ class Proxy:
         )
         self.metrics.requests.labels("passthrough", "not_found").inc()
         return JSONResponse({"error": {"code": 404, "message": message, "status": "NOT_FOUND", "type": "not_found"}}, status_code=404)
+
+    async def responses_compact(self, request: Request) -> Response:
+        """``POST /v1/responses/compact`` (Codex's remote compaction), answered here with any
+        upstream: the session's engine compacts the conversation now, and the reply's one
+        compaction item carries the result, which later requests expand again
+        (:mod:`ctxengine.proxy.responses`). A body whose history is on the server, or a
+        failure, goes upstream unchanged."""
+        api = RESPONSES
+        if not self._authorized(request):
+            return self._error(api, 401, f"missing or wrong {TOKEN_HEADER} (this proxy requires a token)", "unauthorized", "authentication_error")
+        try:
+            raw = await self._read_body(request)
+        except _TooLarge:
+            return self._error(api, 413, f"request body larger than {self.settings.max_body_bytes} bytes (proxy.max_body_bytes)", "too_large")
+        try:
+            body = orjson.loads(raw)
+            msgs = compact_input(body)
+            named = session_from_header(request.headers.get(SESSION_HEADER))
+            session = named or session_for(self.router, api.name, request.headers, body, api.system(body), api.history(body))
+            await self._settled(api, session)
+            reply = await anyio.to_thread.run_sync(self._compact, api, session, body, msgs)
+        except Exception as exc:  # forwarded: the upstream may compact it itself, or say why not
+            log.info("responses/compact forwarded: %s", f"{type(exc).__name__}: {exc}")
+            return await self.forward_body(request, api, raw)
+        self.metrics.requests.labels(api.name, "ok").inc()
+        return JSONResponse(reply, headers={SESSION_HEADER: session})
+
+    def _compact(self, api: Api, session: str, body: Mapping[str, Any], msgs: list[Message]) -> dict[str, Any]:
+        """The reply to a compaction request (worker thread): the session's context compacted now."""
+        s = self.sessions.open(api.name, session)
+        with s.lock:
+            mgr = self._open_manager(api, s, str(body["model"]))
+            before = mgr.counters(session)["compactions"]
+            out = mgr.prepare(msgs, session_id=session, compact=True)
+            tokens = mgr.counters(session)["last_tokens"]
+            self.metrics.child(self.metrics.compactions, api.name).inc(mgr.counters(session)["compactions"] - before)
+        return compact_reply(body, out, {"input_tokens": tokens, "output_tokens": 0})
+
+    async def forward_body(self, request: Request, api: Api, raw: bytes) -> Response:
+        """``request`` (its body already read: ``raw``) forwarded unchanged to ``api``'s upstream."""
+        url = self._upstream(api, request.url.path, request.url.query)
+        try:
+            resp = await self.client.send(request.method, url, self._request_headers(request, passthrough=True), raw or None, decode=False)
+        except UpstreamError as exc:
+            return self._error(api, 502, f"upstream unreachable: {exc}", "upstream_unreachable", api.unreachable_kind)
+        self.metrics.requests.labels("passthrough", "ok" if resp.status < 400 else "upstream_error").inc()
+        out = StreamingResponse(resp.stream(), status_code=resp.status, background=BackgroundTask(resp.aclose))
+        out.raw_headers.extend(self._response_headers(resp, keep_encoding=True))
+        return out
 
     async def count_tokens(self, request: Request) -> Response:
         """``POST /v1/messages/count_tokens``: the count of what the proxy would send. A body
@@ -432,19 +487,15 @@ class Proxy:
         api = ANTHROPIC if anthropic else OPENAI
         if not self._authorized(request):
             return self._error(api, 401, f"missing or wrong {TOKEN_HEADER} (this proxy requires a token)", "unauthorized", "authentication_error")
+        if request.headers.get("upgrade", "").lower() == "websocket":
+            # Codex tries the Responses API over a WebSocket first; a clear refusal sends it to
+            # HTTP with server-sent events at once
+            return self._error(api, 426, "ctxengine proxy serves the Responses API over HTTP (server-sent events), not WebSocket", "websocket_refused")
         try:
             raw = await self._read_body(request)
         except _TooLarge:
             return self._error(api, 413, f"request body larger than {self.settings.max_body_bytes} bytes", "too_large", "request_too_large")
-        url = self._upstream(api, request.url.path, request.url.query)
-        try:
-            resp = await self.client.send(request.method, url, self._request_headers(request, passthrough=True), raw or None, decode=False)
-        except UpstreamError as exc:
-            return self._error(api, 502, f"upstream unreachable: {exc}", "upstream_unreachable", "api_error" if anthropic else "server_error")
-        self.metrics.requests.labels("passthrough", "ok" if resp.status < 400 else "upstream_error").inc()
-        out = StreamingResponse(resp.stream(), status_code=resp.status, background=BackgroundTask(resp.aclose))
-        out.raw_headers.extend(self._response_headers(resp, keep_encoding=True))
-        return out
+        return await self.forward_body(request, api, raw)
 
     async def _chat(self, request: Request, api: Api) -> Response:
         t0 = time.perf_counter()
@@ -627,7 +678,7 @@ class Proxy:
         appends, else :class:`CompactionDue` before anything changed (:meth:`_plan_inline`)."""
         session = s.id
         mgr = self._open_manager(api, s, str(body["model"]))
-        msgs, conv = api.read(body, s.incoming)
+        msgs, conv = api.read(body, s)
         recalled = s.pending_recall.apply(msgs) if s.pending_recall else None
         if recalled is not None:  # the recall turns the client never sends back
             msgs, conv = recalled, None
@@ -1005,7 +1056,7 @@ class Proxy:
                     break
                 await self._usage(plan, tracker.usage)
                 if rounds >= self.settings.max_tool_rounds:
-                    yield api.closing()
+                    yield api.closing(tracker)
                     break
                 calls = [ToolCall(i, n, a) for i, n, a in tracker.calls()]
                 assistant = tracker.assistant_message()
@@ -1017,7 +1068,7 @@ class Proxy:
                 if resp.status >= 400:
                     content = await resp.read()
                     outcome = "upstream_error"
-                    yield api.stream_error(resp.status, content)
+                    yield api.stream_error(resp.status, content, tracker)
                     break
                 tracker = api.tracker(plan.engine_tools, first_round=False, previous=tracker)
         finally:
@@ -1055,7 +1106,7 @@ class _ChatFront:
         await self.app(scope, receive, send)
 
 
-_CHAT_PATHS = {"/v1/chat/completions": OPENAI, "/v1/messages": ANTHROPIC}
+_CHAT_PATHS = {"/v1/chat/completions": OPENAI, "/v1/messages": ANTHROPIC, "/v1/responses": RESPONSES}
 
 
 class _RelayResponse(StreamingResponse):

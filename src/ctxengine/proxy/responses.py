@@ -63,7 +63,10 @@ import orjson
 from ctxengine.engine import normalize_usage
 from ctxengine.errors import InputError
 from ctxengine.messages import Message, content_text
-from ctxengine.proxy.apis import Api, ToolCall, _loads_args
+from ctxengine.proxy.apis import Api, Marking, ToolCall, _loads_args
+from ctxengine.proxy.incoming import Converted
+from ctxengine.proxy.state import ProxySession
+from ctxengine.proxy.streams import ResponsesStream, StreamTracker
 
 __all__ = [
     "COMPACTION_PREFIX",
@@ -722,6 +725,44 @@ class ResponsesApi(Api):
         if body.get("input") is None:
             return "no input"
         return None
+
+    def system(self, body: Mapping[str, Any]) -> Any:
+        instructions = body.get("instructions")
+        return instructions if isinstance(instructions, str) and instructions else None
+
+    def history(self, body: Mapping[str, Any]) -> Sequence[Any]:
+        source = body.get("input")
+        if isinstance(source, list):
+            return source
+        return [{"role": "user", "content": source}] if isinstance(source, str) else []
+
+    def read(self, body: Mapping[str, Any], session: ProxySession) -> tuple[list[Message], Converted | None]:
+        """The session's :class:`ResponsesHistory` converts only the items new since last turn."""
+        if not isinstance(session.converter, ResponsesHistory):
+            session.converter = ResponsesHistory()
+        return session.converter.messages(body), None
+
+    def write(
+        self, body: Mapping[str, Any], session: ProxySession, conv: Converted | None, context: list[Message], changed: bool, marking: Marking
+    ) -> tuple[Mapping[str, Any], list[int] | None]:
+        """The items of ``context`` (breakpoints are not this API's: OpenAI caches prefixes by itself)."""
+        if not changed:
+            return body, None
+        history = session.converter if isinstance(session.converter, ResponsesHistory) else ResponsesHistory()
+        return history.with_messages(body, context), None
+
+    def tracker(self, engine_tools: frozenset[str], first_round: bool = True, previous: StreamTracker | None = None) -> StreamTracker:
+        if isinstance(previous, ResponsesStream):
+            return previous.next_round()
+        return ResponsesStream(engine_tools=engine_tools, first_round=first_round)
+
+    def closing(self, tracker: StreamTracker) -> bytes:
+        return tracker.closing() if isinstance(tracker, ResponsesStream) else b""
+
+    def stream_error(self, status: int, content: bytes, tracker: StreamTracker | None = None) -> bytes:
+        if isinstance(tracker, ResponsesStream):
+            return tracker.failure(status, content)
+        return super().stream_error(status, content, tracker)
 
     def problem(self, body: Any) -> str | None:
         """What makes ``body`` unusable, or None. A body :meth:`passthrough_reason` forwards

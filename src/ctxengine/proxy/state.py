@@ -39,7 +39,11 @@ class ProxySession:
     lock: threading.Lock = field(default_factory=threading.Lock)
     """Held while a request of the session is planned (worker thread or event loop)."""
     incoming: IncomingHistory = field(default_factory=IncomingHistory)
-    """The history of the last request, converted incrementally, and its token tallies."""
+    """The history of the last request, converted incrementally (the Anthropic API), and its
+    token tallies."""
+    converter: Any = None
+    """Another API adapter's incremental conversion of the last request (the Responses API's
+    :class:`~ctxengine.proxy.responses.ResponsesHistory`), made by the adapter on first use."""
     body: BodyCache = field(default_factory=BodyCache)
     """Last request's body, so the next one is parsed and written from what changed."""
     injected: list[dict[str, Any]] = field(default_factory=list)

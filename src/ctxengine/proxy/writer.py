@@ -60,7 +60,7 @@ def outgoing(
     """The body that goes upstream for ``body`` (the client's, ``raw`` its bytes) with the
     working ``context`` (``changed``: it differs from the client's history), ``marking``'s
     cache breakpoints and the engine ``tools`` (OpenAI format) added."""
-    new_body, rewritten = api.write(body, session.incoming, conv, context, changed, marking)
+    new_body, rewritten = api.write(body, session, conv, context, changed, marking)
     names: frozenset[str] = frozenset()
     if tools:
         new_body = api.with_tools(new_body, tools)
