@@ -210,6 +210,7 @@ class Proxy:
             "  timeout: 120\n"
         )
         self.engine = engine
+        self.window = window
         self.log = workdir / "proxy.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.lives = 0
@@ -240,6 +241,8 @@ class Proxy:
             str(self.config),
             "--log-format",
             "json",
+            "--model-window",
+            f"*={self.window}",
         ]
         if self.engine:
             cmd += ["--engine", self.engine]

@@ -884,14 +884,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._messages(reply, model, tokens, stream, body)
         else:
             self._responses(reply, model, tokens, stream, body)
-        step_file = (
-            reply.args.get("path")
-            or reply.args.get("file_path")
-            or reply.args.get("command")
-            or reply.args.get("cmd")
-        )
-        if up.on_step is not None and reply.tool and reply.tool != RECALL_TOOL:
-            m = re.search(r"part(\d+)\.txt", json.dumps(step_file))
+        # the file this reply asks for: a call of the client's tool, or (no tools) a request in words
+        asked = json.dumps(reply.args) if reply.tool else (reply.text or "")
+        if up.on_step is not None and reply.tool != RECALL_TOOL and "TASK DONE" not in asked:
+            m = re.search(r"part(\d+)\.txt", asked)
             if m:
                 up.on_step(int(m.group(1)))
 
