@@ -56,6 +56,7 @@ sys.path.insert(0, str(SRC))
 from ctxengine.testing.strict_upstream import StrictUpstream, Task  # noqa: E402
 
 CACHE = ROOT / ".bench-clients"
+PROXY_SRC = SRC  # --proxy-src: run another checkout's proxy (read only: no bytecode written there)
 NPM = CACHE / "npm"
 
 NPM_PACKAGES = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex"}
@@ -211,6 +212,7 @@ class Proxy:
         )
         self.engine = engine
         self.window = window
+        self.src = PROXY_SRC
         self.log = workdir / "proxy.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.lives = 0
@@ -226,10 +228,11 @@ class Proxy:
 
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if k not in DROP_ENV}
-        env["PYTHONPATH"] = str(SRC) + (
+        env["PYTHONPATH"] = str(self.src) + (
             os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
         )
         env["NO_PROXY"] = "127.0.0.1,localhost"
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
         cmd = [
             sys.executable,
             "-m",
@@ -801,6 +804,9 @@ def main(argv: list[str] | None = None) -> int:
         for c, s in install(clients).items():
             print(f"{c}: {s}")
         return 0
+    if a.proxy_src:
+        global PROXY_SRC
+        PROXY_SRC = a.proxy_src.resolve()
     windows = [int(w) for w in a.window.split(",") if w.strip()]
     if a.keep:
         a.keep.mkdir(parents=True, exist_ok=True)

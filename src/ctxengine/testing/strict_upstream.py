@@ -23,9 +23,11 @@ Rejections, each in the provider's 400 shape:
 * a Responses ``function_call_output`` without its ``function_call``, a reasoning item altered,
   or a ``function_call`` this server issued after a reasoning item sent without that item;
 * a request over the window, counted with o200k over system, messages and tool definitions:
-  every string in the system prompt/instructions and messages/input plus each tool definition as
-  JSON, plus 3 tokens a message (OpenAI: ``context_length_exceeded`` "This model's maximum context
-  length is N tokens…"; Anthropic: ``prompt is too long: N tokens > M maximum``).
+  every string in the system prompt/instructions and messages/input (ids, signatures and
+  encrypted reasoning left out), 3 tokens a message, and the tool list as compact JSON with
+  non-ASCII kept, as ctxengine's window counts it (OpenAI: ``context_length_exceeded`` "This
+  model's maximum context length is N tokens…"; Responses: the same code; Anthropic: ``prompt
+  is too long: N tokens > M maximum``).
 
 Usage::
 
@@ -211,9 +213,9 @@ def count_request_tokens(body: dict[str, Any]) -> int:
         parts.extend(_strings(item))
     tools = body.get("tools") or []
     n = sum(len(enc.encode(p, disallowed_special=())) for p in parts) + 3 * len(items)
-    n += sum(
-        len(enc.encode(json.dumps(t, ensure_ascii=False), disallowed_special=())) for t in tools
-    )
+    if tools:  # the list as compact JSON, non-ASCII kept (how ctxengine's window counts them)
+        text = json.dumps(tools, ensure_ascii=False, separators=(",", ":"))
+        n += len(enc.encode(text, disallowed_special=()))
     return n
 
 
@@ -912,9 +914,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "Please reduce the length of the messages."
             )
             if api == "responses":
-                message = (
-                    f"Your input exceeds the context window of this model. ({tokens} > {up.window})"
-                )
+                message = "Your input exceeds the context window of this model. Please adjust your input and try again."
             self._json(
                 400,
                 {
