@@ -795,6 +795,11 @@ def main(argv: list[str] | None = None) -> int:
         help="copy each run's folder (upstream.jsonl, proxy.log, client.out) here",
     )
     p.add_argument("--json", type=Path, help="write the rows here")
+    p.add_argument(
+        "--proxy-src",
+        type=Path,
+        help="the src/ folder whose ctxengine the proxy runs (default: this checkout's)",
+    )
     a = p.parse_args(argv)
     clients = [c.strip() for c in a.clients.split(",") if c.strip()]
     unknown = [c for c in clients if c not in ALL_CLIENTS]
