@@ -191,6 +191,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+_HELP: dict[str, str] = {}
+
+
+def _proxy_has_flag(src: Path, flag: str, env: dict[str, str]) -> bool:
+    """Whether that checkout's ``ctxengine proxy`` takes ``flag`` (older ones have no --model-window)."""
+    if str(src) not in _HELP:
+        r = subprocess.run(
+            [sys.executable, "-m", "ctxengine", "proxy", "--help"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        _HELP[str(src)] = r.stdout
+    return flag in _HELP[str(src)]
+
+
 class Proxy:
     """``python -m ctxengine proxy`` in a subprocess; restartable on the same port and store."""
 
@@ -244,9 +262,9 @@ class Proxy:
             str(self.config),
             "--log-format",
             "json",
-            "--model-window",
-            f"*={self.window}",
         ]
+        if _proxy_has_flag(self.src, "--model-window", env):
+            cmd += ["--model-window", f"*={self.window}"]  # else config model.context_length
         if self.engine:
             cmd += ["--engine", self.engine]
         f = self.log.open("ab")
