@@ -56,6 +56,7 @@ sys.path.insert(0, str(SRC))
 from ctxengine.testing.strict_upstream import StrictUpstream, Task  # noqa: E402
 
 CACHE = ROOT / ".bench-clients"
+SLOW_SECONDS = 15.0  # the tool of the restart step runs this long: the proxy's stop + start fits
 PROXY_SRC = SRC  # --proxy-src: run another checkout's proxy (read only: no bytecode written there)
 NPM = CACHE / "npm"
 
@@ -422,7 +423,9 @@ class RunSpec:
     model: str = "gpt-4.1"
 
 
-def client_spec(client: str, run: Path, task: Task, openai_url: str, anthropic_url: str) -> RunSpec:
+def client_spec(
+    client: str, run: Path, task: Task, openai_url: str, anthropic_url: str, window: int
+) -> RunSpec:
     """The command line, environment and files of one client run."""
     home = run / "home"
     home.mkdir(exist_ok=True)
@@ -505,6 +508,26 @@ def client_spec(client: str, run: Path, task: Task, openai_url: str, anthropic_u
     if client == "aider":
         aider = str(CACHE / "venv-aider" / "bin" / "aider")
         env.update(OPENAI_API_KEY="sk-bench-key", OPENAI_API_BASE=openai_url)
+        # aider fetches litellm's model table from GitHub at start unless a fresh copy (< 24 h)
+        # is in ~/.aider/caches: give it one naming the bench model and its window
+        caches = home / ".aider" / "caches"
+        caches.mkdir(parents=True, exist_ok=True)
+        (caches / "model_prices_and_context_window.json").write_text(
+            json.dumps(
+                {
+                    "gpt-4.1": {
+                        "max_input_tokens": window,
+                        "max_tokens": 32768,
+                        "max_output_tokens": 32768,
+                        "input_cost_per_token": 2e-06,
+                        "output_cost_per_token": 8e-06,
+                        "litellm_provider": "openai",
+                        "mode": "chat",
+                        "supports_function_calling": True,
+                    },
+                }
+            )
+        )
         for cmd in (
             ["git", "init", "-q"],
             ["git", "add", "."],
@@ -601,6 +624,7 @@ def _run(
         log_path=tmp / "upstream.jsonl",
         on_step=lambda s: restart_now.set() if s == restart_at else None,
         slow_step=restart_at if not direct else None,
+        slow_seconds=SLOW_SECONDS,
     )
     upstream.start()
     proxy: Proxy | None = None
@@ -612,14 +636,14 @@ def _run(
             proxy = Proxy(tmp, upstream, window, engine)
             proxy.start()
             openai_url, anthropic_url = proxy.openai_url, proxy.anthropic_url
-        spec = client_spec(client, tmp, task, openai_url, anthropic_url)
+        spec = client_spec(client, tmp, task, openai_url, anthropic_url, window)
         env = {
             k: v for k, v in os.environ.items() if k not in DROP_ENV and not k.startswith("PYTHON")
         }
         env.update(QUIET_ENV)
         env.update(spec.env)
         env["BENCH_SLOW"] = task.name(restart_at)
-        env["BENCH_SLOW_SECONDS"] = "6"
+        env["BENCH_SLOW_SECONDS"] = str(SLOW_SECONDS)
         out = open(tmp / "client.out", "wb")  # noqa: SIM115 - closed below
         started = time.monotonic()
         proc = subprocess.Popen(
@@ -640,6 +664,7 @@ def _run(
                     time.sleep(1.0)  # the proxy relays the end of the stream and writes the turn
                     restarted_at.append(time.time())
                     proxy.restart()
+                    row["restart_seconds"] = round(time.time() - restarted_at[0], 1)
                     return
 
         t = threading.Thread(target=restarter, daemon=True)
