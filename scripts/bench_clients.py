@@ -13,21 +13,26 @@ Per client and window: a temp folder with the task's files, the strict upstream
 (:mod:`ctxengine.testing.strict_upstream`: it plays the task with the client's own tools and
 rejects what a provider rejects), and ``python -m ctxengine proxy`` in a subprocess with a temp
 config (upstream base URLs pointing at the strict upstream, a temp SQLite store,
-``model.context_length`` = the window). The client runs the task under a timeout; half way
-through (when the upstream has asked for file ``steps // 2``) the proxy is stopped and started
-again on the same port and store, while that step's tool runs slowly (``sleep``), so the next
-request meets a fresh process. Every LLM call goes to 127.0.0.1; the clients' telemetry and
-update checks are turned off through their environment and config.
+``model.context_length``) and ``--model-window '*=WINDOW'`` where that proxy has the flag. The
+client runs the task under a timeout; half way through (when the upstream has asked for file
+``steps // 2``) the proxy is stopped (SIGTERM) and started again on the same port and store while
+that step's tool runs slowly (a ``sleep`` in the shell command, or in the bench's own read_file
+tool), so the next request meets a fresh process. Every LLM call goes to 127.0.0.1; the
+clients' telemetry and update checks are turned off through their environment and config.
 
 Columns: ``done`` the task finished (the upstream sent its final answer); ``steps`` files read;
 ``reqs`` task requests that reached the upstream; ``bad`` requests the upstream rejected (over
-the window, tool call/result mismatch, altered thinking/reasoning: by reason in the JSON);
-``compact`` compactions the proxy logged; ``sent``/``upstream`` input tokens the client sent (the
-proxy's count, summed over requests) and the upstream received (exact o200k); ``saved`` their
-difference as a share; ``recall`` recall calls answered / made; ``kept`` the session named the
-same after the proxy restart and its first request there no larger than the last before plus
-two files (a resumed session, not a rebuilt one). A client that failed to install or crashed is
-a row with the reason.
+the window, tool call/result mismatch, altered thinking/reasoning; by reason); ``compact``
+compactions the proxy logged; ``upstream`` input tokens the upstream received (o200k, as the
+strict upstream counts: system, messages and the tool list); ``sent`` what the client sent: that
+plus what the proxy removed (its own logged tokens_in - tokens_out, summed over requests);
+``saved`` the removed share of ``sent``; ``recall`` recall calls answered with the right text /
+made (the upstream asks ``ctx_grep`` for part01's code once the proxy offers it); ``kept`` the
+session kept its proxy key across the restart and its first request there was no larger than
+the last before plus two files (resumed, not rebuilt), with the restart's duration. Codex does
+not get the window: like a user relying on the proxy, its config names no
+``model_context_window``, so it never compacts by itself. A client that failed to install or
+crashed is a row with the reason.
 """
 
 from __future__ import annotations
@@ -793,7 +798,12 @@ def table(rows: list[dict[str, Any]]) -> str:
                 str(r.get("upstream_tokens", "-")),
                 f"{saved:.0%}" if isinstance(saved, float) else "-",
                 str(r.get("recall", "-")),
-                str(r.get("kept", "-")),
+                str(r.get("kept", "-"))
+                + (
+                    f" ({r['restart_seconds']}s)"
+                    if r.get("kept") == "yes" and "restart_seconds" in r
+                    else ""
+                ),
                 str(r.get("seconds", "-")),
                 str(r.get("status", ""))[:70],
             ]
