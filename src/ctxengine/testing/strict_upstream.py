@@ -298,6 +298,8 @@ def _call_from(
                 args={key: ["bash", "-lc", f"{prefix}cat {path}"], "workdir": str(task.root)},
             )
         args: dict[str, Any] = {key: f"{prefix}cat {path}"}
+        if prefix and "yield_time_ms" in props:  # Codex's exec_command returns after 10 s otherwise
+            args["yield_time_ms"] = 30_000
         if "description" in (schema.get("required") or []):
             args["description"] = f"Read {task.name(i)}"
         return Reply(tool=name, args=args)
