@@ -101,6 +101,11 @@ class Api:
         """The system prompt kept outside the messages (Anthropic's ``system``), or None."""
         return None
 
+    def expands(self, raw: bytes) -> bool:
+        """Whether the body (``raw``) holds something :meth:`read` expands (the body must be
+        written again even when the context equals what was read)."""
+        return False
+
     def history(self, body: Mapping[str, Any]) -> Sequence[Any]:
         """The request's history as sent, in the API's own form (what tells sessions apart)."""
         return body["messages"]  # type: ignore[no-any-return]

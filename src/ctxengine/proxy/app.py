@@ -688,7 +688,7 @@ class Proxy:
         after_status = mgr.counters(session)
         plan = _Plan(api, session, body, raw, state=s, request=body, request_raw=raw, manager=mgr, context=out, deferred=self._local_store and mgr.store is not None)
         plan.compactions = 0 if quick else after_status["compactions"] - before
-        changed = recalled is not None or not _same(out, msgs)
+        changed = recalled is not None or not _same(out, msgs) or api.expands(raw)
         incoming = s.incoming
         if changed:  # after a compaction, every turn: each message estimated once
             plan.tokens_in, plan.tokens_out = incoming.tokens_in.count(msgs), incoming.tokens_out.count(out)
@@ -702,7 +702,7 @@ class Proxy:
         marking = Marking(indices, mgr.caching.cache_ttl, mgr.caching.native_anthropic)
         sent = outgoing(api, s, body, raw, conv, out, changed, marking, self._engine_tools(api, mgr, s, body))
         plan.body, plan.content, plan.engine_tools = sent.body, sent.content, sent.engine_tools
-        client = body["messages"]
+        client = api.history(body)
         s.last_out = (len(client), client[-1] if client else None, sent.body)
         return plan
 

@@ -85,6 +85,7 @@ META_KEY = "responses"
 """The private key of a canonical message that holds what its items need to be written back."""
 
 COMPACTION_PREFIX = "ctxengine:v1:"
+_PREFIX_BYTES = COMPACTION_PREFIX.encode()
 """How the ``encrypted_content`` of a ctxengine compaction item starts."""
 
 _MAX_EXPANDED = 256 * 1024 * 1024  # bytes a compaction token may expand to
@@ -729,6 +730,9 @@ class ResponsesApi(Api):
     def system(self, body: Mapping[str, Any]) -> Any:
         instructions = body.get("instructions")
         return instructions if isinstance(instructions, str) and instructions else None
+
+    def expands(self, raw: bytes) -> bool:
+        return _PREFIX_BYTES in raw  # a compaction item of ours: the upstream gets what it stands for
 
     def history(self, body: Mapping[str, Any]) -> Sequence[Any]:
         source = body.get("input")
