@@ -211,3 +211,29 @@ def test_two_chats_with_the_same_opening_are_two_sessions_and_a_client_id_wins(s
         a = anthropic.Anthropic(base_url=p.anthropic_base_url, api_key=KEY, max_retries=0)
         raw2 = a.messages.with_raw_response.create(model="claude-sonnet-4-5", max_tokens=8, messages=[{"role": "user", "content": "hi"}], metadata={"user_id": uid})
         assert raw2.headers[SESSION_HEADER] == "cc:0b3f6a1e-1c2d-4e5f-8a9b-0c1d2e3f4a5b"
+
+
+def test_after_a_restart_a_derived_key_resumes_its_own_conversation_only(stub: StubServer, tmp_path: Path) -> None:
+    stub.responder = lambda req: StubReply.ok("ok")
+    opening = [{"role": "system", "content": "Act as an expert software developer."}, {"role": "user", "content": "Change get_factorial() to use math.factorial"}]
+    chats: dict[str, list[Any]] = {"a": [*opening], "b": [*opening]}
+    seen: dict[str, list[str]] = {"a": [], "b": []}
+
+    def turn(p: ProxyServer, name: str) -> None:
+        c = openai.OpenAI(base_url=p.openai_base_url, api_key=KEY, max_retries=0)
+        chats[name].append({"role": "user", "content": f"chat {name}, request {len(chats[name])}"})
+        raw = c.chat.completions.with_raw_response.create(model="gpt-4o", messages=chats[name])
+        seen[name].append(raw.headers[SESSION_HEADER])
+        chats[name].append({"role": "assistant", "content": raw.parse().choices[0].message.content})
+
+    with ProxyServer(make_config(stub, tmp_path)) as p:
+        for _ in range(3):
+            turn(p, "a")
+            turn(p, "b")
+    with ProxyServer(make_config(stub, tmp_path)) as p:  # the same store, an empty router
+        turn(p, "b")  # the other conversation comes first: it must not take the key's session
+        turn(p, "a")
+        sessions = p.proxy.manager(OPENAI, "gpt-4o").sessions
+    assert len(set(seen["a"])) == 1  # before and after the restart
+    assert seen["b"][-1] != seen["a"][0] and seen["b"][0] != seen["a"][0]
+    assert seen["a"][-1] in sessions and seen["b"][-1] in sessions

@@ -101,6 +101,11 @@ class Api:
         """The system prompt kept outside the messages (Anthropic's ``system``), or None."""
         return None
 
+    def as_history(self, messages: list[Message]) -> tuple[Any, Sequence[Any]]:
+        """Canonical ``messages`` (a session's record) as this API's ``(system, history)``, the
+        form :meth:`system` and :meth:`history` read from a body."""
+        return None, messages
+
     def expands(self, raw: bytes) -> bool:
         """Whether the body (``raw``) holds something :meth:`read` expands (the body must be
         written again even when the context equals what was read)."""
@@ -288,6 +293,9 @@ class _Anthropic(Api):
 
     def system(self, body: Mapping[str, Any]) -> Any:
         return body.get("system")
+
+    def as_history(self, messages: list[Message]) -> tuple[Any, Sequence[Any]]:
+        return openai_to_anthropic(messages)
 
     def read(self, body: Mapping[str, Any], session: ProxySession) -> tuple[list[Message], Converted | None]:
         conv = session.incoming.from_anthropic(body.get("system"), body["messages"])

@@ -78,11 +78,14 @@ from ctxengine.proxy.responses import RESPONSES, compact_input, compact_reply
 from ctxengine.proxy.session import (
     SESSION_HEADER,
     SessionIdError,
+    SessionKey,
     SessionRouter,
     client_session_id,
     derive_session_id,
     session_for,
     session_from_header,
+    session_key,
+    system_prompt_digest,
 )
 from ctxengine.proxy.state import ProxySession, SessionTable
 from ctxengine.proxy.streams import EventSplitter, StreamTracker
@@ -531,7 +534,7 @@ class Proxy:
                 self.metrics.child(self.metrics.plans, api.name, "passthrough").inc()
             else:
                 if not named:  # the client's own id, or a derived one: routed by the history
-                    plan.session = session_for(self.router, api.name, request.headers, body, api.system(body), api.history(body))
+                    plan.session = await self._route(api, request, body)
                 await self._settled(api, plan.session)
                 t_queue = time.perf_counter()
                 quick = self._plan_inline(api, plan.session, body, raw)
@@ -562,6 +565,30 @@ class Proxy:
         except BaseException:
             self._settle_later(plan)  # the deferred write still runs
             raise
+
+    async def _route(self, api: Api, request: Request, body: Mapping[str, Any]) -> str:
+        """The session of a request that names none (:func:`session_key`, then the router); a
+        key's first request since this process started seeds the router with the key's stored
+        conversation first, so that after a restart a request resumes the conversation it
+        continues and no other one."""
+        history = api.history(body)
+        k = session_key(api.name, request.headers, body, api.system(body), history)
+        if not k.routed:
+            return k.key
+        if self.store is not None and not self.router.knows(k.key):
+            await anyio.to_thread.run_sync(self._seed, api, k)
+        return self.router.route(k.key, history, branches=k.branches, prompt=k.prompt)
+
+    def _seed(self, api: Api, k: SessionKey) -> None:
+        """Give the router the stored conversation named by ``k`` (worker thread; best effort)."""
+        originals = getattr(self.store, "originals", None)
+        try:
+            stored = list(originals(k.key)) if callable(originals) else []
+            if stored:
+                system, history = api.as_history(stored)
+                self.router.seed(k.key, k.key, history, prompt=system_prompt_digest(system, history) if k.branches else None)
+        except Exception as exc:  # no such session, an unreadable record: routed without it
+            log.debug("router not seeded for %s: %s", k.key, exc)
 
     def _body_cache(self, api: Api, session: str) -> BodyCache:
         """The session's last body (the session is opened here when new)."""

@@ -731,6 +731,10 @@ class ResponsesApi(Api):
         instructions = body.get("instructions")
         return instructions if isinstance(instructions, str) and instructions else None
 
+    def as_history(self, messages: list[Message]) -> tuple[Any, Sequence[Any]]:
+        body = self.with_messages({"input": []}, messages)
+        return self.system(body), body["input"]
+
     def expands(self, raw: bytes) -> bool:
         return _PREFIX_BYTES in raw  # a compaction item of ours: the upstream gets what it stands for
 
