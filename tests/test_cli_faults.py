@@ -90,6 +90,26 @@ def test_sessions_restore_from_bad_files(tmp_path: Path, content: bytes, expecte
     assert expected in line, line
 
 
+@pytest.mark.parametrize(("section", "field"), [("compactions", "engine"), ("compactions", "after_tip"), ("events", "created_at"), ("events", "kind"), ("nodes", "children")])
+def test_sessions_restore_from_an_export_with_a_record_cut_short(tmp_path: Path, section: str, field: str) -> None:
+    from ctxengine.store import SqliteStore
+
+    msgs = [{"role": "user", "content": f"u{i} " * 20} if i % 2 == 0 else {"role": "assistant", "content": f"a{i} " * 20} for i in range(6)]
+    with SqliteStore(tmp_path / "src.db") as store:
+        store.record_messages("s", msgs)
+        report = {"engine": "rules", "tokens_before": 100, "tokens_after": 50, "replaced": [0, 1, 2]}
+        store.record_compaction("s", report, msgs, msgs[3:])
+        store.add_node("s", "n1", depth=0, text="summary", children=[("message", store.history_ids("s", "event:1")[0])])
+        doc = store.export_session("s")
+    assert doc[section], section
+    del doc[section][0][field]
+    (tmp_path / "export.json").write_text(json.dumps(doc), encoding="utf-8")
+    target = tmp_path / "target.db"
+    line = one_error_line(cli("sessions", "restore", "--from", "export.json", "--store", str(target), cwd=tmp_path))
+    assert "export.json" in line and f"record {section}[0]" in line and f"missing field {field!r}" in line, line
+    assert not target.exists()  # nothing written: the store was not even opened
+
+
 def test_sessions_commands_survive_lone_surrogates(tmp_path: Path) -> None:
     from ctxengine.store import SqliteStore
 
