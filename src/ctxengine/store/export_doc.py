@@ -67,7 +67,7 @@ def _children(v: Any) -> bool:
     )
 
 
-_WHAT = {
+_WHAT: dict[_Check, str] = {
     _str: "a non-empty string",
     _opt_str: "a non-empty string or null",
     _text: "a string",
