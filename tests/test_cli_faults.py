@@ -149,6 +149,34 @@ def test_compact_refuses_bad_config_at_load_time(tmp_path: Path, config: str, ex
     assert expected in line and "c.yaml" in line
 
 
+BAD_STORES = {
+    "a-directory": "store:\n  path: {tmp}\n",
+    "not-a-database": "store:\n  path: {tmp}/junk.db\n",
+    "under-a-file": "store:\n  path: {tmp}/junk.db/sessions.db\n",
+    "postgres-without-dsn": "store:\n  backend: postgres\n  dsn_env: CTXENGINE_TEST_UNSET_DSN\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_STORES))
+def test_the_cli_refuses_the_store_configs_the_library_refuses(tmp_path: Path, case: str) -> None:
+    # one validation for every entry point: what ContextManager.from_config refuses, every
+    # engine of `ctxengine compact` refuses with the same message (it exited 0 before)
+    from ctxengine import ContextManager
+    from ctxengine.config import load_config
+    from ctxengine.errors import ConfigError, StoreError
+
+    (tmp_path / "junk.db").write_bytes(b"this is not a database" * 100)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(BAD_STORES[case].format(tmp=tmp_path), encoding="utf-8")
+    with pytest.raises((StoreError, ConfigError)) as lib:
+        ContextManager.from_config(load_config(cfg), model="gpt-4o")
+    expected = str(lib.value)
+    (tmp_path / "in.json").write_text(json.dumps([{"role": "user", "content": "hi"}]), encoding="utf-8")
+    for engine in ("rules", "compressor", "lcm"):
+        line = one_error_line(cli("compact", "in.json", "--config", "c.yaml", "--engine", engine, cwd=tmp_path))
+        assert expected in line, (engine, line, expected)
+
+
 @pytest.mark.parametrize("n", ["0", "-5"])
 def test_a_non_positive_context_length_is_a_config_error(tmp_path: Path, n: str) -> None:
     (tmp_path / "in.json").write_text(json.dumps([{"role": "user", "content": "hi"}]), encoding="utf-8")
