@@ -175,6 +175,19 @@ def test_a_trickled_json_body_is_a_clear_error_within_the_timeout_then_the_sessi
     assert status == 200 and b"hello" in raw
 
 
+@pytest.mark.parametrize("fault", ["stall", "cut-clean", "cut-abrupt"])
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_a_stream_that_fails_before_its_last_event_ends_in_an_error_event(proxy_for: Any, api: str, fault: str) -> None:
+    p = proxy_for([fault])
+    status, lines, _raw, took = _request(p, api, stream=True)
+    assert status == 200  # the head was out before the fault
+    last = json.loads(lines[-1])
+    assert _is_api_error(api, last), lines
+    assert took < TIMEOUT + 1.5
+    status, lines, _, _ = _request(p, api, stream=True)  # the session continues
+    assert lines[-1] == "[DONE]" if api == "openai" else json.loads(lines[-1])["type"] == "message_stop"
+
+
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
 def test_a_whole_stream_gets_no_error_event(proxy_for: Any, api: str) -> None:
     p = proxy_for([])

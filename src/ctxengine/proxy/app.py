@@ -81,7 +81,14 @@ from ctxengine.proxy.session import (
     derive_session_id,
     session_from_header,
 )
-from ctxengine.proxy.streams import AnthropicStream, EventSplitter, OpenAIStream, StreamTracker
+from ctxengine.proxy.streams import (
+    AnthropicStream,
+    EventSplitter,
+    OpenAIStream,
+    StreamEnd,
+    StreamTracker,
+    failure_event,
+)
 from ctxengine.proxy.upstream import (
     AiohttpUpstream,
     HttpxUpstream,
@@ -899,13 +906,16 @@ class Proxy:
         try:
             while True:
                 splitter = EventSplitter(only=None if plan.engine_tools else b'"usage"')
+                end = StreamEnd(api is ANTHROPIC)
                 if not plan.engine_tools:
                     async for chunk in resp.stream():
                         yield chunk  # relayed as it arrives
+                        end.feed(chunk)
                         for event in splitter.feed(chunk):
                             tracker.feed(event)
                 else:
                     async for chunk in resp.stream():
+                        end.feed(chunk)
                         for event in splitter.feed(chunk):
                             tracker.feed(event)
                             shown = tracker.visible(event)
@@ -918,6 +928,10 @@ class Proxy:
                         if shown:
                             yield shown
                 await resp.aclose()
+                if not end.complete:  # cut before its last event: the client must not take it as whole
+                    outcome = "upstream_error"
+                    yield failure_event(api is ANTHROPIC, "the upstream ended the stream before its last event")
+                    break
                 if not (plan.engine_tools and tracker.engine_calls_only()):
                     plan.usage = dict(tracker.usage) if tracker.usage else None
                     break
@@ -938,6 +952,9 @@ class Proxy:
                     break
                 offset = tracker.client_blocks if isinstance(tracker, AnthropicStream) else 0
                 tracker = self._tracker(plan, first=False, offset=offset)
+        except UpstreamError as exc:  # stalled or cut mid-stream: an error event in the API's shape
+            outcome = "upstream_error"
+            yield failure_event(api is ANTHROPIC, f"the upstream failed mid-stream: {exc}")
         finally:
             await resp.aclose()
             self._account(plan, outcome, 200, started)
