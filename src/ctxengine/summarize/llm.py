@@ -13,7 +13,7 @@
   every SDK read timeout) is abandoned on its worker thread and its connection closed. The
   caller gets :class:`SummarizerError` at the deadline at the latest.
 * **Cooldown.** After ``failure_threshold`` consecutive failed summaries (or one that hit the
-  deadline) the summarizer is skipped for ``cooldown`` seconds (doubling on each failed probe,
+  deadline, or had a call abandoned at its timeout) the summarizer is skipped for ``cooldown`` seconds (doubling on each failed probe,
   at most 16×): :meth:`summarize` raises at once, so engines use the extractive summary without
   waiting. The first call after the cooldown probes the server again; a success resets it.
   The state belongs to the endpoint and model and is shared by every summarizer of the process
@@ -277,6 +277,7 @@ class LlmSummarizer:
             span = redact_messages(span)
             previous_summary = redact(previous_summary) if previous_summary else previous_summary
         self._local.deadline_at = None if self.deadline is None else now + self.deadline
+        abandoned = self.abandoned
         try:
             try:
                 text = self._run(span, previous_summary, focus_topic, budget_tokens, room)
@@ -286,7 +287,9 @@ class LlmSummarizer:
         except SummarizerContextError:
             raise  # the input's fault, not the server's: no cooldown
         except SummarizerError as exc:
-            self._failed(isinstance(exc, _DeadlineExceeded) or health.cooldown_until is not None)
+            # a deadline hit, or a call that had to be abandoned (a server that answers but
+            # trickles), costs every later compaction as much: cool down at once
+            self._failed(isinstance(exc, _DeadlineExceeded) or self.abandoned > abandoned or health.cooldown_until is not None)
             raise
         finally:
             self._local.deadline_at = None
