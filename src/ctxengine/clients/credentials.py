@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
+from ctxengine.errors import SummarizerError
 from ctxengine.redact import register_secret
 
 __all__ = ["UrlCredentials", "http_client_for", "split_credentials"]
@@ -125,6 +126,9 @@ def http_client_for(sdk: Any, creds: UrlCredentials | None) -> Any:
     if creds is None:
         return None
     client = sdk.DefaultHttpxClient()
+    if not hasattr(client, "_transport") or not isinstance(getattr(client, "_mounts", None), dict):
+        client.close()  # an HTTP library whose client is built differently: never send the URL's credentials unnoticed
+        raise SummarizerError(f"this version of {sdk.__name__}'s HTTP client cannot take credentials from base_url: move them to an API key variable")
     client._transport = _Injecting(client._transport, creds)
     client._mounts = {k: (None if t is None else _Injecting(t, creds)) for k, t in client._mounts.items()}
     return client
