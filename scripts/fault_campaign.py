@@ -1116,6 +1116,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {klass:<15} {case.name:<40} {outcome:<11} {textwrap.shorten(r.detail, 80)}", file=sys.stderr, flush=True)
         tally.seconds = time.monotonic() - t0
         print(f"{klass}: {sum(tally.counts.values())} cases in {tally.seconds:.1f}s", file=sys.stderr, flush=True)
+    # a case still running past its limit keeps its redirect_stdout (process-wide) in force
+    sys.stdout = sys.__stdout__
     header = ["class", "cases", *OUTCOMES, "seconds"]
     rows = [[k, str(sum(t.counts.values())), *(str(t.counts[o]) for o in OUTCOMES), f"{t.seconds:.1f}"] for k, t in tallies.items()]
     total = [sum(int(r[i]) for r in rows) for i in range(1, len(header) - 1)]

@@ -54,6 +54,7 @@ class Upstream:
     script: list[str] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
     closed_early: list[float] = field(default_factory=list)  # when a client of ours went away mid-body
+    slow_finished: int = 0  # slow streams sent to their end (their reader never left)
     stop: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -154,6 +155,9 @@ class Upstream:
             if gap and self.stop.wait(gap):
                 return False
         conn.sendall(b"0\r\n\r\n")
+        if fault == "slow-stream":
+            with self._lock:
+                self.slow_finished += 1
         return True
 
 
@@ -429,6 +433,11 @@ def client_cases(work: Path, measures: dict[str, list[float]]) -> Iterator[tuple
                     t.turn(p.url, 1, stream=True, leave_after=2)  # the client goes away mid-stream
                     t.turn(p.url, 1, stream=True, resend=True)  # and sends the turn again
                     t.turn(p.url, 2, stream=True)
+                    # the upstream learns of the close at its next write (0.3 s apart); the slow
+                    # stream would need 3 s to its end
+                    stop = left + 4.0
+                    while not up.closed_early and not up.slow_finished and time.monotonic() < stop:
+                        time.sleep(0.05)
                     closed = [c - left for c in up.closed_early]
             finally:
                 up.close()
@@ -436,7 +445,7 @@ def client_cases(work: Path, measures: dict[str, list[float]]) -> Iterator[tuple
             if bad:
                 return bad
             if not closed:
-                return "waste", "the upstream stream was not closed when the client left"
+                return "waste", "the upstream stream was not closed when the client left (it was sent to its end)"
             with SqliteStore(path) as store:
                 problem = history_check(store, t.session, t.messages[:-1], api)
             return problem or ("clean", f"upstream closed {closed[0]:.2f}s after the client left")
