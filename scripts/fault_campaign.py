@@ -14,6 +14,7 @@ huge replies), the store, plugins and config, and prints one row per class::
 * **over-window** a prepared request larger than the window.
 * **leak** a secret in an error, ``status()``, a log line or a store row.
 * **silent** invalid input or configuration accepted without a word.
+* **duplicate** a message the store recorded more often than the client sent it (the proxy).
 * **waste** work the caller should not pay for (a summarizer call on every turn of a resent
   history, a server asked again during a cooldown).
 
@@ -47,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-OUTCOMES = ("clean", "lost", "crash", "hang", "over-window", "leak", "silent", "waste")
+OUTCOMES = ("clean", "lost", "duplicate", "crash", "hang", "over-window", "leak", "silent", "waste")
 KEY = "sk-live-campaignKEY0123456789abcdef"
 WORK = Path(tempfile.mkdtemp(prefix="ctxengine-faults-"))
 os.environ["HOME"] = str(WORK / "home")
@@ -88,7 +89,7 @@ class Tally:
     seconds: float = 0.0
 
 
-MEASURES: dict[str, list[float]] = {"deadline_ratio": [], "recall_seconds": []}
+MEASURES: dict[str, list[float]] = {"deadline_ratio": [], "recall_seconds": [], "proxy_error_seconds": []}
 
 
 # -- logging: capture every record so leaks in log lines are found ---------------------------------------
@@ -299,6 +300,11 @@ def _leaks(*texts: str) -> list[str]:
 
 
 def cases_summarizer(quick: bool) -> Iterator[Case]:
+    # warm up what every first case would otherwise pay inside its timing (the exact tokenizer's
+    # tables, the SDK's import): the cases measure the summarizer, not a cold process
+    count_tokens([{"role": "user", "content": "warm up"}])
+    with contextlib.suppress(ImportError):
+        import openai  # noqa: F401
     for fault, make in _summarizer_faults().items():
 
         def run(fault: str = fault, make: Callable[[], StubReply] = make) -> Result:
@@ -359,6 +365,25 @@ def cases_summarizer(quick: bool) -> Iterator[Case]:
                 return Result("clean", f"summarizer {summarizer_time:.2f}s, prepare {elapsed:.2f}s")
 
         yield Case("summarizer", fault, run, limit=DEADLINE * 4 + 20)
+
+    for timeout, rate in ((1.0, 0.5), (2.0, 0.5), (2.0, 0.05)):
+
+        def trickle(timeout: float = timeout, rate: float = rate) -> Result:
+            # answers at once, then 1 byte every `rate` s; the 90 s default deadline is far off
+            with StubServer(default=StubReply(text=TEMPLATE, trickle=rate)) as server:
+                cfg = {"auxiliary": {"compression": {"provider": "custom", "model": "stub", "base_url": server.openai_base_url, "context_length": 64_000, "timeout": timeout, "max_retries": 1}}}
+                ctx = manager(cfg, window=4_000)
+                t0 = time.monotonic()
+                ctx.prepare(agent_session(30, seed=4))
+                elapsed = time.monotonic() - t0
+            bound = timeout * 2 + 0.5 + 3.0  # two attempts, one backoff, tokenizer loading
+            if elapsed > bound:
+                return Result("hang", f"prepare {elapsed:.1f}s with timeout {timeout:g}s (bound {bound:.1f}s)")
+            if "extractive" not in json.dumps(ctx.status(), default=str):
+                return Result("silent", "the extractive summary did not take over")
+            return Result("clean", f"prepare {elapsed:.1f}s")
+
+        yield Case("summarizer", f"trickle-{1 / rate:g}Bps-timeout-{timeout:g}-default-deadline", trickle, limit=120.0)
 
     def cooldown() -> Result:
         with StubServer(default=StubReply.fail(500, "down")) as server:
@@ -591,6 +616,7 @@ def cases_cli(quick: bool) -> Iterator[Case]:
             return Result("clean")
 
         yield Case("cli", f"restore-from:{name}", restore)
+    yield from _damaged_export_cases()
     for arg in ("0", "-3"):
 
         def ctx_len(arg: str = arg) -> Result:
@@ -600,6 +626,46 @@ def cases_cli(quick: bool) -> Iterator[Case]:
             return Result("clean") if proc.returncode == 2 and b"Traceback" not in proc.stderr else Result("silent" if proc.returncode == 0 else "crash", f"exit {proc.returncode}")
 
         yield Case("cli", f"context-length={arg}", ctx_len)
+
+
+def _damaged_export_cases() -> Iterator[Case]:
+    """``sessions restore --from`` an export whose records are cut short: each required field
+    of each record kind removed in turn (exit 2 naming the record and the field, nothing
+    written to the store)."""
+    from ctxengine.store import SqliteStore
+    from ctxengine.store.export_doc import COMPACTION, EVENT, MESSAGE, NODE
+
+    src = WORK / "export-src.db"
+    msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " * 10} for i in range(6)]
+    with SqliteStore(src) as store:
+        store.record_messages("s", msgs)
+        store.record_compaction("s", {"engine": "rules", "tokens_before": 90, "tokens_after": 40, "replaced": [0, 1]}, msgs, msgs[2:])
+        store.add_node("s", "n1", depth=0, text="summary", children=[("message", store.history_ids("s", "event:1")[0])])
+        doc = store.export_session("s")
+    for section, fields in {"messages": MESSAGE, "events": EVENT, "compactions": COMPACTION, "nodes": NODE}.items():
+        for fname, (_check, required) in fields.items():
+            if not required:
+                continue
+
+            def run(section: str = section, fname: str = fname) -> Result:
+                damaged = json.loads(json.dumps(doc))
+                del damaged[section][-1][fname]
+                f = WORK / f"export-{section}-{fname}.json"
+                f.write_text(json.dumps(damaged))
+                target = WORK / f"export-{section}-{fname}.db"
+                proc = _cli(["sessions", "restore", "--from", str(f), "--store", str(target)])
+                err = proc.stderr.decode("utf-8", "replace")
+                if proc.returncode == 0:
+                    return Result("silent", "exit 0")
+                if proc.returncode != 2 or "Traceback" in err:
+                    return Result("crash", f"exit {proc.returncode}: {err.strip().splitlines()[-1][:120] if err.strip() else ''}")
+                if f"{section}[" not in err or repr(fname) not in err:
+                    return Result("crash", f"the error does not name the record and the field: {err.strip()[:160]}")
+                if target.exists():
+                    return Result("lost", "a damaged export wrote to the store")
+                return Result("clean")
+
+            yield Case("cli", f"restore-from:damaged-{section}.{fname}", run)
 
 
 # -- class: text that cannot be encoded --------------------------------------------------------------------------------------
@@ -661,6 +727,31 @@ def cases_secrets(quick: bool) -> Iterator[Case]:
         return Result("leak", leaked[0]) if leaked else Result("clean")
 
     yield Case("secrets", "client-errors-and-tracebacks", errors)
+
+    for api in ("openai", "anthropic"):
+        for url_kind in ("userinfo", "query-key", "both"):
+
+            def sdk_logs(api: str = api, url_kind: str = url_kind) -> Result:
+                from ctxengine.clients.anthropic_client import AnthropicClient
+                from ctxengine.clients.openai_compat import OpenAICompatClient
+
+                root = logging.getLogger()
+                level = root.level
+                root.setLevel(logging.DEBUG)  # a library user's DEBUG logging, no RedactingFilter
+                LOG.lines.clear()
+                try:
+                    with StubServer(default=StubReply.ok(TEMPLATE)) as server:
+                        user = "user:campaignpass@" if url_kind in ("userinfo", "both") else ""
+                        query = "?api_key=campaignpass-q" if url_kind in ("query-key", "both") else ""
+                        base = f"http://{user}127.0.0.1:{server.port}{'/v1' if api == 'openai' else ''}{query}"
+                        client: Any = OpenAICompatClient(base_url=base, api_key=KEY) if api == "openai" else AnthropicClient(base_url=base, api_key=KEY)
+                        client.complete([{"role": "user", "content": "x"}], model="m", max_tokens=50, timeout=5)
+                finally:
+                    root.setLevel(level)
+                leaked = _leaks("\n".join(LOG.lines))
+                return Result("leak", f"SDK log line: {leaked[0]}") if leaked else Result("clean")
+
+            yield Case("secrets", f"base_url-{url_kind}-{api}-sdk-debug-log", sdk_logs)
 
     def custom_summarizer() -> Result:
         from ctxengine.redact import register_secret
@@ -771,6 +862,41 @@ def cases_store(quick: bool) -> Iterator[Case]:
 
         yield Case("store", name, run)
 
+    junk = WORK / "junk-store.db"
+    bad_stores = {
+        "a-directory": {"path": str(WORK)},
+        "not-a-database": {"path": str(junk)},
+        "under-a-file": {"path": str(junk / "sessions.db")},
+        "postgres-without-dsn": {"backend": "postgres", "dsn_env": "CTXENGINE_CAMPAIGN_UNSET_DSN"},
+    }
+    for name, store_cfg in bad_stores.items():
+        for engine in ("rules", "compressor", "lcm"):
+
+            def cli_same(store_cfg: dict[str, Any] = store_cfg, engine: str = engine, name: str = name) -> Result:
+                import yaml
+
+                junk.write_bytes(b"not a database" * 100)
+                try:
+                    ContextManager.from_config(Config.from_dict({"store": store_cfg}), model="gpt-4o")
+                    library = None
+                except CtxEngineError as exc:
+                    library = str(exc)
+                cfg = WORK / f"store-cfg-{name}.yaml"
+                cfg.write_text(yaml.safe_dump({"store": store_cfg}))
+                f = WORK / "cli-ok.json"
+                f.write_text(json.dumps([{"role": "user", "content": "hi"}]))
+                proc = _cli(["compact", str(f), "--config", str(cfg), "--engine", engine])
+                err = proc.stderr.decode("utf-8", "replace")
+                if library is None:
+                    return Result("silent", "the library accepted it")
+                if proc.returncode == 0:
+                    return Result("silent", f"the CLI exits 0 where the library raises: {library[:100]}")
+                if proc.returncode != 2 or library not in err:
+                    return Result("crash", f"exit {proc.returncode}, not the library's error: {err.strip()[-120:]}")
+                return Result("clean")
+
+            yield Case("store", f"cli-like-library:{name}:{engine}", cli_same)
+
 
 # -- class: plugins (each in its own process: a plugin may exit or never return) --------------------------------------------------
 PLUGIN_SRC = '''
@@ -879,6 +1005,53 @@ def cases_resent(quick: bool) -> Iterator[Case]:
     yield Case("resent-history", "20-turns", run, limit=180.0)
 
 
+# -- the proxy under faults (scripts/proxy_faults.py) -------------------------------------------------------------
+_PG: list[Any] = []
+
+
+def _pg_cluster() -> Any:
+    if not _PG:
+        from proxy_faults import PgCluster
+
+        _PG.append(PgCluster())
+    return _PG[0]
+
+
+def _proxy_cases(klass: str) -> Iterator[Case]:
+    sys.path.insert(0, str(Path(__file__).parent))
+    import proxy_faults as pf
+
+    gens = {
+        "proxy-upstream": lambda: pf.upstream_cases(WORK, MEASURES),
+        "proxy-client": lambda: pf.client_cases(WORK, MEASURES),
+        "proxy-restart": lambda: pf.restart_cases(WORK, MEASURES),
+        "proxy-store": lambda: pf.store_cases(WORK, MEASURES, _pg_cluster),
+    }
+    for _k, name, fn in gens[klass]():
+
+        def run(fn: Callable[[], tuple[str, str]] = fn) -> Result:
+            outcome, detail = fn()
+            return Result(outcome, detail)
+
+        yield Case(klass, name, run, limit=90.0)
+
+
+def cases_proxy_upstream(quick: bool) -> Iterator[Case]:
+    return _proxy_cases("proxy-upstream")
+
+
+def cases_proxy_client(quick: bool) -> Iterator[Case]:
+    return _proxy_cases("proxy-client")
+
+
+def cases_proxy_restart(quick: bool) -> Iterator[Case]:
+    return _proxy_cases("proxy-restart")
+
+
+def cases_proxy_store(quick: bool) -> Iterator[Case]:
+    return _proxy_cases("proxy-store")
+
+
 CLASSES: dict[str, Callable[[bool], Iterator[Case]]] = {
     "lost-users": cases_lost_users,
     "giant-outputs": cases_giant_outputs,
@@ -892,6 +1065,10 @@ CLASSES: dict[str, Callable[[bool], Iterator[Case]]] = {
     "store": cases_store,
     "plugins": cases_plugins,
     "resent-history": cases_resent,
+    "proxy-upstream": cases_proxy_upstream,
+    "proxy-client": cases_proxy_client,
+    "proxy-restart": cases_proxy_restart,
+    "proxy-store": cases_proxy_store,
 }
 
 
@@ -939,6 +1116,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {klass:<15} {case.name:<40} {outcome:<11} {textwrap.shorten(r.detail, 80)}", file=sys.stderr, flush=True)
         tally.seconds = time.monotonic() - t0
         print(f"{klass}: {sum(tally.counts.values())} cases in {tally.seconds:.1f}s", file=sys.stderr, flush=True)
+    # a case still running past its limit keeps its redirect_stdout (process-wide) in force
+    sys.stdout = sys.__stdout__
     header = ["class", "cases", *OUTCOMES, "seconds"]
     rows = [[k, str(sum(t.counts.values())), *(str(t.counts[o]) for o in OUTCOMES), f"{t.seconds:.1f}"] for k, t in tallies.items()]
     total = [sum(int(r[i]) for r in rows) for i in range(1, len(header) - 1)]
@@ -948,6 +1127,8 @@ def main(argv: list[str] | None = None) -> int:
         print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))))
     if MEASURES["deadline_ratio"]:
         print(f"summarizer: one compaction's summarizer time / deadline ({DEADLINE:g}s): max {max(MEASURES['deadline_ratio']):.3f} over {len(MEASURES['deadline_ratio'])} faults")
+    if MEASURES["proxy_error_seconds"]:
+        print(f"proxy: worst time to a clear error {max(MEASURES['proxy_error_seconds']):.2f}s over {len(MEASURES['proxy_error_seconds'])} errors (proxy timeout 2s)")
     if MEASURES["recall_seconds"]:
         print(f"recall: slowest regex search {max(MEASURES['recall_seconds']):.2f}s")
     failures = [(k, f) for k, t in tallies.items() for f in t.failures]
@@ -958,6 +1139,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({"classes": {k: t.counts for k, t in tallies.items()}, "cases": records, "measures": MEASURES}, indent=2))
     sys.stdout.flush()
+    for cluster in _PG:
+        cluster.stop()
     code = 1 if failures else 0
     os._exit(code)  # hung case threads (if any) must not keep the process alive
 

@@ -90,6 +90,26 @@ def test_sessions_restore_from_bad_files(tmp_path: Path, content: bytes, expecte
     assert expected in line, line
 
 
+@pytest.mark.parametrize(("section", "field"), [("compactions", "engine"), ("compactions", "after_tip"), ("events", "created_at"), ("events", "kind"), ("nodes", "children")])
+def test_sessions_restore_from_an_export_with_a_record_cut_short(tmp_path: Path, section: str, field: str) -> None:
+    from ctxengine.store import SqliteStore
+
+    msgs = [{"role": "user", "content": f"u{i} " * 20} if i % 2 == 0 else {"role": "assistant", "content": f"a{i} " * 20} for i in range(6)]
+    with SqliteStore(tmp_path / "src.db") as store:
+        store.record_messages("s", msgs)
+        report = {"engine": "rules", "tokens_before": 100, "tokens_after": 50, "replaced": [0, 1, 2]}
+        store.record_compaction("s", report, msgs, msgs[3:])
+        store.add_node("s", "n1", depth=0, text="summary", children=[("message", store.history_ids("s", "event:1")[0])])
+        doc = store.export_session("s")
+    assert doc[section], section
+    del doc[section][0][field]
+    (tmp_path / "export.json").write_text(json.dumps(doc), encoding="utf-8")
+    target = tmp_path / "target.db"
+    line = one_error_line(cli("sessions", "restore", "--from", "export.json", "--store", str(target), cwd=tmp_path))
+    assert "export.json" in line and f"record {section}[0]" in line and f"missing field {field!r}" in line, line
+    assert not target.exists()  # nothing written: the store was not even opened
+
+
 def test_sessions_commands_survive_lone_surrogates(tmp_path: Path) -> None:
     from ctxengine.store import SqliteStore
 
@@ -127,6 +147,34 @@ def test_compact_refuses_bad_config_at_load_time(tmp_path: Path, config: str, ex
     (tmp_path / "in.json").write_text(json.dumps([{"role": "user", "content": "hi"}]), encoding="utf-8")
     line = one_error_line(cli("compact", "in.json", "--config", "c.yaml", cwd=tmp_path))
     assert expected in line and "c.yaml" in line
+
+
+BAD_STORES = {
+    "a-directory": "store:\n  path: {tmp}\n",
+    "not-a-database": "store:\n  path: {tmp}/junk.db\n",
+    "under-a-file": "store:\n  path: {tmp}/junk.db/sessions.db\n",
+    "postgres-without-dsn": "store:\n  backend: postgres\n  dsn_env: CTXENGINE_TEST_UNSET_DSN\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_STORES))
+def test_the_cli_refuses_the_store_configs_the_library_refuses(tmp_path: Path, case: str) -> None:
+    # one validation for every entry point: what ContextManager.from_config refuses, every
+    # engine of `ctxengine compact` refuses with the same message (it exited 0 before)
+    from ctxengine import ContextManager
+    from ctxengine.config import load_config
+    from ctxengine.errors import ConfigError, StoreError
+
+    (tmp_path / "junk.db").write_bytes(b"this is not a database" * 100)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(BAD_STORES[case].format(tmp=tmp_path), encoding="utf-8")
+    with pytest.raises((StoreError, ConfigError)) as lib:
+        ContextManager.from_config(load_config(cfg), model="gpt-4o")
+    expected = str(lib.value)
+    (tmp_path / "in.json").write_text(json.dumps([{"role": "user", "content": "hi"}]), encoding="utf-8")
+    for engine in ("rules", "compressor", "lcm"):
+        line = one_error_line(cli("compact", "in.json", "--config", "c.yaml", "--engine", engine, cwd=tmp_path))
+        assert expected in line, (engine, line, expected)
 
 
 @pytest.mark.parametrize("n", ["0", "-5"])

@@ -156,3 +156,88 @@ def test_a_custom_summarizers_error_text_is_redacted_in_status_and_logs(tmp_path
     assert "RuntimeError" in status  # the failure is still reported
     for text in (status, caplog.text):
         assert KEY not in text and "pw123456" not in text
+
+
+# -- credentials in base_url never reach a client library (issue 24, item 3) ------------------------
+
+
+class _Everything(logging.Handler):
+    """A library user's handler: every record of every logger, no RedactingFilter."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_credentials_in_base_url_reach_the_server_and_no_log_line(api: str) -> None:
+    import base64
+
+    from ctxengine.clients.anthropic_client import AnthropicClient
+    from ctxengine.clients.openai_compat import OpenAICompatClient
+    from ctxengine.summarize.base import render_sections
+
+    template = render_sections({"Goal": ["- g"], "Progress/Done": ["- d"]})
+    root = logging.getLogger()
+    handler, level = _Everything(), root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    try:
+        with StubServer(default=StubReply.ok(template)) as server:
+            creds = f"admin:p%40ss-w0rd-SECRET@127.0.0.1:{server.port}"
+            if api == "openai":
+                client: Any = OpenAICompatClient(base_url=f"http://{creds}/v1?api-version=2&api_key=QK-secret-123", api_key=KEY)
+            else:
+                client = AnthropicClient(base_url=f"http://{creds}?api-version=2&api_key=QK-secret-123", api_key=KEY)
+            assert "SECRET" not in str(client.base_url) and "?" not in str(client.base_url)
+            text = client.complete([{"role": "user", "content": "hi"}], model="m", max_tokens=100, timeout=5)
+            assert text.strip() == template.strip()
+            (req,) = server.requests
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    # the server got them as the HTTP library would have sent them: basic auth and the query
+    assert req.headers["authorization"] == "Basic " + base64.b64encode(b"admin:p@ss-w0rd-SECRET").decode()
+    assert req.query == "api-version=2&api_key=QK-secret-123"
+    assert req.path.endswith(("/chat/completions", "/messages"))
+    logs = "\n".join(handler.lines)
+    assert any("HTTP Request" in line for line in handler.lines)  # the SDK did log its request
+    for secret in ("p%40ss-w0rd-SECRET", "p@ss-w0rd-SECRET", "QK-secret-123", "cEBzcy13MHJkLVNFQ1JFVA"):
+        assert secret not in logs
+
+
+def test_split_credentials_keeps_the_url_and_names_the_origin() -> None:
+    from ctxengine.clients.credentials import split_credentials
+
+    assert split_credentials("http://localhost:8000/v1") == ("http://localhost:8000/v1", None)
+    assert split_credentials(None) == (None, None)
+    bare, creds = split_credentials("https://u:pw@[::1]:9000/api/v1?key=abcdefgh")
+    assert bare == "https://[::1]:9000/api/v1"
+    assert creds is not None and (creds.scheme, creds.host, creds.port, creds.query) == ("https", "::1", 9000, (("key", "abcdefgh"),))
+    assert redact("echoed abcdefgh and pw-free") == f"echoed {MARK} and pw-free"  # the key value is a registered secret
+
+
+def test_a_redirect_to_another_origin_carries_no_credentials() -> None:
+    from ctxengine.clients.credentials import UrlCredentials, _Injecting
+
+    seen: list[tuple[str, str | None]] = []
+
+    class Inner:
+        def handle_request(self, request: Any) -> str:
+            seen.append((str(request.url), request.headers.get("authorization")))
+            return "response"
+
+    import openai
+
+    creds = UrlCredentials("http", "127.0.0.1", 8000, "Basic abc", (("key", "k1"),))
+    t = _Injecting(Inner(), creds)
+    client = openai.DefaultHttpxClient()
+    for url in ("http://127.0.0.1:8000/v1/x", "http://evil.example:8000/v1/x", "http://127.0.0.1:8001/v1/x"):
+        request = client.build_request("POST", url)
+        assert t.handle_request(request) == "response"
+        assert str(request.url) == url and "authorization" not in request.headers  # taken off again
+    assert seen == [("http://127.0.0.1:8000/v1/x?key=k1", "Basic abc"), ("http://evil.example:8000/v1/x", None), ("http://127.0.0.1:8001/v1/x", None)]
+    client.close()

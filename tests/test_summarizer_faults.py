@@ -67,6 +67,73 @@ def test_a_trickling_body_is_cut_off_at_the_deadline() -> None:
         assert s.abandoned == 1 and server.calls == 1
 
 
+def _call_threads_alive() -> int:
+    import threading
+
+    return sum(1 for t in threading.enumerate() if t.name == "ctxengine-summarizer-call" and t.is_alive())
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_timeout_bounds_the_whole_call_not_each_read(api: str) -> None:
+    # the case: the server answers at once, then sends 2 bytes a second; the SDK's
+    # read timeout (2 s) never fires, the deadline (90 s) is far: the timeout must end the call
+    with StubServer(default=StubReply(text=TEMPLATE, trickle=0.5)) as server:
+        if api == "openai":
+            client: OpenAICompatClient | AnthropicClient = OpenAICompatClient(base_url=server.openai_base_url, api_key=KEY, timeout=0.6)
+        else:
+            client = AnthropicClient(base_url=server.anthropic_base_url, api_key=KEY, timeout=0.6)
+        s = LlmSummarizer(client, "stub-model", context_length=16_000, timeout=0.6, deadline=90.0, retries=0)
+        client._client()  # the SDK's import is not what is measured
+        t0 = time.monotonic()
+        with pytest.raises(SummarizerError, match=r"longer than its 0\.6s timeout"):
+            s.summarize(span())
+        assert time.monotonic() - t0 < 2.5  # the body alone needs minutes
+        assert s.abandoned == 1 and server.calls == 1
+        # the abandoned call does not keep reading: its connection was closed under it
+        stop = time.monotonic() + 5.0
+        while _call_threads_alive() and time.monotonic() < stop:
+            time.sleep(0.05)
+        assert _call_threads_alive() == 0
+
+
+def test_retries_of_a_trickling_server_stay_within_timeout_times_attempts() -> None:
+    with StubServer(default=StubReply(text=TEMPLATE, trickle=0.5)) as server:
+        client = OpenAICompatClient(base_url=server.openai_base_url, api_key=KEY, timeout=0.5)
+        s = LlmSummarizer(client, "stub-model", context_length=16_000, timeout=0.5, deadline=90.0, retries=2, sleep=lambda _s: None)
+        client._client()
+        t0 = time.monotonic()
+        with pytest.raises(SummarizerError, match="after 3 attempts"):
+            s.summarize(span())
+        assert time.monotonic() - t0 < 3 * 0.5 + 2.5  # three bounded calls (the backoff waits are stubbed)
+        assert s.abandoned == 3 and server.calls <= 3  # a call abandoned before its request was read is not counted there
+
+
+def test_a_trickling_summarizer_gives_way_to_the_extractive_summary_in_prepare(tmp_path: pytest.TempPathFactory) -> None:
+    from ctxengine import ContextManager
+    from ctxengine.config import Config
+
+    msgs: list[Message] = [{"role": "system", "content": "You are an agent."}]
+    for t in range(30):
+        msgs += [
+            {"role": "user", "content": f"request {t}: handle item-{t} " + "and keep it tidy " * 8},
+            {"role": "assistant", "content": f"done with item {t}; " + "details " * 40},
+        ]
+    with StubServer(default=StubReply(text=TEMPLATE, trickle=0.5)) as server:
+        cfg = Config.from_dict(
+            {
+                "auxiliary": {"compression": {"provider": "custom", "model": "stub", "base_url": server.openai_base_url, "context_length": 64_000, "timeout": 0.5, "max_retries": 0}},
+                "store": {"path": str(tmp_path / "s.db")},  # type: ignore[operator]
+            }
+        )
+        ctx = ContextManager.from_config(cfg, model="gpt-4o", context_length=4_000)
+        t0 = time.monotonic()
+        out = ctx.prepare(msgs)
+        assert time.monotonic() - t0 < 10.0  # the default 90 s deadline is not what ended it
+        assert server.calls == 1
+    assert len(out) < len(msgs)  # compacted all the same
+    assert "extractive" in json.dumps(ctx.status(), default=str)
+
+
 def test_a_retry_after_beyond_the_deadline_ends_the_attempts_at_once() -> None:
     with StubServer(default=StubReply.fail(429, "slow down", retry_after_ms=None)) as server:
         server.default.headers = {"retry-after": "30"}
@@ -312,3 +379,18 @@ def test_one_summary_never_outlives_its_deadline(script: list[tuple[object, ...]
         assert has_template(out) and estimate(out) <= s._max_tokens(500) + 12 * estimate(CUT_NOTE)
     assert clock.now - start <= deadline + 1e-6
     assert client.calls <= 1 + retries
+
+
+def test_a_summary_whose_call_was_abandoned_opens_the_cooldown_at_once() -> None:
+    # a trickling server costs every compaction its full timeout: the next one in the same
+    # prepare (failure_threshold 2) must not pay it again
+    with StubServer(default=StubReply(text=TEMPLATE, trickle=0.5)) as server:
+        client = OpenAICompatClient(base_url=server.openai_base_url, api_key=KEY, timeout=0.4)
+        s = LlmSummarizer(client, f"stub-{id(client)}", context_length=16_000, timeout=0.4, deadline=60.0, retries=0, failure_threshold=2, cooldown=60.0)
+        client._client()  # the SDK's import is not what is measured
+        with pytest.raises(SummarizerError, match="timeout"):
+            s.summarize(span())
+        assert s.cooling_down
+        with pytest.raises(SummarizerError, match="cooling down"):
+            s.summarize(span())
+        assert s.abandoned == 1 and server.calls <= 1  # the second summary asked nothing

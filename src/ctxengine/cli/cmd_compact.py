@@ -112,14 +112,21 @@ def _table(rows: list[list[str]], align: str) -> list[str]:
     return out
 
 
-def _store_for(config: Config) -> SessionRecorder:
-    """The store the lossless engine keeps originals in: the configured one (so
-    ``ctxengine sessions`` can expand them later), or a throwaway in-memory one when the store is
-    disabled."""
-    from ctxengine.store import open_store
-    from ctxengine.store.sqlite import SqliteStore
+def _store_for(config: Config) -> SessionRecorder | None:
+    """The configured store, opened by the function the library opens it with
+    (:func:`ctxengine.manager.default_store`), so the CLI accepts exactly the configurations
+    :meth:`ContextManager.from_config` accepts: a store path that is a directory, a file that is
+    not a database, a PostgreSQL DSN that is not set are the same error here (exit 2) as there.
+    ``None`` when the store is disabled."""
+    from ctxengine.manager import default_store
 
-    return open_store(config.store) if config.store.enabled else SqliteStore(":memory:")
+    return default_store(config)
+
+
+def _close(store: object) -> None:
+    close = getattr(store, "close", None)
+    if callable(close):
+        close()
 
 
 @click.command()
@@ -137,10 +144,31 @@ def compact(file: str, engine_name: str | None, config_path: str | None, context
     inp = _load(file)
     _validate_input(inp, "<stdin>" if file == "-" else file)
     name = engine_name or config.context.engine
+    store = _store_for(config)  # checked for every engine, used by the lossless one
+    try:
+        outputs, rows = _compact_all(config, inp, name, n, counter, store)
+    finally:
+        _close(store)
+    text = _dump(inp, outputs)
+    if output:
+        try:
+            Path(output).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"{output}: cannot write: {exc.strerror or exc}") from exc
+    else:
+        click.echo(text, nl=False)
+    for line in _table(rows, "<rrrr<r"):
+        click.echo(line, err=True)
+
+
+def _compact_all(config: Config, inp: Document, name: str, n: int | None, counter: Any, store: SessionRecorder | None) -> tuple[list[list[Message]], list[list[str]]]:
+    """Compact every session of ``inp``: the outputs and the report table's rows."""
+    from ctxengine.store.sqlite import SqliteStore
+
     outputs: list[list[Message]] = []
     rows = [["session", "messages", "tokens", "after", "reduction", "engine", "ms"]]
     before_total = after_total = 0
-    services: dict[str, Any] = {"store": _store_for(config)} if name == "lcm" else {}
+    services: dict[str, Any] = {"store": store if store is not None else SqliteStore(":memory:")} if name == "lcm" else {}
     ctx = config.context
     window_length = n or config.model.context_length or config.model.default_context_length
     window = WindowCap(WindowLimit.for_window(window_length, completion_reserve=ctx.completion_reserve, margin_ratio=ctx.window_margin))
@@ -166,16 +194,7 @@ def compact(file: str, engine_name: str | None, config_path: str | None, context
     if len(inp.sessions) > 1:
         red = 1.0 - after_total / before_total if before_total else 0.0
         rows.append(["total", "", f"{before_total:,}", f"{after_total:,}", f"{red:.1%}", "", ""])
-    text = _dump(inp, outputs)
-    if output:
-        try:
-            Path(output).write_text(text, encoding="utf-8")
-        except OSError as exc:
-            raise InputError(f"{output}: cannot write: {exc.strerror or exc}") from exc
-    else:
-        click.echo(text, nl=False)
-    for line in _table(rows, "<rrrr<r"):
-        click.echo(line, err=True)
+    return outputs, rows
 
 
 @click.command()

@@ -19,6 +19,7 @@ from ctxengine.errors import InputError
 from ctxengine.io import loads_json, read_text
 from ctxengine.messages import content_text, message_text
 from ctxengine.store import SessionStore, SqliteStore, open_store
+from ctxengine.store.export_doc import validate_export
 from ctxengine.textsafe import clean, dumps
 
 __all__ = ["COMMANDS", "sessions"]
@@ -195,6 +196,10 @@ def restore(session_id: str | None, point: str | None, store_path: str | None, c
         doc = loads_json(read_text(from_file, "session export"), source)
         if not isinstance(doc, dict):
             raise InputError(f"{source}: not a session export (a JSON object from `ctxengine sessions export`), got a {type(doc).__name__}")
+        try:  # every record checked before the store is opened: a damaged file writes nothing
+            validate_export(doc)
+        except InputError as exc:
+            raise InputError(f"{source}: {exc}") from None
         with _open(store_path, config_path) as store:
             sid = store.import_session(doc, session_id=as_id or session_id)
             info = store.get_session(sid)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ctxengine.clients.base import error_message, looks_like_context_error, retry_after_seconds
+from ctxengine.clients.credentials import http_client_for, split_credentials
 from ctxengine.errors import SummarizerAuthError, SummarizerContextError, SummarizerError
 from ctxengine.messages import Message, content_text
 from ctxengine.redact import redact, redact_url, register_secret
@@ -31,7 +32,8 @@ class AnthropicClient:
         max_retries: int = 0,
         key_hint: str = "ANTHROPIC_API_KEY",
     ) -> None:
-        self.base_url = base_url
+        # credentials in the URL go to headers before any SDK sees it (see clients.credentials)
+        self.base_url, self._url_credentials = split_credentials(base_url)
         self.timeout = float(timeout)
         self.max_retries = int(max_retries)
         self._api_key = api_key
@@ -52,6 +54,7 @@ class AnthropicClient:
                 base_url=self.base_url,
                 timeout=self.timeout,
                 max_retries=self.max_retries,
+                http_client=http_client_for(anthropic, self._url_credentials),
             )
         return self._sdk
 

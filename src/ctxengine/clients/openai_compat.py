@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ctxengine.clients.base import error_message, looks_like_context_error, retry_after_seconds
+from ctxengine.clients.credentials import http_client_for, split_credentials
 from ctxengine.errors import SummarizerAuthError, SummarizerContextError, SummarizerError
 from ctxengine.messages import Message
 from ctxengine.redact import redact, redact_url, register_secret
@@ -39,7 +40,8 @@ class OpenAICompatClient:
         key_hint: str = "OPENAI_API_KEY",
         default_headers: dict[str, str] | None = None,
     ) -> None:
-        self.base_url = base_url
+        # credentials in the URL go to headers before any SDK sees it (see clients.credentials)
+        self.base_url, self._url_credentials = split_credentials(base_url)
         self.timeout = float(timeout)
         self.max_retries = int(max_retries)
         self._api_key = api_key
@@ -62,6 +64,7 @@ class OpenAICompatClient:
                 base_url=self.base_url,
                 timeout=self.timeout,
                 max_retries=self.max_retries,
+                http_client=http_client_for(openai, self._url_credentials),
                 default_headers=self._headers or None,
             )
         return self._sdk

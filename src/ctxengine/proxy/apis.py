@@ -23,7 +23,7 @@ from ctxengine.caching import apply_breakpoints
 from ctxengine.messages import Message
 from ctxengine.proxy.incoming import Converted
 from ctxengine.proxy.state import ProxySession
-from ctxengine.proxy.streams import AnthropicStream, OpenAIStream, StreamTracker
+from ctxengine.proxy.streams import AnthropicStream, OpenAIStream, StreamTracker, failure_event
 
 __all__ = ["ANTHROPIC", "OPENAI", "Api", "Marking", "ToolCall", "anthropic_body", "has_cache_control"]
 
@@ -138,6 +138,11 @@ class Api:
     def closing(self, tracker: StreamTracker) -> bytes:
         """The end of a stream whose last round still called only the engine's tools."""
         raise NotImplementedError
+
+    def stream_failure(self, message: str, tracker: StreamTracker | None = None) -> bytes:
+        """The event ending a stream the upstream failed to finish (stalled, cut before its
+        last event): the response head (200) is out, so this is how the client learns of it."""
+        return failure_event(self.upstream == "anthropic", message)
 
     def stream_error(self, status: int, content: bytes, tracker: StreamTracker | None = None) -> bytes:
         """An upstream error met in a follow-up round, as an event of the stream under way."""

@@ -88,7 +88,7 @@ from ctxengine.proxy.session import (
     system_prompt_digest,
 )
 from ctxengine.proxy.state import ProxySession, SessionTable
-from ctxengine.proxy.streams import EventSplitter, StreamTracker
+from ctxengine.proxy.streams import EventSplitter, StreamEnd, StreamTracker
 from ctxengine.proxy.upstream import (
     AiohttpUpstream,
     HttpxUpstream,
@@ -1057,13 +1057,16 @@ class Proxy:
         try:
             while True:
                 splitter = EventSplitter(only=None if plan.engine_tools else b'"usage"')
+                end = StreamEnd(api.upstream == "anthropic")
                 if not plan.engine_tools:
                     async for chunk in resp.stream():
                         yield chunk  # relayed as it arrives
+                        end.feed(chunk)
                         for event in splitter.feed(chunk):
                             tracker.feed(event)
                 else:
                     async for chunk in resp.stream():
+                        end.feed(chunk)
                         for event in splitter.feed(chunk):
                             tracker.feed(event)
                             shown = tracker.visible(event)
@@ -1076,6 +1079,10 @@ class Proxy:
                         if shown:
                             yield shown
                 await resp.aclose()
+                if not end.complete:  # cut before its last event: the client must not take it as whole
+                    outcome = "upstream_error"
+                    yield api.stream_failure("the upstream ended the stream before its last event", tracker)
+                    break
                 if not (plan.engine_tools and tracker.engine_calls_only()):
                     plan.usage = dict(tracker.usage) if tracker.usage else None
                     if plan.engine_tools:
@@ -1098,6 +1105,9 @@ class Proxy:
                     yield api.stream_error(resp.status, content, tracker)
                     break
                 tracker = api.tracker(plan.engine_tools, first_round=False, previous=tracker)
+        except UpstreamError as exc:  # stalled or cut mid-stream: an error event in the API's shape
+            outcome = "upstream_error"
+            yield api.stream_failure(f"the upstream failed mid-stream: {exc}", tracker)
         finally:
             await resp.aclose()
             self._account(plan, outcome, 200, started)

@@ -245,8 +245,8 @@ class H1Response:
     async def wait_head(self) -> None:
         await self._wait(self._head)
 
-    async def _wait(self, fut: asyncio.Future[None]) -> None:
-        handle = self._conn.loop.call_later(self._timeout, _expire, fut)
+    async def _wait(self, fut: asyncio.Future[None], timeout: float | None = None) -> None:
+        handle = self._conn.loop.call_later(self._timeout if timeout is None else timeout, _expire, fut)
         try:
             await fut
         finally:
@@ -260,8 +260,9 @@ class H1Response:
             self._conn.transport.resume_reading()
         return chunk
 
-    async def _next(self) -> bytes | None:
-        """The body's next chunk as it came; ``None`` at its end."""
+    async def _next(self, until: float | None = None) -> bytes | None:
+        """The body's next chunk as it came; ``None`` at its end. ``until`` (loop time): the
+        whole body's deadline, on top of the wait for each chunk."""
         while True:
             if self._chunks:
                 return self._take()
@@ -269,10 +270,17 @@ class H1Response:
                 raise self._error
             if self._done:
                 return None
+            wait = self._timeout
+            if until is not None:
+                wait = min(wait, until - self._conn.loop.time())
+                if wait <= 0:
+                    raise UpstreamError(f"the upstream's response body took longer than {self._timeout:g} s")
             self._waiter = self._conn.loop.create_future()
             try:
-                await self._wait(self._waiter)
+                await self._wait(self._waiter, wait)
             except TimeoutError:
+                if until is not None and self._conn.loop.time() >= until:
+                    raise UpstreamError(f"the upstream's response body took longer than {self._timeout:g} s") from None
                 raise UpstreamError(f"no bytes from the upstream for {self._timeout:g} s") from None
             finally:
                 self._waiter = None
@@ -309,10 +317,13 @@ class H1Response:
             raise UpstreamError(f"the upstream's response body does not decode: {exc}") from exc
 
     async def read(self) -> bytes:
-        """The whole body (then the connection goes back to the pool)."""
+        """The whole body (then the connection goes back to the pool), within the timeout in
+        all: a body read whole is what a client waits for without seeing a byte, so a server
+        that trickles it (each byte resetting the wait for the next) must not hold it longer."""
         parts = []
+        until = self._conn.loop.time() + self._timeout
         try:
-            while (chunk := await self._next()) is not None:
+            while (chunk := await self._next(until)) is not None:
                 parts.append(self._decoded(chunk))
             parts.append(self._flushed())
         finally:

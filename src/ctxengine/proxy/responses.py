@@ -767,6 +767,10 @@ class ResponsesApi(Api):
     def closing(self, tracker: StreamTracker) -> bytes:
         return tracker.closing() if isinstance(tracker, ResponsesStream) else b""
 
+    def stream_failure(self, message: str, tracker: StreamTracker | None = None) -> bytes:
+        body = orjson.dumps({"error": {"message": message, "type": "server_error", "param": None, "code": "upstream_stream_failed"}})
+        return self.stream_error(502, body, tracker)
+
     def stream_error(self, status: int, content: bytes, tracker: StreamTracker | None = None) -> bytes:
         if isinstance(tracker, ResponsesStream):
             return tracker.failure(status, content)

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["AnthropicStream", "Event", "EventSplitter", "OpenAIStream", "ResponsesStream", "StreamTracker"]
+__all__ = ["AnthropicStream", "Event", "EventSplitter", "OpenAIStream", "ResponsesStream", "StreamEnd", "StreamTracker", "failure_event"]
 
 
 @dataclass(slots=True)
@@ -29,6 +29,52 @@ class Event:
     raw: bytes
     data: Any = None
     done: bool = False  # OpenAI's ``data: [DONE]``
+
+
+class StreamEnd:
+    """Whether a relayed stream reached its proper end, from its last bytes only (the plain
+    relay parses no event but those with usage): OpenAI's ``data: [DONE]``, Anthropic's
+    ``message_stop``, or an ``error`` event (the upstream's own way of ending a failed stream).
+
+    A stream without one was cut: its client must be told (:func:`failure_event`), not left
+    with half an answer that looks whole."""
+
+    __slots__ = ("_anthropic", "_tail")
+
+    _KEEP = 4096  # the last event of any stream fits (a final usage chunk is a few hundred bytes)
+
+    def __init__(self, anthropic: bool) -> None:
+        self._anthropic = anthropic
+        self._tail = b""
+
+    def feed(self, chunk: bytes) -> None:
+        tail = self._tail + chunk
+        self._tail = tail[-self._KEEP :] if len(tail) > self._KEEP else tail
+
+    @property
+    def complete(self) -> bool:
+        events = [e for e in self._tail.replace(b"\r\n", b"\n").split(b"\n\n") if e.strip()]
+        if not events:
+            return False
+        last = events[-1]
+        if self._anthropic:
+            return b"message_stop" in last or b"event: error" in last or b'"type": "error"' in last or b'"type":"error"' in last
+        data = last.split(b"data:", 1)[-1].strip()
+        if data == b"[DONE]" or data.startswith(b'{"error"') or b'"error":' in data[:20]:
+            return True
+        # the Responses API: its last event is the response's terminal one, or an error
+        head = data[:64]
+        return any(t in head for t in (b'"response.completed"', b'"response.incomplete"', b'"response.failed"', b'"type":"error"', b'"type": "error"'))
+
+
+def failure_event(anthropic: bool, message: str) -> bytes:
+    """An error event in the API's own shape, to end a stream the upstream failed to finish
+    (the response head, 200, is already out: this is how an SDK learns of the failure)."""
+    if anthropic:
+        payload = {"type": "error", "error": {"type": "api_error", "message": message}}
+        return b"event: error\ndata: " + json.dumps(payload).encode() + b"\n\n"
+    payload = {"error": {"message": message, "type": "server_error", "param": None, "code": "upstream_stream_failed"}}
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
 
 class EventSplitter:

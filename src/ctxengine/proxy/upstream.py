@@ -25,6 +25,7 @@ verbatim). Every failure to reach or read the upstream is an :class:`UpstreamErr
 
 from __future__ import annotations
 
+import asyncio
 import urllib.request
 from collections.abc import AsyncIterator, Mapping
 from typing import Protocol
@@ -79,10 +80,11 @@ class Upstream(Protocol):
 
 # -- aiohttp (the network) ------------------------------------------------------------------------
 class _AiohttpResponse:
-    __slots__ = ("_resp",)
+    __slots__ = ("_resp", "_timeout")
 
-    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+    def __init__(self, resp: aiohttp.ClientResponse, timeout: float) -> None:
         self._resp = resp
+        self._timeout = timeout
 
     @property
     def status(self) -> int:
@@ -94,8 +96,11 @@ class _AiohttpResponse:
 
     async def read(self) -> bytes:
         try:
-            return await self._resp.read()
-        except (TimeoutError, aiohttp.ClientError) as exc:
+            async with asyncio.timeout(self._timeout):  # the whole body (see H1Response.read)
+                return await self._resp.read()
+        except TimeoutError:
+            raise UpstreamError(f"the upstream's response body took longer than {self._timeout:g} s") from None
+        except aiohttp.ClientError as exc:
             raise UpstreamError(_describe(exc)) from exc
         finally:
             self._resp.release()
@@ -145,6 +150,7 @@ class AiohttpUpstream:
         # what aiohttp reads from it (host, port, origin, path) on the object
         self._urls: dict[str, URL] = {}
         # a POST to an upstream reached directly goes through the lean client (see its module)
+        self._timeout = timeout
         self._h1 = H1Client(timeout=timeout, connect_timeout=connect_timeout, ssl_context=context, max_connections=max_connections)
 
     async def send(self, method: str, url: str, headers: Headers, content: bytes | None, *, decode: bool = True) -> UpstreamResponse:
@@ -170,7 +176,7 @@ class AiohttpUpstream:
             )
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise UpstreamError(_describe(exc)) from exc
-        return _AiohttpResponse(resp)
+        return _AiohttpResponse(resp, self._timeout)
 
     def _proxy_for(self, url: URL) -> tuple[URL | None, aiohttp.BasicAuth | None]:
         origin = f"{url.scheme}://{url.host}:{url.port}"
@@ -218,11 +224,12 @@ def _describe(exc: BaseException) -> str:
 
 # -- httpx (an injected transport) --------------------------------------------------------------------
 class _HttpxResponse:
-    __slots__ = ("_decode", "_resp")
+    __slots__ = ("_decode", "_resp", "_timeout")
 
-    def __init__(self, resp: httpx.Response, decode: bool) -> None:
+    def __init__(self, resp: httpx.Response, decode: bool, timeout: float) -> None:
         self._resp = resp
         self._decode = decode
+        self._timeout = timeout
 
     @property
     def status(self) -> int:
@@ -234,9 +241,12 @@ class _HttpxResponse:
 
     async def read(self) -> bytes:
         try:
-            if self._decode:
-                return await self._resp.aread()
-            return b"".join([chunk async for chunk in self._resp.aiter_raw()])
+            async with asyncio.timeout(self._timeout):  # the whole body (see H1Response.read)
+                if self._decode:
+                    return await self._resp.aread()
+                return b"".join([chunk async for chunk in self._resp.aiter_raw()])
+        except TimeoutError:
+            raise UpstreamError(f"the upstream's response body took longer than {self._timeout:g} s") from None
         except httpx.HTTPError as exc:
             raise UpstreamError(_describe(exc)) from exc
         finally:
@@ -258,6 +268,7 @@ class HttpxUpstream:
     """Upstream requests through an :class:`httpx.AsyncClient` over ``transport``."""
 
     def __init__(self, transport: httpx.AsyncBaseTransport, *, timeout: float, connect_timeout: float) -> None:
+        self._timeout = timeout
         self._client = httpx.AsyncClient(
             transport=transport, timeout=httpx.Timeout(timeout, connect=connect_timeout), follow_redirects=False
         )
@@ -265,7 +276,7 @@ class HttpxUpstream:
     async def send(self, method: str, url: str, headers: Headers, content: bytes | None, *, decode: bool = True) -> _HttpxResponse:
         try:
             req = self._client.build_request(method, url, content=content, headers=headers)
-            return _HttpxResponse(await self._client.send(req, stream=True), decode)
+            return _HttpxResponse(await self._client.send(req, stream=True), decode, self._timeout)
         except httpx.HTTPError as exc:
             raise UpstreamError(_describe(exc)) from exc
 

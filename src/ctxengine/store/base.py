@@ -48,6 +48,7 @@ from ctxengine.messages import (
     plain_json_kind,
 )
 from ctxengine.redact import redact_messages, redact_obj
+from ctxengine.store.export_doc import EXPORT_FORMAT, validate_export
 from ctxengine.store.migrations import Backend, apply_migrations, current_version
 from ctxengine.store.safe_regex import compile_pattern
 from ctxengine.textsafe import clean, dumps, escape_surrogates
@@ -68,9 +69,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-EXPORT_FORMAT = "ctxengine.session/1"
-"""The ``format`` field of :meth:`SessionStore.export_session` documents."""
 
 _ID_CHARS = 32  # 128 bits of SHA-256: collision-free for any store, half the index size
 _IN_CHUNK = 500  # ids per IN (...) list; far below both backends' parameter limits
@@ -1416,23 +1414,16 @@ class SqlStore(SessionStore):
         }
 
     def import_session(self, document: Mapping[str, Any], *, session_id: str | None = None) -> str:
-        if not isinstance(document, Mapping) or document.get("format") != EXPORT_FORMAT:
-            raise InputError(f"not a ctxengine session export (expected format {EXPORT_FORMAT!r})")
-        try:
-            sess = document["session"]
-            target = session_id or str(sess["id"])
-            links: list[tuple[str | None, _Prepared]] = []
-            for entry in document["messages"]:
-                parent = entry["parent"]
-                prep = _prepare([entry["message"]], parent)[0]
-                if prep.id != entry["id"]:
-                    raise InputError(f"export is corrupt: message {entry['id']} does not match its content and parent")
-                links.append((parent, prep))
-            events = list(document["events"])
-            comps = list(document["compactions"])
-            nodes = list(document["nodes"])
-        except (KeyError, TypeError) as exc:
-            raise InputError(f"malformed session export: missing or bad field {exc}") from exc
+        valid = validate_export(document)  # every record checked before anything is written
+        sess, events, comps, nodes = valid.session, valid.events, valid.compactions, valid.nodes
+        target = session_id or str(sess["id"])
+        links: list[tuple[str | None, _Prepared]] = []
+        for i, entry in enumerate(valid.messages):
+            parent = entry["parent"]
+            prep = _prepare([entry["message"]], parent)[0]
+            if prep.id != entry["id"]:
+                raise InputError(f"damaged session export: record messages[{i}] (id {entry['id']!r}) is corrupt: its id does not match its content and parent")
+            links.append((parent, prep))
         with self._write() as cur:
             if self._one(cur, "SELECT pk FROM sessions WHERE id = ?", (target,)) is not None:
                 raise StoreError(f"session {target!r} already exists; import it under another id")

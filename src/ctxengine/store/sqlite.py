@@ -24,6 +24,7 @@ import os
 import re
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
@@ -36,6 +37,9 @@ from ctxengine.store.migrations import Backend, current_version
 __all__ = ["SqliteStore", "default_path"]
 
 log = logging.getLogger(__name__)
+
+FILE_CHECK_SECONDS = 0.5
+"""How often (at most) an open store checks that its file is still the one it opened."""
 
 JOURNAL_VERSION = 4
 """The schema version that has the append journal."""
@@ -120,11 +124,26 @@ class SqliteStore(SqlStore):
         self._lock = threading.RLock()
         self._all_conns: list[sqlite3.Connection] = []
         self._shared: sqlite3.Connection | None = None
+        self._file_checked = float("inf")
+        self._inode: int | None = None
+        self._journal_wanted = journal
+        self.generation = 0
+        """How many times the store's file was found removed or replaced and opened anew."""
         if not self.memory:
             try:
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise StoreError(f"cannot create the store directory for {self.path}: {exc}") from exc
+        self._setup(migrate, target_version, journal)
+
+    def _setup(self, migrate: bool, target_version: int | None, journal: bool) -> None:
+        self._file_checked = float("inf")  # no check of the file while it is set up
+        try:
+            self._migrate_file(migrate, target_version, journal)
+        finally:
+            self._file_checked = time.monotonic()
+
+    def _migrate_file(self, migrate: bool, target_version: int | None, journal: bool) -> None:
         if migrate:
             with self._write() as cur:
                 self._migrate(cur, target_version)
@@ -135,6 +154,40 @@ class SqliteStore(SqlStore):
         elif journal:
             with self._read() as cur:
                 self._journal = current_version(cur, "sqlite", ensure_table=False) >= JOURNAL_VERSION
+        self._inode = self._file_inode()
+
+    def _file_inode(self) -> int | None:
+        try:
+            return os.stat(self.path).st_ino
+        except OSError:
+            return None
+
+    def _check_file(self) -> None:
+        """Open the store anew when its file was removed or replaced under the open connections
+        (they would go on writing to a file no one can open again: every later turn lost).
+        The new file is created and migrated; what this object remembered of the old one (the
+        sessions' keys and chains) is dropped, so a session's next append after a message that
+        is not in the new file fails and its next write records it in full (the manager's
+        rule after a failed write): nothing the clients resend is lost."""
+        inode = self._file_inode()
+        if inode == self._inode:
+            return
+        with self._lock:
+            if inode != self._file_inode() or self._closed:
+                return
+            conns, self._all_conns = self._all_conns, []
+            self._local = threading.local()
+        for conn in conns:
+            with suppress(sqlite3.Error):
+                conn.close()
+        self._session_pks.clear()
+        with self._chains_lock:
+            self._chains.clear()
+        self._journaled = False
+        self._journal = False  # the new file has no journal table until it is migrated
+        self.generation += 1  # the operation that found it fails (its plan named the old file's rows)
+        log.warning("session store %s: its file was removed or replaced while open; opened it anew (sessions are recorded in full from their next write)", self.path)
+        self._setup(True, None, self._journal_wanted)
 
     # -- connections ---------------------------------------------------------------------------
     def _open(self) -> sqlite3.Connection:
@@ -166,6 +219,10 @@ class SqliteStore(SqlStore):
             self._pid = os.getpid()
             self._local = threading.local()
             self._all_conns = []
+        now = time.monotonic()
+        if now >= self._file_checked + FILE_CHECK_SECONDS:  # one stat at most so often
+            self._file_checked = now
+            self._check_file()
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             conn = self._open()
@@ -183,8 +240,12 @@ class SqliteStore(SqlStore):
         return self._insert_now(row)
 
     def _insert_now(self, row: Sequence[Any]) -> int:
+        generation = self.generation
+        conn = self._conn()
+        if self.generation != generation:
+            raise StoreError(f"session store {self.path}: its file was replaced; the session is recorded in full from its next write")
         try:
-            return int(self._conn().execute(self._JOURNAL_INSERT, tuple(row)).lastrowid or 0)
+            return int(conn.execute(self._JOURNAL_INSERT, tuple(row)).lastrowid or 0)
         except sqlite3.Error as exc:
             raise StoreError(f"session store {self.path}: {exc}") from exc
 
@@ -334,7 +395,10 @@ class _Transaction:
             store._lock.acquire()
             self.locked = True
         try:
+            generation = store.generation
             self.conn = conn = store._conn()
+            if store.generation != generation and self.begin != "BEGIN":  # a write planned on the old file's rows
+                raise StoreError(f"session store {store.path}: its file was replaced; the session is recorded in full from its next write")
             self.cur = cur = conn.cursor()
             try:
                 cur.execute(self.begin)

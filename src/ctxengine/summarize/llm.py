@@ -7,12 +7,13 @@
   that do not fit are never retried.
 * **Bounded time.** One :meth:`LlmSummarizer.summarize` (one compaction) runs under one
   ``deadline`` (seconds) covering every chunk, attempt and wait: each call gets
-  ``min(timeout, time left)``, the SDKs' own retries are off, a ``Retry-After`` longer than the
-  time left ends the attempts, and a call still running at the deadline (a server that trickles
-  its body one byte at a time resets every read timeout) is abandoned on its worker thread and
-  its connection closed. The caller gets :class:`SummarizerError` at the deadline.
+  ``min(timeout, time left)`` for the *whole* call, body included, the SDKs' own retries are
+  off, and a ``Retry-After`` longer than the time left ends the attempts. A call still running
+  at its bound (a server that answers at once and trickles its body a few bytes a second resets
+  every SDK read timeout) is abandoned on its worker thread and its connection closed. The
+  caller gets :class:`SummarizerError` at the deadline at the latest.
 * **Cooldown.** After ``failure_threshold`` consecutive failed summaries (or one that hit the
-  deadline) the summarizer is skipped for ``cooldown`` seconds (doubling on each failed probe,
+  deadline, or had a call abandoned at its timeout) the summarizer is skipped for ``cooldown`` seconds (doubling on each failed probe,
   at most 16×): :meth:`summarize` raises at once, so engines use the extractive summary without
   waiting. The first call after the cooldown probes the server again; a success resets it.
   The state belongs to the endpoint and model and is shared by every summarizer of the process
@@ -183,7 +184,7 @@ class LlmSummarizer:
     """Summaries from an LLM (see the module docstring).
 
     ``context_length`` is the summarizer model's own window (looked up from the model table
-    when ``None``); ``timeout`` applies per call; ``max_output_tokens`` caps the ``max_tokens``
+    when ``None``); ``timeout`` bounds each call as a whole; ``max_output_tokens`` caps the ``max_tokens``
     of each request (a summary budget of 10,000 would otherwise ask more than most models give).
     ``deadline`` bounds one :meth:`summarize` (``None``: no bound); ``retries`` is the number of
     further attempts per call; ``failure_threshold`` and ``cooldown`` drive the cooldown;
@@ -276,6 +277,7 @@ class LlmSummarizer:
             span = redact_messages(span)
             previous_summary = redact(previous_summary) if previous_summary else previous_summary
         self._local.deadline_at = None if self.deadline is None else now + self.deadline
+        abandoned = self.abandoned
         try:
             try:
                 text = self._run(span, previous_summary, focus_topic, budget_tokens, room)
@@ -285,7 +287,9 @@ class LlmSummarizer:
         except SummarizerContextError:
             raise  # the input's fault, not the server's: no cooldown
         except SummarizerError as exc:
-            self._failed(isinstance(exc, _DeadlineExceeded) or health.cooldown_until is not None)
+            # a deadline hit, or a call that had to be abandoned (a server that answers but
+            # trickles), costs every later compaction as much: cool down at once
+            self._failed(isinstance(exc, _DeadlineExceeded) or self.abandoned > abandoned or health.cooldown_until is not None)
             raise
         finally:
             self._local.deadline_at = None
@@ -321,14 +325,15 @@ class LlmSummarizer:
         return None if at is None else at - self._clock()
 
     def _complete(self, messages: list[Message], max_tokens: int) -> str:
-        """One client call, bounded by the deadline: the call runs on a daemon worker thread
-        that is abandoned (and its connection closed) if it outlives the time left."""
+        """One client call, bounded as a whole (headers *and* body) by ``timeout`` and by the
+        deadline: the call runs on a daemon worker thread that is abandoned, and its connection
+        closed, when it outlives either. An SDK's timeouts bound each socket read, not the
+        call: a server that answers at once and trickles its body a few bytes a second resets
+        them on every byte, so only a clock outside the SDK bounds the call."""
         left = self._left()
-        if left is None:
-            return self.client.complete(messages, model=self.model, max_tokens=max_tokens, timeout=self.timeout)
-        if left <= 0:
+        if left is not None and left <= 0:
             raise _DeadlineExceeded(f"summarizer deadline of {self.deadline:g}s passed")
-        timeout = min(self.timeout, left)  # never past the deadline
+        timeout = self.timeout if left is None else min(self.timeout, left)  # never past the deadline
         box: dict[str, object] = {}
 
         def work() -> None:
@@ -339,13 +344,16 @@ class LlmSummarizer:
 
         worker = threading.Thread(target=work, name="ctxengine-summarizer-call", daemon=True)
         worker.start()
-        worker.join(left)
+        worker.join(timeout)
         if worker.is_alive():
             self.abandoned += 1
             close = getattr(self.client, "close", None)
-            if callable(close):  # frees the socket the abandoned call reads from
+            if callable(close):  # frees the socket the abandoned call reads from (and ends it)
                 threading.Thread(target=close, name="ctxengine-summarizer-close", daemon=True).start()
-            raise _DeadlineExceeded(f"summarizer deadline of {self.deadline:g}s passed during a call to {self.model!r}")
+            left = self._left()
+            if left is not None and left <= 0.001:
+                raise _DeadlineExceeded(f"summarizer deadline of {self.deadline:g}s passed during a call to {self.model!r}")
+            raise SummarizerError(f"summarizer call to {self.model!r} took longer than its {timeout:g}s timeout (the reply was still arriving)")
         if "error" in box:
             err = box["error"]
             if isinstance(err, SummarizerError):

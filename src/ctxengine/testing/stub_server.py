@@ -129,6 +129,8 @@ class RecordedRequest:
     received_at: float
     raw: bytes = b""
     """The request body exactly as received."""
+    query: str = ""
+    """The request's query string (without ``?``)."""
 
     @property
     def prompt_text(self) -> str:
@@ -281,7 +283,8 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(404, {"error": {"message": f"no route for {path}", "type": "not_found"}}, {})
             return
-        request = RecordedRequest(api, path, headers, body if isinstance(body, dict) else {}, time.time(), raw)
+        query = self.path.split("?", 1)[1] if "?" in self.path else ""
+        request = RecordedRequest(api, path, headers, body if isinstance(body, dict) else {}, time.time(), raw, query)
         reply = self.stub._next(request)
         if reply.delay > 0:
             time.sleep(reply.delay)
