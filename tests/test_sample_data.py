@@ -69,3 +69,46 @@ def test_no_test_reaches_the_trajectory_files_but_through_conftest() -> None:
             if _DATA_PATH.search(line):
                 offenders.append(f"{f.relative_to(ROOT)}:{n}: {line.strip()}")
     assert offenders == []
+
+
+def _fetch_data() -> Any:
+    from importlib.machinery import SourceFileLoader
+    from importlib.util import module_from_spec, spec_from_loader
+
+    loader = SourceFileLoader("ctxengine_fetch_data", str(ROOT / "scripts" / "fetch_data"))
+    spec = spec_from_loader(loader.name, loader)
+    assert spec is not None
+    module = module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def test_fetch_data_converts_as_the_published_files_were() -> None:
+    """scripts/fetch_data cannot download here; its conversion is checked on what the sample
+    holds: the τ-bench records it would write equal the sample's lines (messages, statistics), and
+    a SWE-agent history becomes assistant turns with one bash call each and their results."""
+    fetch = _fetch_data()
+    for line in SAMPLE.read_text(encoding="utf-8").splitlines():
+        t = json.loads(line)
+        messages = [fetch._message(m) for m in t["messages"]]
+        assert json.dumps(messages, ensure_ascii=False) == json.dumps(t["messages"], ensure_ascii=False)
+        assert fetch.stats(messages) == t["meta"]["stats"]
+    traj = {
+        "history": [
+            {"role": "system", "content": "SETTING: ..."},
+            {"role": "user", "content": "demo", "is_demo": True},
+            {"role": "user", "content": "ISSUE: x fails"},
+            {"role": "assistant", "content": "DISCUSSION\nlook\n```\nls\n```", "thought": "DISCUSSION\nlook\n", "action": "ls\n"},
+            {"role": "user", "content": "a.java\n(Open file: n/a)\nbash-$"},
+            {"role": "assistant", "content": "", "thought": "", "action": "exit_cost"},
+            {"role": "user", "content": "Exited (autosubmitted)"},
+        ],
+        "info": {"exit_status": "submitted", "model_stats": {"api_calls": 2}, "submission": "diff"},
+    }
+    run = fetch.swe_agent_run(traj, "m", "org__repo-1", "p.traj", True)
+    assert [m["role"] for m in run["messages"]] == ["system", "user", "user", "assistant", "tool"]
+    call = run["messages"][3]["tool_calls"][0]
+    assert run["messages"][3]["content"] == "DISCUSSION\nlook" and json.loads(call["function"]["arguments"]) == {"command": "ls"}
+    assert run["messages"][4]["tool_call_id"] == call["id"] == "call_m_org__repo-1_1"
+    assert run["meta"]["dropped_harness_steps"] == ["exit_cost"] and run["meta"]["exit_status"] == "submitted (exit_cost)"
+    assert run["meta"]["stats"]["tool_calls"] == 1
