@@ -1,7 +1,7 @@
 """Shared test setup: a temporary home so nothing touches the user's real directories, and the
 agent sessions the data tests replay.
 
-The data tests (those using the ``trajectories``, ``trajectory_files``, ``swe_file``,
+The data tests (those using the ``dataset``, ``trajectories``, ``trajectory_files``, ``swe_file``,
 ``tau_file`` or ``data_dir`` fixtures) run on every dataset found, one test id each:
 
 * ``sample`` — always: what the repository carries, ``tests/data/`` (τ-bench airline
