@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Write ``tests/data/swe_agent_like_synthetic.jsonl``: SWE-agent-style sessions for the tests.
+"""Write SWE-agent-style sessions for the tests (``swe_agent_like_synthetic.jsonl``).
 
 The recorded SWE-agent runs the benchmarks use (Multi-SWE-bench's Java trajectories, see
 ``tests/data/README.md``) carry no licence, so the repository cannot ship them. These sessions
@@ -14,7 +14,8 @@ Six sessions of 13 to 88 steps (about 5K to 60K o200k tokens; the longest one ma
 window compact several times). The output is deterministic (a seeded ``random.Random``, no
 clock): run it again and the file is the same byte for byte (a test checks it).
 
-Usage: ``python scripts/make_sessions.py [OUT]``.
+The tests generate them when they start (``tests/conftest.py``); nothing is kept in the
+repository. Usage: ``python scripts/make_sessions.py [OUT]`` (standard output without OUT).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-OUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "swe_agent_like_synthetic.jsonl"
 SOURCE = "ctxengine scripts/make_sessions.py (synthetic)"
 
 SYSTEM = """SETTING: You are an autonomous programmer working in a command line with a special interface.
@@ -321,7 +321,10 @@ def render() -> str:
 
 
 def main(argv: list[str]) -> int:
-    out = Path(argv[1]) if len(argv) > 1 else OUT
+    if len(argv) < 2:
+        sys.stdout.write(render())
+        return 0
+    out = Path(argv[1])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(), encoding="utf-8")
     return 0
