@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
-# Reproduce the benchmark figures of issue 4 (ctxengine bench) on ../shared/data.
+# Reproduce the benchmark figures of issue 4 (ctxengine bench) on the published trajectories:
+# $CTXENGINE_DATA, else data/ (scripts/fetch_data downloads them there), else ../shared/data.
 #   scripts/bench_all.sh [OUTDIR]
 # Writes a table per run to stdout and JSON + charts to OUTDIR (default: bench-out/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DATA="${CTXENGINE_DATA:-../shared/data}"
+DATA="${CTXENGINE_DATA:-}"
+if [ -z "$DATA" ]; then
+  for d in data ../shared/data; do
+    if [ -f "$d/swe_agent_java_multi_swe_bench.jsonl" ]; then DATA="$d"; break; fi
+  done
+fi
+if [ -z "$DATA" ]; then
+  echo "no trajectories: set CTXENGINE_DATA=DIR, or run scripts/fetch_data to download them into data/" >&2
+  exit 2
+fi
 OUT="${1:-bench-out}"
 mkdir -p "$OUT"
 SWE="$DATA/swe_agent_java_multi_swe_bench.jsonl"

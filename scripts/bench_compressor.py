@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark the ``compressor`` engine on the real trajectories in ../shared/data.
+"""Benchmark the ``compressor`` engine on the published trajectories.
 
 Two runs, each replaying every trajectory as an agent loop (``ctxengine.bench.replay``):
 
@@ -15,7 +15,7 @@ Two runs, each replaying every trajectory as an agent loop (``ctxengine.bench.re
 
 Usage::
 
-    python scripts/bench_compressor.py [--context-length 32000] [--data ../shared/data] [--json out.json]
+    python scripts/bench_compressor.py [--context-length 32000] [--data DIR] [--json out.json]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ctxengine.bench.data import find_data_dir, missing_data_message
 from ctxengine.bench.replay import ReplayResult, percentile, replay_session
 from ctxengine.clients.openai_compat import OpenAICompatClient
 from ctxengine.engines.compressor import ContextCompressor
@@ -38,7 +39,8 @@ from ctxengine.messages import Message
 from ctxengine.summarize.llm import LlmSummarizer
 from ctxengine.testing.stub_server import StubReply, StubServer
 
-DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = find_data_dir(ROOT)  # $CTXENGINE_DATA, data/ (scripts/fetch_data), ../shared/data
 
 
 class LoopProbe(ContextCompressor):
@@ -155,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     p.add_argument("--skip-failing", action="store_true", help="only the extractive run")
     args = p.parse_args(argv)
+    if args.data is None:
+        sys.exit(missing_data_message(ROOT))
     sessions = load(args.data)
     if not sessions:
         print(f"no trajectories in {args.data}", file=sys.stderr)

@@ -6,7 +6,7 @@
     python scripts/bench_overhead.py --only callers   # compactions: full-history vs prepared-list caller
 
 **overhead** — one long session is built by chaining the recorded trajectories in
-``../shared/data`` (the swe-agent runs); the first ``--start`` messages (300) go through
+the data folder (README, "Benchmark data") (the swe-agent runs); the first ``--start`` messages (300) go through
 ``prepare`` once, then each timed call appends the next recorded turn (the assistant message
 and what followed it) and runs ``prepare`` + ``request`` (the documented per-turn loop; the
 usage of each response goes to ``update_from_response`` outside the timing). The window is
@@ -46,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from ctxengine.bench.compose import compose  # noqa: E402
+from ctxengine.bench.data import find_data_dir, missing_data_message  # noqa: E402
 from ctxengine.bench.replay import percentile  # noqa: E402
 from ctxengine.config import Config  # noqa: E402
 from ctxengine.io import read_sessions  # noqa: E402
@@ -53,14 +54,12 @@ from ctxengine.manager import ContextManager  # noqa: E402
 from ctxengine.messages import Message  # noqa: E402
 from ctxengine.store import SqliteStore  # noqa: E402
 
-DATA_DIRS = [ROOT.parent / "shared" / "data", ROOT.parents[1] / "shared" / "data", Path("/work/shared/data")]
-
 
 def long_session(min_messages: int) -> list[Message]:
     """Recorded runs chained into one session of at least ``min_messages`` messages."""
-    data = next((d for d in DATA_DIRS if d.is_dir() and any(d.glob("*.jsonl"))), None)
+    data = find_data_dir(ROOT)  # $CTXENGINE_DATA, data/ (scripts/fetch_data), ../shared/data
     if data is None:
-        sys.exit("no trajectories found in ../shared/data")
+        sys.exit(missing_data_message(ROOT))
     runs = []
     for f in sorted(data.glob("*.jsonl")):
         runs += read_sessions(f)

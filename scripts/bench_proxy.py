@@ -10,7 +10,7 @@ Everything runs on 127.0.0.1. The stub upstream (``ctxengine.testing.StubServer`
 with the client that measures them.
 
 **latency** — request bodies of about 100K tokens (chained real trajectories from
-``../shared/data``) with a window large enough that nothing compacts (and compression off: the
+the data folder (README, "Benchmark data")) with a window large enough that nothing compacts (and compression off: the
 default engine may cut old outputs of a 100K-token session in any window). Each timed request
 resends the whole history plus one new user message (what an agent sends every turn), once
 straight to the stub and once through the proxy, back to back (which goes first alternates).
@@ -67,21 +67,21 @@ import httpx2 as httpx  # noqa: E402
 
 from ctxengine.anthropic_adapter import anthropic_to_openai, openai_to_anthropic  # noqa: E402
 from ctxengine.bench.compose import compose  # noqa: E402
+from ctxengine.bench.data import find_data_dir, missing_data_message  # noqa: E402
 from ctxengine.bench.replay import percentile  # noqa: E402
 from ctxengine.config import Config  # noqa: E402
 from ctxengine.io import Session, read_sessions  # noqa: E402
 from ctxengine.messages import Message, validate  # noqa: E402
 from ctxengine.tokens import estimate_message_tokens  # noqa: E402
 
-DATA_DIRS = [ROOT.parent / "shared" / "data", ROOT.parents[1] / "shared" / "data", Path("/work/shared/data")]
 SESSION = "x-ctxengine-session"
 
 
 # -- helpers ---------------------------------------------------------------------------------
 def sessions() -> list[Session]:
-    data = next((d for d in DATA_DIRS if d.is_dir() and any(d.glob("*.jsonl"))), None)
+    data = find_data_dir(ROOT)  # $CTXENGINE_DATA, data/ (scripts/fetch_data), ../shared/data
     if data is None:
-        sys.exit("no trajectories found in ../shared/data")
+        sys.exit(missing_data_message(ROOT))
     out: list[Session] = []
     for f in sorted(data.glob("*.jsonl")):
         out += read_sessions(f)

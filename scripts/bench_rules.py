@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark of the ``rules`` engine on the real trajectories (issue 2 figures).
 
-Replays every trajectory of ../shared/data through ``RulesEngine`` at a 32,000-token window
+Replays every trajectory of the data folder (``--data``, else as ``ctxengine bench`` finds it) through ``RulesEngine`` at a 32,000-token window
 with :func:`ctxengine.bench.replay.replay_session` and prints, per trajectory and overall:
 invalid requests, requests over the window, facts retention in the last request (by kind),
 token reduction per compaction (median) and compaction latency (p50/p95).
@@ -24,13 +24,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ctxengine.bench.data import find_data_dir, missing_data_message
 from ctxengine.bench.replay import ReplayResult, percentile, replay_session
 from ctxengine.engines.rules import RulesEngine, RulesSettings
 from ctxengine.facts import FACT_KINDS
 from ctxengine.messages import Message
 from ctxengine.tokens import estimate_messages_tokens
 
-DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = find_data_dir(ROOT)  # $CTXENGINE_DATA, data/ (scripts/fetch_data), ../shared/data
 
 
 class _FloorProbe(RulesEngine):
@@ -62,7 +64,7 @@ def load(data: Path) -> list[dict[str, Any]]:
 
 
 def parse_set(items: list[str]) -> dict[str, Any]:
-    fields = {f.name: f.type for f in RulesSettings.__dataclass_fields__.values()}
+    fields = set(RulesSettings.model_fields)  # a pydantic model
     out: dict[str, Any] = {}
     for item in items:
         key, _, raw = item.partition("=")
@@ -81,6 +83,8 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="write per-trajectory results here")
     args = ap.parse_args()
     settings = RulesSettings(**parse_set(args.sets))
+    if args.data is None:
+        sys.exit(missing_data_message(ROOT))
     trajectories = load(args.data)
     if not trajectories:
         print(f"no trajectories in {args.data}", file=sys.stderr)

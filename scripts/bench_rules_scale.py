@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """How the ``rules`` engine's compaction time grows with the session (issue 13.4).
 
-Builds sessions of 5,000, 10,000 and 20,000 messages by chaining the trajectories of
-../shared/data (one system prompt, every task after it), compacts each once at a 128K window
+Builds sessions of 5,000, 10,000 and 20,000 messages by chaining the trajectories of the
+data folder (README, "Benchmark data"; one system prompt, every task after it), compacts each once at a 128K window
 and prints the median time of ``--repeat`` compactions, the time per 1,000 messages, and the
 ratio of each step to the previous one (about 2 for linear growth when the size doubles, about
 4 for quadratic).
@@ -20,11 +20,13 @@ import statistics
 import time
 from pathlib import Path
 
+from ctxengine.bench.data import find_data_dir, missing_data_message
 from ctxengine.engines.rules import RulesEngine
 from ctxengine.io import read_sessions
 from ctxengine.messages import Message
 
-DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = find_data_dir(ROOT)  # $CTXENGINE_DATA, data/ (scripts/fetch_data), ../shared/data
 
 
 def build(n: int, data: Path) -> list[Message]:
@@ -58,6 +60,8 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    if args.data is None:
+        raise SystemExit(missing_data_message(ROOT))
     rows = []
     prev = None
     print(f"{'messages':>9} {'median s':>9} {'ms/1K msgs':>11} {'x prev':>7}")

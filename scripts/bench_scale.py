@@ -5,7 +5,7 @@
     python scripts/bench_scale.py --messages 4000 --no-store
     python scripts/bench_scale.py --tracemalloc      # also Python heap (slower: a separate pass)
 
-The recorded trajectories in ``../shared/data`` are chained (tool-call ids kept unique) until the
+The recorded trajectories in the data folder (README, "Benchmark data") are chained (tool-call ids kept unique) until the
 session holds ``--messages`` messages and at least ``--tokens`` tokens. The session then grows
 turn by turn (each recorded assistant message and what followed it) through ``prepare`` +
 ``request`` with a window larger than the session, so nothing compacts and the per-turn path is
@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from bench_overhead import _first_cut, turns  # noqa: E402
 
 from ctxengine.bench.compose import compose  # noqa: E402
+from ctxengine.bench.data import find_data_dir, missing_data_message  # noqa: E402
 from ctxengine.config import Config  # noqa: E402
 from ctxengine.io import read_sessions  # noqa: E402
 from ctxengine.manager import ContextManager  # noqa: E402
@@ -48,13 +49,11 @@ from ctxengine.messages import Message  # noqa: E402
 from ctxengine.store import SqliteStore  # noqa: E402
 from ctxengine.tokens import estimate_message_tokens  # noqa: E402
 
-DATA_DIRS = [ROOT.parent / "shared" / "data", ROOT.parents[1] / "shared" / "data", Path("/work/shared/data")]
-
 
 def big_session(n_messages: int, min_tokens: int) -> list[Message]:
-    data = next((d for d in DATA_DIRS if d.is_dir() and any(d.glob("*.jsonl"))), None)
+    data = find_data_dir(ROOT)  # $CTXENGINE_DATA, data/ (scripts/fetch_data), ../shared/data
     if data is None:
-        sys.exit("no trajectories found in ../shared/data")
+        sys.exit(missing_data_message(ROOT))
     runs = []
     for f in sorted(data.glob("*.jsonl")):
         runs += [s for s in read_sessions(f) if len(s.messages) > 4]

@@ -7,7 +7,7 @@
 
 Parts:
 
-* **retrieval** — every trajectory in ../shared/data replayed through ``lcm`` (windows of 32K and
+* **retrieval** — every trajectory of the data folder (README, "Benchmark data") replayed through ``lcm`` (windows of 32K and
   16K tokens); after the last turn, each preservation fact (user messages, file paths, URLs, tool
   names, error lines) no longer in the context must come back verbatim from ``lcm_grep``.
 * **ingest** — a synthetic store built from the trajectories (each message made unique with a
@@ -46,16 +46,19 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from ctxengine.bench.data import find_data_dir, missing_data_message  # noqa: E402
 from ctxengine.bench.replay import percentile, replay_session  # noqa: E402
 from ctxengine.engines.lcm import LcmEngine  # noqa: E402
 from ctxengine.facts import FACT_KINDS, extract_facts  # noqa: E402
 from ctxengine.store import SqliteStore  # noqa: E402
 
-DATA = ROOT.parent / "shared" / "data"
+DATA = find_data_dir(ROOT)  # $CTXENGINE_DATA, data/ (scripts/fetch_data), ../shared/data
 PG_BIN = Path(os.environ.get("CTXENGINE_PG_BIN", "/usr/lib/postgresql/15/bin"))
 
 
 def trajectories() -> list[dict[str, Any]]:
+    if DATA is None:
+        sys.exit(missing_data_message(ROOT))
     out = []
     for f in sorted(DATA.glob("*.jsonl")):
         out += [json.loads(line) for line in f.read_text(encoding="utf-8").splitlines() if line.strip()]

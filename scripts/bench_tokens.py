@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Measure ctxengine's token counters on the real trajectories in ../shared/data.
+"""Measure ctxengine's token counters on the published trajectories.
 
 Prints, for the issue's figures:
 
@@ -37,10 +37,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ctxengine.bench.data import find_data_dir, missing_data_message
 from ctxengine.messages import content_text, tool_calls
 from ctxengine.tokens import ExactCounter, estimate, estimate_messages_tokens
 
-DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = find_data_dir(ROOT)  # $CTXENGINE_DATA, data/ (scripts/fetch_data), ../shared/data
 
 # Our own text (not taken from any corpus): Chinese and Japanese paragraphs about the problem
 # ctxengine solves, plus everyday sentences, so both technical and plain CJK are covered.
@@ -246,6 +248,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=7, help="timed runs per figure (median reported)")
     ap.add_argument("--json", action="store_true", help="print the raw figures as JSON")
     args = ap.parse_args(argv)
+    if args.data is None:
+        sys.exit(missing_data_message(ROOT))
     res = bench(args.data, max(1, args.runs))
     if args.json:
         print(json.dumps(res, indent=2))

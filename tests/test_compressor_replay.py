@@ -1,4 +1,5 @@
-"""The compressor replayed on the real trajectories of ../shared/data at a 32K window."""
+"""The compressor replayed on agent sessions (the sample, and the published trajectories when
+found: see tests/conftest.py) at a 32K window."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def paths_fit(messages: list[Message]) -> bool:
 
 
 @pytest.mark.slow
-def test_extractive_replay_keeps_every_fact_and_every_request_valid(trajectories: list[dict[str, Any]]) -> None:
+def test_extractive_replay_keeps_every_fact_and_every_request_valid(trajectories: list[dict[str, Any]], dataset: Any) -> None:
     bad_starts: list[str] = []
     compacted = 0
     for t in trajectories:
@@ -77,12 +78,15 @@ def test_extractive_replay_keeps_every_fact_and_every_request_valid(trajectories
         assert max(engine.per_turn, default=0) <= 1, t["id"]
         compacted += r.compactions
     assert not bad_starts
-    assert compacted > 50  # the replay did exercise compaction
+    # the replay did exercise compaction: 31 compactions on the sample, over 50 on the full files
+    assert compacted > (50 if dataset.full else 25)
 
 
 @pytest.mark.slow
 def test_failing_summarizer_loses_nothing_and_never_loops(trajectories: list[dict[str, Any]]) -> None:
-    sessions = [t for t in trajectories if t["id"].startswith("msb-")][:6]
+    # the SWE-agent sessions: recorded (msb-) or written by scripts/make_sessions.py
+    sessions = [t for t in trajectories if t["id"].startswith(("msb-", "synthetic-swe/"))][:6]
+    assert len(sessions) == 6
     with StubServer(default=StubReply.fail(500, "upstream exploded")) as server:
         for t in sessions:
             client = OpenAICompatClient(base_url=server.openai_base_url, api_key="k", max_retries=0, timeout=5)

@@ -105,8 +105,7 @@ def test_iter_sessions(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_real_trajectories(trajectories: list[dict[str, Any]]) -> None:
-    data_dir = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+def test_real_trajectories(trajectories: list[dict[str, Any]], data_dir: Path) -> None:
     sessions = [s for f in sorted(data_dir.glob("*.jsonl")) for s in read_sessions(f)]
     assert len(sessions) == len(trajectories)
     assert [s.id for s in sessions] == [t["id"] for t in trajectories]

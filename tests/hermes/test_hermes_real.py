@@ -168,11 +168,8 @@ _COMPAT = textwrap.dedent(
 )
 
 
-def test_seed_names_give_hermes_numbers(hermes_python: Path, tmp_path: Path) -> None:
-    data = next((d for d in (REPO.parent / "shared" / "data", Path("/work/shared/data")) if d.is_dir()), None)
-    if data is None:
-        pytest.fail("the shared trajectories are missing")
-    proc = run_in_hermes(hermes_python, _COMPAT, tmp_path, str(data))
+def test_seed_names_give_hermes_numbers(hermes_python: Path, tmp_path: Path, data_dir: Path) -> None:
+    proc = run_in_hermes(hermes_python, _COMPAT, tmp_path, str(data_dir))
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(got["rough"]) >= 3

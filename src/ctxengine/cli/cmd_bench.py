@@ -6,6 +6,13 @@ from pathlib import Path
 
 import click
 
+from ctxengine.bench.data import (
+    ENV_VAR,
+    FETCH_COMMAND,
+    find_data_dir,
+    missing_data_message,
+    trajectory_files,
+)
 from ctxengine.caching import default_placement
 from ctxengine.config import load_config
 from ctxengine.io import Session, read_sessions
@@ -15,7 +22,8 @@ DEFAULT_ENGINES = ("default", "mask10", "rules", "compressor", "lcm", "cacheawar
 
 
 @click.command()
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("files", nargs=-1, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--data", "data_dir", type=click.Path(file_okay=False, path_type=Path), default=None, help=f"Replay every *.jsonl file of this folder. With no FILE and no --data: ${ENV_VAR}, else ./data, else ../shared/data ({FETCH_COMMAND} downloads the published trajectories into data/).")
 @click.option("--engine", "-e", "engines", multiple=True, help="Engine to run (repeatable). Default: 'default' (the manager's defaults), every built-in engine and the mask10 baseline; 'none' always runs; 'hermes' runs Hermes Agent's own compressor (hermes-agent from PyPI, in a cached venv built on first use).")
 @click.option("--context-length", "-n", type=click.IntRange(min=1), default=128_000, show_default=True, help="Window the engines work against.")
 @click.option("--compose", "compose_n", type=click.IntRange(min=1), default=1, show_default=True, help="Chain N trajectories of each file into one long session.")
@@ -34,6 +42,7 @@ DEFAULT_ENGINES = ("default", "mask10", "rules", "compressor", "lcm", "cacheawar
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N sessions (after composing).")
 def bench(
     files: tuple[Path, ...],
+    data_dir: Path | None,
     engines: tuple[str, ...],
     context_length: int,
     compose_n: int,
@@ -45,16 +54,17 @@ def bench(
     chart_out: Path | None,
     limit: int | None,
 ) -> None:
-    """Replay the sessions in FILE... through engines in a simulated agent loop and report input
-    cost with and without prompt caching, peak context, compactions, latency, invalid and
-    over-window requests, and retention of the preservation-guarantee facts."""
+    """Replay the sessions in FILE... (or in the *.jsonl files of a data folder) through engines
+    in a simulated agent loop and report input cost with and without prompt caching, peak
+    context, compactions, latency, invalid and over-window requests, and retention of the
+    preservation-guarantee facts."""
     from ctxengine.bench.compose import compose_sessions
     from ctxengine.bench.report import format_table, write_chart, write_json
     from ctxengine.bench.runner import run_bench
 
     config = load_config(config_path)
     sessions: list[Session] = []
-    for f in files:
+    for f in _inputs(files, data_dir):
         sessions.extend(compose_sessions(read_sessions(f), compose_n))
     if limit is not None:
         sessions = sessions[:limit]
@@ -81,6 +91,26 @@ def bench(
     if chart_out is not None:
         write_chart(result, chart_out)
         click.echo(f"wrote {chart_out}", err=True)
+
+
+def _inputs(files: tuple[Path, ...], data_dir: Path | None) -> list[Path]:
+    """FILE... and the trajectories of --data; with neither, those of the data folder found
+    (a usage error naming every way to give some when there is none)."""
+    if data_dir is not None:
+        found = trajectory_files(data_dir)
+        if not found:
+            raise click.UsageError(f"--data {data_dir}: no *.jsonl trajectories in it. {missing_data_message()}")
+        return [*files, *found]
+    if files:
+        for f in files:
+            if not f.exists():
+                raise click.UsageError(f"{f}: no such file. {missing_data_message()}")
+        return list(files)
+    folder = find_data_dir()
+    if folder is None:
+        raise click.UsageError(missing_data_message())
+    click.echo(f"replaying the trajectories of {folder}", err=True)
+    return trajectory_files(folder)
 
 
 def _available(names: list[str], config: object) -> list[str]:
