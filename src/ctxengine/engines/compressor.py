@@ -63,6 +63,7 @@ from ctxengine.engines.kit.cutpolicy import (
     KEEP_RECENT,
     MIN_CUT_TOKENS,
 )
+from ctxengine.engines.kit.records import RecallReach, recall_pointer
 from ctxengine.engines.kit.tail import HeadTailPlan, plan_head_tail
 from ctxengine.engines.kit.trigger import HARD_LIMIT_RATIO, SummaryTrigger
 from ctxengine.errors import ConfigError
@@ -143,6 +144,7 @@ class ContextCompressor(SummaryTrigger):
         max_consecutive: int = MAX_CONSECUTIVE,
         cut_before_summary: bool = True,
         recall: Any = None,
+        reach: RecallReach | None = None,
         **services: Any,
     ) -> None:
         """Keywords as in the seed's config (``threshold``, ``target_ratio`` …) or as Hermes
@@ -201,6 +203,9 @@ class ContextCompressor(SummaryTrigger):
         self._fallback = ExtractiveSummarizer()
         self.counter: TokenCounter = counter or EstimateCounter()
         self.recall = recall
+        # whether the recall tools reach the model (the host sets it each turn): what the
+        # texts written in place of originals say about where they are
+        self.reach = reach if reach is not None else RecallReach()
         self._init_trigger(backoff_turns=backoff_turns, max_consecutive=max_consecutive, enabled=enabled)
         self._previous_summary: str | None = None
         self._carried = Facts()
@@ -240,6 +245,7 @@ class ContextCompressor(SummaryTrigger):
         *,
         summarizer: Summarizer | None = None,
         store: Any = None,
+        reach: RecallReach | None = None,
         **services: Any,
     ) -> ContextCompressor:
         """Build from ``config.compression`` and ``config.auxiliary.compression``.
@@ -247,7 +253,9 @@ class ContextCompressor(SummaryTrigger):
         With no ``summarizer`` given and ``auxiliary.compression.model`` null, summaries are
         extractive (no LLM). ``store`` is accepted for the registry's uniform call: the session
         store records the originals; ``recall`` (a :class:`ctxengine.recall.Recall`), when given,
-        also answers :meth:`retrievable`.
+        also answers :meth:`retrievable`; ``reach`` (the session's
+        :class:`~ctxengine.engines.kit.records.RecallReach`) says whether the recall tools reach
+        the model, so the summary never names a tool the model cannot call.
         """
         c = config.compression
         summarizer = configured_summarizer(config, summarizer)
@@ -264,6 +272,7 @@ class ContextCompressor(SummaryTrigger):
             summarizer=summarizer,
             counter=counter if isinstance(counter, TokenCounter) else get_counter(config.context.token_counter),
             recall=services.get("recall"),
+            reach=reach,
             quiet_mode=True,
         )
 
@@ -398,6 +407,7 @@ class ContextCompressor(SummaryTrigger):
         # previous summaries in the middle become the text to update, not content to summarize
         self._remember(middle)
         content_tokens = sum(toks[i] for i in plan.middle)
+        budget = self.summary_budget(content_tokens)
         folded = fold_span(
             middle,
             (*head, *pulled, *tail),
@@ -406,7 +416,7 @@ class ContextCompressor(SummaryTrigger):
             summarizer=self.summarizer,
             fallback=self._fallback,
             focus_topic=focus_topic,
-            budget=self.summary_budget(content_tokens),
+            budget=budget,
             content_tokens=content_tokens,
             tokens_of=self._tokens,
             facts_of=self._facts,
@@ -418,6 +428,9 @@ class ContextCompressor(SummaryTrigger):
             abort_on_failure=self.abort_on_summary_failure,
             notes=report.notes,
             log=log,
+            # the quotes share the summary's budget: at most half of it (and the setting)
+            quote_budget=min(self.user_quote_budget_tokens, budget // 2),
+            pointer=recall_pointer(self.reach),
         )
         self._last_error = folded.error
         if folded.text is None:  # authentication failed below the hard limit (or abort): keep all
