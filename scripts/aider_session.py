@@ -54,7 +54,7 @@ EXAMPLE_ASSISTANT = (
     "Here are the *SEARCH/REPLACE* blocks:\n\nmathweb/flask/app.py\n```python\n<<<<<<< SEARCH\nfrom flask import Flask\n=======\n"
     "import math\nfrom flask import Flask\n>>>>>>> REPLACE\n```\n"
 )
-_WORDS = "value result config handler request session cache token window parser buffer index record client server".split()
+_WORDS = ["value", "result", "config", "handler", "request", "session", "cache", "token", "window", "parser", "buffer", "index", "record", "client", "server"]
 _ASKS = [
     "Add input validation to {f} and raise ValueError on a bad {w}.",
     "Refactor the {w} handling in {f} so it never mutates its argument.",
@@ -74,7 +74,7 @@ def _file(rng: random.Random, path: str, tokens: int) -> str:
         lines += [
             f"def {w}_{n}(data, limit={rng.randint(1, 99)}):",
             f'    """Return the {w} of data, at most limit items."""',
-            f"    out = [x for x in data if x is not None][:limit]",
+            "    out = [x for x in data if x is not None][:limit]",
             f"    logging.getLogger(__name__).debug('{w} %d', len(out))",
             "    return out",
             "",

@@ -164,9 +164,10 @@ def fold_span(
         )
 
     ledger = ledger_of(summary)
-    # with a quote budget the ledger shares the summary's budget (fit_ledger): the prose is
-    # not shrunk to its floor for more quotes
-    if quote_budget is None and ledger.unquoted_users and estimate(summary) > MIN_SHRUNK_SUMMARY:
+    # with a quote budget the ledger shares the summary's budget (fit_ledger): the prose
+    # shrinks to its floor only when not one user message could be quoted (the kept
+    # messages left no room), never to squeeze in more quotes
+    if ledger.unquoted_users and estimate(summary) > MIN_SHRUNK_SUMMARY and (quote_budget is None or not ledger.added.get("users")):
         # the ledger shrinks the summary by what the quotes need, which is not enough when the
         # kept messages alone already left less than no room: the user's words come before
         # the summary's prose, so it shrinks to its floor (kept only if more users fit)
@@ -176,9 +177,12 @@ def fold_span(
             ledger = floor
         else:
             del notes[mark:]
-    if ledger.unquoted_users:
+    if ledger.unquoted_users or ledger.briefed_users:
+        n, briefed = len(ledger.unquoted_users) + len(ledger.briefed_users), len(ledger.briefed_users)
         notes.append(
-            f"{len(ledger.unquoted_users)} older user message(s) not quoted in the summary ({pointer})"
+            f"{n} older user message(s) not quoted whole in the summary"
+            + (f" ({briefed} by their first words and file names)" if briefed else "")
+            + f": {pointer}"
         )
     if not ledger.complete:
         detail = ", ".join(f"{n} {k}" for k, n in ledger.dropped.items() if n)

@@ -65,10 +65,12 @@ def brief_quote(text: str, *, tokens: int = QUOTE_TOKENS, pointer: str = DEFAULT
         prev = line
     words = " ".join(" ".join(own).split())
     room = max(40, tokens * 4 - 40)  # characters: about ``tokens`` of prose
+    if not names and len(words) <= room:
+        return text  # short prose the estimate overcounts: nothing would be left out
     head = words if len(words) <= room else words[:room].rsplit(" ", 1)[0] + " …"
     parts = [head] if head else []
     files = f" of pasted {', '.join(names[:12])}{' …' if len(names) > 12 else ''}" if names else ""
-    parts.append(f"[~{size:,} tokens{files} left out here: {pointer}]")
+    parts.append(f"[~{max(0, size - estimate(head)):,} tokens{files} left out here: {pointer}]")
     return "\n".join(parts)
 
 
