@@ -20,7 +20,7 @@ from ctxengine.store.sqlite import SqliteStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
-from aider_session import aider_session, measure  # noqa: E402
+from aider_session import aider_session, measure
 
 
 @pytest.mark.parametrize("window", [16_000, 40_000])

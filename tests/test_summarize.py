@@ -21,8 +21,8 @@ from ctxengine.summarize.base import (
 from ctxengine.summarize.extractive import ExtractiveSummarizer
 from ctxengine.summarize.ledger import LEDGER_HEADING, apply_ledger
 from ctxengine.summarize.llm import LlmSummarizer, chunk_span
-from ctxengine.tokens import estimate
 from ctxengine.testing.stub_server import StubReply, StubServer
+from ctxengine.tokens import estimate
 
 TEMPLATE = render_sections({"Goal": ["- stub goal"], "Progress/Done": ["- stub work"]})
 
