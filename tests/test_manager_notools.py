@@ -49,3 +49,17 @@ def test_recall_false_offers_no_recall_tools_and_none_keeps_todays_behaviour() -
     ctx.prepare(history, session_id="a")
     assert s.reach.tools and s.engine.reach is s.reach  # type: ignore[attr-defined]
     assert {t["function"]["name"] for t in ctx.tools(session_id="a")} >= {"ctx_grep", "ctx_expand"}
+
+
+@pytest.mark.parametrize("engine", ["rules", "cacheaware"])
+def test_other_engines_follow_the_flag_through_their_originals(engine: str) -> None:
+    cfg = Config()
+    cfg.context.engine = engine
+    ctx = ContextManager(cfg, model="gpt-4o", context_length=16_000, store=SqliteStore(":memory:"))
+    history = aider_session(14)
+    for end in range(4, len(history) + 1, 2):
+        out = ctx.prepare(history[:end], session_id="a", recall=False)
+        text = "\n".join(str(m.get("content")) for m in out)
+        assert "ctx_grep" not in text and "ctx_expand" not in text
+    originals = ctx.engine("a").originals  # type: ignore[attr-defined]
+    assert originals is not None and originals.reach is ctx._session("a").reach
