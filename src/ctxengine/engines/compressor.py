@@ -13,8 +13,22 @@
 3. **Summary**: the middle is summarized with the structured template, updating the previous
    summary (``_previous_summary``) instead of starting over; budget ``content_tokens × 0.20``
    clamped to ``[2,000, min(context_length × 0.05, 12,000)]``; optional ``focus_topic``. The fact
-   ledger appends what the summary misses (older user messages verbatim, most recent first,
-   up to ``user_quote_budget_tokens``; tool names, errors, URLs, paths).
+   ledger appends what the summary misses (older user messages, most recent first, within
+   ``min(user_quote_budget_tokens, budget / 2)``, each over 120 tokens quoted by its first
+   words and the names of the files it pastes; tool names, errors, URLs, paths); summary and
+   ledger together stay within the budget, what does not fit is counted and retrievable.
+
+Where a compaction lands (the settings that say it): the tail gets ``threshold × target_ratio``
+tokens (``compression.target_ratio``), and may grow to keep ``protect_last_n`` messages only up
+to :data:`TARGET_AFTER_RATIO` × threshold with the head and the summary; so a compaction at
+``compression.threshold`` (default 50 % of the window) lands at or under about 37 % of it and the
+next turns append without compacting. A client that pastes whole files into user messages
+(aider) is compacted the same way: its older user messages fold into brief quotes, their
+originals in the store (measured with ``scripts/aider_session.py``).
+
+The texts written in place of originals name a recall tool only when the tools reach the model
+(``reach``, the session's :class:`~ctxengine.engines.kit.records.RecallReach` that the host sets
+from ``ContextManager.prepare(recall=...)``).
 4. **Assemble**: head (a note appended to the system prompt on the first compression only, so
    the cached system prefix stays byte-stable afterwards), the ``[CONTEXT COMPACTION]`` summary
    with a role that avoids two consecutive same-role messages and keeps the first non-system
