@@ -121,3 +121,20 @@ def test_a_memo_gives_the_same_cut() -> None:
     plain = cut_output(text, budget_tokens=200, ref="r1")
     assert cut_output(text, budget_tokens=200, ref="r1", memo=memo) == plain
     assert cut_output(text, budget_tokens=200, ref="r1", memo=memo) == plain  # from the memo
+
+
+def test_without_recall_the_marker_names_no_tool_and_says_where_the_original_is() -> None:
+    from ctxengine.engines.kit import RecallReach, recall_pointer
+
+    text = "\n".join(f"line {i} of src/pkg/mod{i}.py" for i in range(400))
+    with_tools = cut_output(text, budget_tokens=200, ref="abc")
+    without = cut_output(text, budget_tokens=200, ref="abc", recall=False)
+    assert "ctx_expand ref=abc" in with_tools.splitlines()[0]
+    first = without.splitlines()[0]
+    assert "ctx_" not in without and "ref=abc" in first and "kept verbatim in the session store" in first
+    assert estimate(without) <= 200
+    assert parse_header(without) is not None and parse_header(without).ref == "abc"  # type: ignore[union-attr]
+    # the one owner of the wording
+    assert recall_pointer(None, "r1") == recall_pointer(RecallReach(), "r1") == "ctx_expand ref=r1"
+    assert recall_pointer(RecallReach(tools=False), "r1") == recall_pointer(False) == "kept verbatim in the session store"
+    assert "ctx_grep" in recall_pointer(True)

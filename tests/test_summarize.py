@@ -22,6 +22,7 @@ from ctxengine.summarize.extractive import ExtractiveSummarizer
 from ctxengine.summarize.ledger import LEDGER_HEADING, apply_ledger
 from ctxengine.summarize.llm import LlmSummarizer, chunk_span
 from ctxengine.testing.stub_server import StubReply, StubServer
+from ctxengine.tokens import estimate
 
 TEMPLATE = render_sections({"Goal": ["- stub goal"], "Progress/Done": ["- stub work"]})
 
@@ -263,3 +264,86 @@ def test_max_tokens_is_capped_for_the_model() -> None:
         LlmSummarizer(client, "m", context_length=200_000, max_output_tokens=4_000).summarize(span(), budget_tokens=10_000)
         LlmSummarizer(client, "m", context_length=200_000).summarize(span(), budget_tokens=2_000)
         assert [r.body["max_tokens"] for r in server.requests] == [4_000, 3_256]
+
+
+# -- bounded quotes and budgets (a client that pastes whole files into user messages) -------------
+
+
+def _pasting_user(ask: str, files: dict[str, int]) -> str:
+    """An aider-like user message: the request, then each file's name and its fenced contents."""
+    parts = [ask, "", "I added these files to the chat:"]
+    for name, lines in files.items():
+        body = "\n".join(f"def f{i}(x):\n    return x + {i}  # {name}" for i in range(lines))
+        parts += ["", name, "```python", body, "```"]
+    return "\n".join(parts)
+
+
+def test_a_pasted_file_is_quoted_by_the_users_words_and_the_file_names() -> None:
+    from ctxengine.summarize.ledger import QUOTE_TOKENS, brief_quote
+
+    text = _pasting_user("Add input validation to src/pkg/parser.py and raise ValueError.", {"src/pkg/parser.py": 300, "src/pkg/index.py": 300})
+    assert len(text) > 20_000
+    q = brief_quote(text, pointer="kept verbatim in the session store")
+    assert q.startswith("Add input validation to src/pkg/parser.py and raise ValueError.")
+    assert "src/pkg/parser.py, src/pkg/index.py" in q and "kept verbatim in the session store" in q
+    assert "return x" not in q  # the pasted contents are not quoted
+    assert estimate(q) <= QUOTE_TOKENS + 40
+    short = "Fix the bug in src/a.py please"
+    assert brief_quote(short) == short
+
+
+def test_48k_characters_of_user_messages_stay_within_the_quote_budget() -> None:
+    users = [_pasting_user(f"Request {k}: refactor src/m{k}.py", {f"src/m{k}.py": 160}) for k in range(12)]
+    assert sum(len(u) for u in users) >= 48_000
+    required = Facts(users=users)
+    result = apply_ledger(TEMPLATE, required, budget_tokens=1_000, user_budget_tokens=1_000, quote_tokens=120, pointer="kept verbatim in the session store")
+    added = estimate(result.text) - estimate(TEMPLATE)
+    assert added <= 1_000 + 60  # headings aside
+    assert result.added["users"] >= 5 and result.briefed_users
+    assert "Request 11: refactor src/m11.py" in result.text  # most recent first
+    assert "ctx_grep" not in result.text
+    # whole (unbounded) quotes of the same messages blow far past it: the case measured with aider
+    whole = apply_ledger(TEMPLATE, required, budget_tokens=100_000, user_budget_tokens=100_000)
+    assert len(whole.text) > 48_000
+
+
+def test_fit_ledger_keeps_summary_and_ledger_within_the_budget() -> None:
+    from ctxengine.summarize.assembly import bounded, fit_ledger
+
+    users = [_pasting_user(f"Request {k}: refactor src/m{k}.py", {f"src/m{k}.py": 160}) for k in range(12)]
+    required = Facts(users=users, paths=[f"src/deep/p{i}.py" for i in range(400)], errors=[f"ValueError: bad {i}" for i in range(50)])
+    summary = ExtractiveSummarizer().summarize(span(), budget_tokens=2_000)
+    notes: list[str] = []
+    ledger = fit_ledger(
+        summary,
+        required,
+        [],
+        tokens_of=lambda m: estimate(str(m.get("content"))),
+        facts_of=lambda m: Facts(),
+        hard_limit=100_000,
+        context_length=128_000,
+        min_output_tokens=50,
+        shrink=lambda text, tokens: bounded(text, tokens, lambda n: ExtractiveSummarizer().summarize(span(), budget_tokens=n), notes),
+        budget=2_000,
+        quote_budget=1_000,
+        quote_tokens=120,
+        pointer="kept verbatim in the session store",
+    )
+    assert estimate(ledger.text) <= 2_000
+    assert ledger.added.get("users") and not ledger.complete  # the rest is counted, not dropped silently
+    assert "kept verbatim in the session store" in ledger.text
+
+
+def test_the_extractive_summary_never_exceeds_its_budget_even_with_carried_context() -> None:
+    prev = render_sections({"Goal": ["- g"], "Critical Context": [f"- https://example.com/page/{i}" for i in range(400)]})
+    text = ExtractiveSummarizer().summarize(span(), previous_summary=prev, budget_tokens=2_000)
+    assert estimate(text) <= 2_000
+    assert has_template(text)
+
+
+def test_rules_inside_pasted_files_are_not_the_users_constraints() -> None:
+    user = _pasting_user("Please keep the API stable.", {"src/x.py": 5}) + "\n```python\n# you must never call this\n```"
+    text = ExtractiveSummarizer().summarize([{"role": "user", "content": user}], budget_tokens=2_000)
+    constraints = parse_sections(text)["Constraints & Preferences"]
+    assert "Please keep the API stable." in constraints
+    assert "must never call" not in constraints

@@ -457,3 +457,33 @@ def test_tool_lists_remembered_by_identity_are_bounded() -> None:
     for i in range(300):
         tt.count([{"name": f"t{i}"}])
     assert len(tt._by_id) <= window._TOOL_IDS
+
+
+def test_without_recall_no_marker_or_stub_names_a_recall_tool() -> None:
+    """prepare(recall=False) (a client that sends no tools, e.g. aider): the window cap's cuts
+    say what was removed and that the original is in the session store, never ctx_expand."""
+    pasted = "please fix src/pkg/parser.py\n\nsrc/pkg/parser.py\n```python\n" + "x = compute(1)  # step\n" * 1200 + "```"
+    msgs: list[Message] = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": pasted},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "now the tests"},
+    ]
+    for recall, named in ((False, False), (None, True)):
+        mgr = _mgr(8000, store=SqliteStore(":memory:"))
+        out = mgr.prepare(msgs, recall=recall)
+        text = json.dumps(out)
+        assert content_text(out[1]["content"]).startswith("[ctxengine:cut ref=")
+        assert ("ctx_expand" in text) is named
+        assert "ctx_grep" not in text
+        if not named:
+            assert "kept verbatim in the session store" in text
+            assert "src/pkg/parser.py" in content_text(out[1]["content"])  # what was removed, in words an agent can use
+            assert mgr.tools(session_id=None) == []  # the recall tools are not offered either
+        assert mgr.retrievable("x = compute(1)  # step")
+
+
+def test_the_fold_line_without_recall_names_no_tool() -> None:
+    line = WindowCap._fold_message(5, 2, recall=False)
+    assert "ctx_" not in content_text(line["content"]) and "session store" in content_text(line["content"])
+    assert "ctx_grep" in content_text(WindowCap._fold_message(5, 2)["content"])

@@ -120,7 +120,7 @@ class CompressionConfig(_Section):
     protect_last_n: int = Field(20, ge=1)
     protect_first_n: int = Field(3, ge=1)
     summary_model: str | None = None
-    user_quote_budget_tokens: int = Field(20_000, ge=0, description="Older user messages quoted verbatim in the summary, most recent first: at least this many tokens, more while they fit the window (those that cannot fit stay retrievable).")
+    user_quote_budget_tokens: int = Field(20_000, ge=0, description="Older user messages quoted in the summary, most recent first: at most this many tokens and half the summary's budget; a message over 120 tokens is quoted by its first words and the names of the files it pastes (the rest, and the messages that do not fit, stay retrievable).")
     backoff_turns: int = Field(3, ge=0, description="Turns to wait after a compression that could not get below the threshold.")
 
 

@@ -40,6 +40,7 @@ from ctxengine.models import DEFAULT_CONTEXT_LENGTH
 from ctxengine.tokens import TokenCounter
 
 if TYPE_CHECKING:
+    from ctxengine.engines.kit.records import RecallReach
     from ctxengine.recall import Recall
     from ctxengine.storage import RecallStore, SessionRecorder
 
@@ -55,7 +56,11 @@ class Services:
     ``counter`` the configured token counter; ``summarizer`` the configured LLM summarizer, if
     any; ``session_id`` the session the engine serves; ``context_length`` the model's window;
     ``model`` its name; ``config`` the whole :class:`~ctxengine.config.Config` (for engines
-    that read more than their own section). Engines take what they need and ignore the rest.
+    that read more than their own section); ``reach`` whether the recall tools reach the model
+    (:class:`~ctxengine.engines.kit.records.RecallReach`, set by the manager every turn: the
+    texts an engine writes in place of originals ask
+    :func:`~ctxengine.engines.kit.records.recall_pointer` how to say where they are). Engines
+    take what they need and ignore the rest.
     """
 
     context_length: int = DEFAULT_CONTEXT_LENGTH
@@ -66,6 +71,7 @@ class Services:
     summarizer: Any | None = None
     model: str | None = None
     config: Any | None = None
+    reach: RecallReach | None = None
 
     def as_kwargs(self) -> dict[str, Any]:
         """The services as keyword arguments (``None`` values left out)."""

@@ -28,7 +28,8 @@
 4. the engine's trigger and ``compress`` through the one agent loop (:mod:`ctxengine.loop`: a
    deep copy, ``context.engine_timeout``, anything the engine raises — ``SystemExit``
    included — an :class:`~ctxengine.errors.EngineError` naming it, or ``context.fallback_engine``
-   takes the session over). After compactions on 3 consecutive turns, compaction rests a turn;
+   takes the session over). After compactions on 3 consecutive turns, compaction rests a turn,
+   unless the window cap would cut the request (a compaction beats a cut);
 5. checks what the engine returned (rules 1, 2 and 5) and records any compaction in the
    session store;
 6. **the window cap** (:mod:`ctxengine.window`), after any engine: the request is counted with
@@ -74,6 +75,7 @@ from ctxengine.caching import (
 )
 from ctxengine.config import Config, load_config
 from ctxengine.engine import CompactionReport, ContextEngine, Services, normalize_usage
+from ctxengine.engines.kit.records import RecallReach
 from ctxengine.errors import ConfigError, CtxEngineError, EngineError, StoreError
 from ctxengine.history import SessionHistory, TurnInput
 from ctxengine.loop import check_output, engine_label, run_compress, should_compact
@@ -231,6 +233,9 @@ class _Session:
     engine_errors: int = 0
     last_compaction: dict[str, Any] | None = None
     recall: Recall | None = None
+    # whether the recall tools reach the model (prepare(recall=...)); the session's engine
+    # holds the same object (Services.reach), so its markers and the window cap's agree
+    reach: RecallReach = field(default_factory=RecallReach)
     lost: bool = False
     streak: int = 0
     max_streak: int = 0
@@ -475,7 +480,7 @@ class ContextManager:
             return self.window.room(messages, tally=s.tally, reserve=reserve)
 
     # -- sessions ---------------------------------------------------------------------------
-    def _services(self, sid: str, history: SessionHistory | None = None) -> Services:
+    def _services(self, sid: str, history: SessionHistory | None = None, reach: RecallReach | None = None) -> Services:
         recall = Recall(self.store, sid) if isinstance(self.store, RecallStore) else None
         counter = self._counter
         if history is not None and type(counter) is EstimateCounter:
@@ -488,6 +493,7 @@ class ContextManager:
             counter=counter,
             model=self.model,
             config=self.config,
+            reach=reach,
         )
 
     def _registry_get(self) -> EngineRegistry:
@@ -495,7 +501,7 @@ class ContextManager:
             self._registry = EngineRegistry(plugin_dirs=self.config.plugins.dirs, entry_points=self.config.plugins.entry_points)
         return self._registry
 
-    def _new_engine(self, sid: str, name: str | None = None, history: SessionHistory | None = None) -> ContextEngine:
+    def _new_engine(self, sid: str, name: str | None = None, history: SessionHistory | None = None, reach: RecallReach | None = None) -> ContextEngine:
         """A fresh engine for session ``sid`` (never shared between sessions); ``history`` is
         the session's, whose per-message estimates the engine's counter shares."""
         if self._engine_factory is not None and name is None:
@@ -505,7 +511,7 @@ class ContextManager:
                 name or self.config.context.engine,
                 self.config,
                 context_length=self.context_length,
-                services=self._services(sid, history),
+                services=self._services(sid, history, reach),
             )
         if engine.context_length != self.context_length:
             engine.update_model(self.model, self.context_length)
@@ -524,15 +530,15 @@ class ContextManager:
             name,
             reason,
         )
-        engine = self._new_engine(s.id, name, s.history)
+        engine = self._new_engine(s.id, name, s.history, s.reach)
         engine.on_session_start(s.id, model=self.model, context_length=self.context_length)
         s.engine = engine
         s.fallback_reason = reason
         return True
 
-    def _start_engine(self, sid: str, history: SessionHistory) -> ContextEngine:
+    def _start_engine(self, sid: str, history: SessionHistory, reach: RecallReach) -> ContextEngine:
         try:
-            return self._new_engine(sid, history=history)
+            return self._new_engine(sid, history=history, reach=reach)
         except EngineError as exc:
             name = self.config.context.fallback_engine
             if not name or self._engine_factory is not None:
@@ -544,7 +550,7 @@ class ContextManager:
                 name,
                 exc,
             )
-            return self._new_engine(sid, name, history)
+            return self._new_engine(sid, name, history, reach)
 
     def _anchored_counter(self, history: SessionHistory) -> AnchoredCounter:
         """The session's token count for decisions (anchored on the provider's prompt tokens)."""
@@ -565,7 +571,8 @@ class ContextManager:
             s = self._sessions.get(sid)
             if s is None:
                 history = SessionHistory()
-                s = _Session(sid, self._start_engine(sid, history), self._anchored_counter(history), history=history)
+                reach = RecallReach()
+                s = _Session(sid, self._start_engine(sid, history, reach), self._anchored_counter(history), history=history, reach=reach)
                 if isinstance(self.store, RecallStore):
                     s.recall = Recall(self.store, sid)
                 self._sessions[sid] = s
@@ -663,8 +670,9 @@ class ContextManager:
         return s.lost and self._would_offer_recall(s)
 
     def _would_offer_recall(self, s: _Session) -> bool:
-        """Whether the recall tools go out once the session's context lost text."""
-        if s.recall is None:
+        """Whether the recall tools go out once the session's context lost text (never while
+        the caller said they do not reach the model: ``prepare(recall=False)``)."""
+        if s.recall is None or not s.reach.tools:
             return False
         own = {_tool_name(t) for t in s.engine.get_tool_schemas()}
         return not (own & (s.recall.names() | set(LCM_ALIASES)))
@@ -832,6 +840,7 @@ class ContextManager:
         defer_record: bool = False,
         may_compact: bool = True,
         compact: bool = False,
+        recall: bool | None = None,
     ) -> list[Message]:
         """What to send this turn (see the module docstring). Never mutates ``messages``.
 
@@ -873,9 +882,18 @@ class ContextManager:
         ``compact=True`` compacts this turn whatever the trigger says (a client's own
         compaction request, e.g. the Responses API's ``/responses/compact``): the engine's
         ``compress`` runs unless session hygiene already compacted the turn.
+
+        ``recall`` says whether the recall tools reach the model this turn. ``None`` (default):
+        as the manager decides (the caller sends :meth:`tools`, which offers them once the
+        context lost text). ``False``: they do not (a proxy whose client sends no tools, e.g.
+        aider): :meth:`tools` does not add them, no marker, summary or window-cap note names
+        ``ctx_expand``/``ctx_grep`` (they say what was removed and that the originals are kept
+        in the session store), and recall calls are not answered. ``True``: same as ``None``.
+        Each call says it again (the engine's texts of this turn follow it).
         """
         s = self._session(session_id)
         with s.lock if may_compact else _HeldNow(s.lock):
+            s.reach.tools = recall is not False
             if not may_compact and s.pending is not None:
                 raise CompactionDue("a deferred store write is pending")
             self._flush(s)
@@ -895,6 +913,11 @@ class ContextManager:
             tokens = counted if counted is not None and msgs is turn.messages else s.counter.count(msgs) + extra
             compacted = False
             resting = s.streak >= MAX_CONSECUTIVE_COMPACTIONS
+            if resting and may_compact and self.cap_window and self.window.over(msgs, tally=s.tally, reserve=extra_window):
+                # resting would hand the turn to the window cap: a compaction cuts less blindly
+                # (a client whose every turn is a large share of the window, e.g. aider's pasted files)
+                resting = False
+                log.info("session %s: %d consecutive compactions, but the window cap would cut: compacting", s.id, s.streak)
             if resting:
                 log.info("session %s: %d consecutive compactions, compaction rests this turn (the window cap holds the window)", s.id, s.streak)
             if tokens < self.hygiene_threshold:
@@ -1011,7 +1034,7 @@ class ContextManager:
                     return maps[0].get(m.get("tool_call_id"))
                 return maps[1].get(json.dumps(m, sort_keys=True, default=str))
 
-        result = self.window.fit(msgs, ref_for=ref_for, tally=s.tally, reserve=reserve)
+        result = self.window.fit(msgs, ref_for=ref_for, tally=s.tally, reserve=reserve, recall=s.reach.tools)
         if result.changed:
             s.window_cuts += len(result.cut) + len(result.stubbed_users)
             s.lost = True

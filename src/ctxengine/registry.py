@@ -348,7 +348,7 @@ class EngineRegistry:
             services = dataclasses.replace(services, config=config)
         if services.counter is None:  # context.token_counter reaches every engine
             services = dataclasses.replace(services, counter=get_counter(config.context.token_counter))
-        for key in ("store", "counter", "summarizer", "recall"):
+        for key in ("store", "counter", "summarizer", "recall", "reach"):
             value = getattr(services, key)
             if value is not None and key not in legacy:
                 legacy[key] = value
@@ -414,13 +414,18 @@ def _dist_where(ep: metadata.EntryPoint) -> str:
     return f" of {dist.metadata['Name']} {dist.version} at {where}"
 
 
+_NAMED_ONLY = frozenset({"reach"})
+"""Services newer than the seed: passed to a seed-style ``from_config`` only when it names them
+(one taking ``**services`` may hand them on to a constructor that refuses unknown keywords)."""
+
+
 def _accepted_services(factory: Any, services: dict[str, Any]) -> dict[str, Any]:
     target = getattr(factory, "from_config", None)
     if not callable(target):
         return {}
     params = inspect.signature(target).parameters
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return services
+        return {k: v for k, v in services.items() if k not in _NAMED_ONLY or k in params}
     return {k: v for k, v in services.items() if k in params}
 
 

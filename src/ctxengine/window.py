@@ -62,7 +62,7 @@ from typing import Any
 import orjson
 
 from ctxengine.engines.kit.cut import cut_output
-from ctxengine.engines.kit.records import header
+from ctxengine.engines.kit.records import GREP_TOOL, header, recall_pointer
 from ctxengine.errors import ContextWindowError, TokenizerError
 from ctxengine.messages import Message, content_text, is_summary
 from ctxengine.tokens import EstimateCounter, ExactCounter, TokenCounter, estimate, message_tokens
@@ -495,13 +495,15 @@ class WindowCap:
         ref_for: RefFor | None = None,
         tally: WindowTally | None = None,
         reserve: int = 0,
+        recall: bool = True,
     ) -> CapResult:
         """``messages`` within the limit (a new list when anything was cut; the input is never
         mutated). ``estimated`` is accepted for callers that have a count and ignored (see
         :meth:`measure`). ``tally`` is the session's running sums (:class:`WindowTally`): with
         it, only messages not measured before are counted; it then holds the returned list.
         ``reserve``: tokens the request carries besides the messages (tool definitions); the
-        messages get ``limit - reserve``.
+        messages get ``limit - reserve``. ``recall`` False: the recall tools do not reach the
+        model, so no marker or note names them (they say the originals are in the session store).
         When nothing is cut, ``tokens`` of the result (the messages') may be an upper bound of
         the exact size. Raises :class:`ContextWindowError` when even the anchors overflow."""
         del estimated
@@ -523,7 +525,7 @@ class WindowCap:
                     f"(window {self.window.context_length:,} - completion reserve {self.window.reserve:,} - margin {self.window.margin:,}): "
                     "send fewer tools or use a model with a larger window"
                 )
-            self._fit_over(messages, msgs, sizes, total, limit, result, ref_for, reserve)
+            self._fit_over(messages, msgs, sizes, total, limit, result, ref_for, reserve, recall)
         except ContextWindowError:
             t.reset()
             raise
@@ -540,6 +542,7 @@ class WindowCap:
         result: CapResult,
         ref_for: RefFor | None,
         reserve: int = 0,
+        recall: bool = True,
     ) -> None:
         latest = _latest_user(msgs)
         headroom = int(HEADROOM_RATIO * limit)
@@ -573,7 +576,7 @@ class WindowCap:
             if total <= limit:
                 break
             total = self._cut_content(
-                msgs, sizes, i, total, limit, headroom, ref(i), floor, result.cut
+                msgs, sizes, i, total, limit, headroom, ref(i), floor, result.cut, recall=recall
             )
         # 1b. still over (many outputs, a small window): every candidate down to its marker
         if total > limit:
@@ -581,7 +584,7 @@ class WindowCap:
                 if total <= limit:
                     break
                 total = self._cut_content(
-                    msgs, sizes, i, total, limit, 0, ref(i), MARKER_TOKENS, result.cut, stub=True
+                    msgs, sizes, i, total, limit, 0, ref(i), MARKER_TOKENS, result.cut, stub=True, recall=recall
                 )
         # 2. oversized tool-call arguments
         if total > limit:
@@ -593,7 +596,7 @@ class WindowCap:
                 if total <= limit:
                     break
                 total = self._cut_arguments(
-                    msgs, sizes, i, total, limit, headroom, ref(i), result.cut
+                    msgs, sizes, i, total, limit, headroom, ref(i), result.cut, recall=recall
                 )
         # 3. older user messages become recall stubs, oldest first
         stub_floor = max(MARKER_TOKENS, min(STUB_TOKENS, limit // 40))
@@ -620,6 +623,7 @@ class WindowCap:
                     stub_floor,
                     result.stubbed_users,
                     stub=True,
+                    recall=recall,
                 )
                 if total < before:
                     result.notes.append(
@@ -634,7 +638,7 @@ class WindowCap:
                 if m.get("role") != "user" or i == latest or is_summary(m):
                     continue
                 total = self._cut_content(
-                    msgs, sizes, i, total, limit, 0, ref(i), MARKER_TOKENS, result.stubbed_users, stub=True
+                    msgs, sizes, i, total, limit, 0, ref(i), MARKER_TOKENS, result.stubbed_users, stub=True, recall=recall
                 )
         # 4. whole old exchanges (an assistant message and its tool results), oldest first
         if total > limit:
@@ -642,9 +646,9 @@ class WindowCap:
             result.messages = msgs
             latest = _latest_user(msgs)
         # 5. the oldest messages (stubs, markers, records, old exchanges) fold into one line
-        # pointing at recall: the originals are in the store, ctx_grep finds them
+        # pointing at the store (and recall, when it reaches the model)
         if total > limit and ref_for is not None:
-            msgs, sizes, total = self._fold(msgs, sizes, total, limit, result)
+            msgs, sizes, total = self._fold(msgs, sizes, total, limit, result, recall=recall)
             result.messages = msgs
             latest = _latest_user(msgs)
         if total > limit:
@@ -663,7 +667,7 @@ class WindowCap:
             )
 
     def _fold(
-        self, msgs: list[Message], sizes: list[int], total: int, limit: int, result: CapResult
+        self, msgs: list[Message], sizes: list[int], total: int, limit: int, result: CapResult, *, recall: bool = True
     ) -> tuple[list[Message], list[int], int]:
         """Replace the oldest messages after the system prompt, up to the latest user message at
         most, by one line pointing at recall; as few as the limit allows. Never splits a tool
@@ -682,7 +686,7 @@ class WindowCap:
                 users += 1
             if msgs[k].get("role") in ("tool", "function"):
                 continue  # a tool result may not lose its call
-            line = self._fold_message(k - start, users)
+            line = self._fold_message(k - start, users, recall=recall)
             size = self.counter.exact_message(line)
             best = (k, line, size)
             if total - removed + size <= limit:
@@ -694,7 +698,7 @@ class WindowCap:
         total = total - sum(sizes[start:k]) + size
         result.dropped += folded
         result.notes.append(
-            f"window cap: folded the {folded} oldest message(s) into one line (originals in the store, ctx_grep finds them)"
+            f"window cap: folded the {folded} oldest message(s) into one line (originals in the store{f', {GREP_TOOL} finds them' if recall else ''})"
         )
         return (
             [*msgs[:start], line, *msgs[k:]],
@@ -703,11 +707,12 @@ class WindowCap:
         )
 
     @staticmethod
-    def _fold_message(n: int, users: int) -> Message:
-        detail = (
-            f"{n} earlier message(s), {users} of them from the user, are not shown here; "
-            "they are in the session store: ctx_grep finds them, ctx_expand returns them whole"
-        )
+    def _fold_message(n: int, users: int, *, recall: bool = True) -> Message:
+        detail = f"{n} earlier message(s), {users} of them from the user, are not shown here; "
+        if recall:
+            detail += "they are in the session store: ctx_grep finds them, ctx_expand returns them whole"
+        else:
+            detail += f"they are {recall_pointer(recall)}"
         return {"role": "user", "content": header("folded", detail)}
 
     def _drop_exchanges(
@@ -760,6 +765,7 @@ class WindowCap:
         cut_log: list[int],
         *,
         stub: bool = False,
+        recall: bool = True,
     ) -> int:
         m = msgs[i]
         text = content_text(m.get("content"))
@@ -769,7 +775,7 @@ class WindowCap:
         target = floor if stub else max(floor, t - excess - headroom - overhead)
         if target >= t - overhead:
             return total
-        new_text = cut_output(text, budget_tokens=target, ref=ref, counter=self._exact)
+        new_text = cut_output(text, budget_tokens=target, ref=ref, counter=self._exact, recall=recall)
         if new_text == text:
             return total
         msgs[i] = {**m, "content": new_text}
@@ -792,6 +798,8 @@ class WindowCap:
         headroom: int,
         ref: str | None,
         cut_log: list[int],
+        *,
+        recall: bool = True,
     ) -> int:
         m = msgs[i]
         calls = m.get("tool_calls")
@@ -816,6 +824,7 @@ class WindowCap:
                     budget_tokens=max(floor, t - excess),
                     ref=ref,
                     counter=self._exact,
+                    recall=recall,
                 )
                 if cut != args:
                     wrapped = json.dumps({"ctxengine_cut": cut}, ensure_ascii=False)

@@ -302,7 +302,7 @@ class CacheAwareEngine(ContextEngine):
             inner = [k for k in plan if a <= k < b]
             current = sum(self._tokens(m) for m in _apply(messages[a:b], {k - a: (e - a, r) for k, (e, r) in plan.items() if a <= k < b}))
             ref = ids.node(list(range(a, b)), kind="digest", text=None)
-            body = digest(messages[a:b], budget_tokens=self.settings.digest_tokens, fact_tokens=self._fact_tokens(), recall_hint="ctx_grep" if self.originals else "the store")
+            body = digest(messages[a:b], budget_tokens=self.settings.digest_tokens, fact_tokens=self._fact_tokens(), recall_hint=("ctx_grep" if self.originals.reach.tools else "the session store") if self.originals else "the store")
             text = header("digest", f"{b - a} earlier messages folded", ref=ref) + "\n" + body
             prev = messages[a - 1].get("role") if a > 0 else None
             nxt = messages[b].get("role") if b < len(messages) else None

@@ -13,8 +13,22 @@
 3. **Summary**: the middle is summarized with the structured template, updating the previous
    summary (``_previous_summary``) instead of starting over; budget ``content_tokens × 0.20``
    clamped to ``[2,000, min(context_length × 0.05, 12,000)]``; optional ``focus_topic``. The fact
-   ledger appends what the summary misses (older user messages verbatim, most recent first,
-   up to ``user_quote_budget_tokens``; tool names, errors, URLs, paths).
+   ledger appends what the summary misses (older user messages, most recent first, within
+   ``min(user_quote_budget_tokens, budget / 2)``, each over 120 tokens quoted by its first
+   words and the names of the files it pastes; tool names, errors, URLs, paths); summary and
+   ledger together stay within the budget, what does not fit is counted and retrievable.
+
+Where a compaction lands (the settings that say it): the tail gets ``threshold × target_ratio``
+tokens (``compression.target_ratio``), and may grow to keep ``protect_last_n`` messages only up
+to :data:`TARGET_AFTER_RATIO` × threshold with the head and the summary; so a compaction at
+``compression.threshold`` (default 50 % of the window) lands at or under about 37 % of it and the
+next turns append without compacting. A client that pastes whole files into user messages
+(aider) is compacted the same way: its older user messages fold into brief quotes, their
+originals in the store (measured with ``scripts/aider_session.py``).
+
+The texts written in place of originals name a recall tool only when the tools reach the model
+(``reach``, the session's :class:`~ctxengine.engines.kit.records.RecallReach` that the host sets
+from ``ContextManager.prepare(recall=...)``).
 4. **Assemble**: head (a note appended to the system prompt on the first compression only, so
    the cached system prefix stays byte-stable afterwards), the ``[CONTEXT COMPACTION]`` summary
    with a role that avoids two consecutive same-role messages and keeps the first non-system
@@ -63,6 +77,7 @@ from ctxengine.engines.kit.cutpolicy import (
     KEEP_RECENT,
     MIN_CUT_TOKENS,
 )
+from ctxengine.engines.kit.records import RecallReach, recall_pointer
 from ctxengine.engines.kit.tail import HeadTailPlan, plan_head_tail
 from ctxengine.engines.kit.trigger import HARD_LIMIT_RATIO, SummaryTrigger
 from ctxengine.errors import ConfigError
@@ -143,6 +158,7 @@ class ContextCompressor(SummaryTrigger):
         max_consecutive: int = MAX_CONSECUTIVE,
         cut_before_summary: bool = True,
         recall: Any = None,
+        reach: RecallReach | None = None,
         **services: Any,
     ) -> None:
         """Keywords as in the seed's config (``threshold``, ``target_ratio`` …) or as Hermes
@@ -201,6 +217,9 @@ class ContextCompressor(SummaryTrigger):
         self._fallback = ExtractiveSummarizer()
         self.counter: TokenCounter = counter or EstimateCounter()
         self.recall = recall
+        # whether the recall tools reach the model (the host sets it each turn): what the
+        # texts written in place of originals say about where they are
+        self.reach = reach if reach is not None else RecallReach()
         self._init_trigger(backoff_turns=backoff_turns, max_consecutive=max_consecutive, enabled=enabled)
         self._previous_summary: str | None = None
         self._carried = Facts()
@@ -240,6 +259,7 @@ class ContextCompressor(SummaryTrigger):
         *,
         summarizer: Summarizer | None = None,
         store: Any = None,
+        reach: RecallReach | None = None,
         **services: Any,
     ) -> ContextCompressor:
         """Build from ``config.compression`` and ``config.auxiliary.compression``.
@@ -247,7 +267,9 @@ class ContextCompressor(SummaryTrigger):
         With no ``summarizer`` given and ``auxiliary.compression.model`` null, summaries are
         extractive (no LLM). ``store`` is accepted for the registry's uniform call: the session
         store records the originals; ``recall`` (a :class:`ctxengine.recall.Recall`), when given,
-        also answers :meth:`retrievable`.
+        also answers :meth:`retrievable`; ``reach`` (the session's
+        :class:`~ctxengine.engines.kit.records.RecallReach`) says whether the recall tools reach
+        the model, so the summary never names a tool the model cannot call.
         """
         c = config.compression
         summarizer = configured_summarizer(config, summarizer)
@@ -264,6 +286,7 @@ class ContextCompressor(SummaryTrigger):
             summarizer=summarizer,
             counter=counter if isinstance(counter, TokenCounter) else get_counter(config.context.token_counter),
             recall=services.get("recall"),
+            reach=reach,
             quiet_mode=True,
         )
 
@@ -398,6 +421,7 @@ class ContextCompressor(SummaryTrigger):
         # previous summaries in the middle become the text to update, not content to summarize
         self._remember(middle)
         content_tokens = sum(toks[i] for i in plan.middle)
+        budget = self.summary_budget(content_tokens)
         folded = fold_span(
             middle,
             (*head, *pulled, *tail),
@@ -406,7 +430,7 @@ class ContextCompressor(SummaryTrigger):
             summarizer=self.summarizer,
             fallback=self._fallback,
             focus_topic=focus_topic,
-            budget=self.summary_budget(content_tokens),
+            budget=budget,
             content_tokens=content_tokens,
             tokens_of=self._tokens,
             facts_of=self._facts,
@@ -418,6 +442,9 @@ class ContextCompressor(SummaryTrigger):
             abort_on_failure=self.abort_on_summary_failure,
             notes=report.notes,
             log=log,
+            # the quotes share the summary's budget: at most half of it (and the setting)
+            quote_budget=min(self.user_quote_budget_tokens, budget // 2),
+            pointer=recall_pointer(self.reach),
         )
         self._last_error = folded.error
         if folded.text is None:  # authentication failed below the hard limit (or abort): keep all

@@ -382,7 +382,8 @@ class _Pass:
             return None
         lines, dropped = self._block(own, budget=self.fact_budget)
         if dropped:
-            head = head[:-1] + f"; {dropped} more facts via ctx_grep]"
+            more = "via ctx_grep" if self.e.originals is None or self.e.originals.reach.tools else self.e.originals.pointer()
+            head = head[:-1] + f"; {dropped} more facts {more}]"
         content = "\n".join([head, *lines])
         self.refs.text(ref, content)
         return {**r, "content": content}
@@ -457,7 +458,7 @@ class _Pass:
                     left = len(unseen(_facts_of(self.src[i]), content_text(built.get("content")), known=self.known))
                     lost += left
         if lost:
-            where = "retrievable with ctx_grep" if self.e.originals is not None else "left out: they alone overflow the window"
+            where = self.e.originals.pointer() if self.e.originals is not None else "left out: they alone overflow the window"
             self.notes.append(f"{lost} facts of the largest outputs did not fit the window: {where}")
         if self.total > self.window:
             self.notes.append(f"still over the window ({self.total} > {self.window} estimated tokens): what remains is user messages, the system prompt and protected turns")

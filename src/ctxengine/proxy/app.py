@@ -711,7 +711,12 @@ class Proxy:
             msgs, conv = recalled, None
         before = 0 if quick else mgr.counters(session)["compactions"]  # a quick turn never compacts
         tools = body.get("tools")  # the window counts the tool definitions as the provider does
-        out = mgr.prepare(msgs, tools if isinstance(tools, list) else None, session_id=session, defer_record=self._local_store, may_compact=not quick)
+        if not isinstance(tools, list):
+            tools = None
+        # the recall tools reach the model only beside the client's own tools (_engine_tools):
+        # otherwise no marker or summary may point to them
+        reach = None if self.settings.recall_tools and tools else False
+        out = mgr.prepare(msgs, tools, session_id=session, defer_record=self._local_store, may_compact=not quick, recall=reach)
         after_status = mgr.counters(session)
         plan = _Plan(api, session, body, raw, state=s, request=body, request_raw=raw, manager=mgr, context=out, deferred=self._local_store and mgr.store is not None)
         plan.compactions = 0 if quick else after_status["compactions"] - before

@@ -16,7 +16,7 @@ from ctxengine.messages import Message, content_text, is_summary, message_text
 from ctxengine.redact import redact
 from ctxengine.summarize.base import Summarizer, bound_summary, has_template
 from ctxengine.summarize.extractive import PRUNED_MARKER
-from ctxengine.summarize.ledger import LedgerResult, TextIndex, apply_ledger
+from ctxengine.summarize.ledger import DEFAULT_POINTER, LedgerResult, TextIndex, apply_ledger
 from ctxengine.tokens import estimate
 
 __all__ = [
@@ -41,6 +41,9 @@ PRUNE_MIN_CHARS = 200
 """Tool results longer than this are pruned outside the tail (the seed's value)."""
 MIN_SHRUNK_SUMMARY = 150
 """A summary shrunk to make room for user quotes keeps at least this many tokens."""
+LEDGER_SHARE = 0.6
+"""At most this share of a summary's budget goes to its fact ledger (quotes and facts) when the
+prose and the ledger do not both fit: the rest stays prose."""
 
 
 def own_summary(m: Message) -> bool:
@@ -187,12 +190,22 @@ def fit_ledger(
     context_length: int,
     min_output_tokens: int,
     shrink: Callable[[str, int], str],
+    budget: int | None = None,
+    quote_budget: int | None = None,
+    quote_tokens: int | None = None,
+    pointer: str = DEFAULT_POINTER,
 ) -> LedgerResult:
     """The fact ledger of ``summary`` next to the ``kept`` messages: the facts in ``required``
     they miss, within the room the hard limit leaves; the user's words are quoted while they
     fit the window (tool outputs in ``kept`` can still be cut to ``min_output_tokens``). When
     user messages do not fit, the summary is first ``shrink``-ed (to at least
-    MIN_SHRUNK_SUMMARY tokens) to make room for them."""
+    MIN_SHRUNK_SUMMARY tokens) to make room for them.
+
+    ``budget`` (the summary's budget): summary and ledger together stay within it — the
+    summary gives up to :data:`LEDGER_SHARE` of it to the ledger when facts or quotes miss room;
+    what is left out is counted and stays retrievable. ``quote_budget`` caps the quotes,
+    ``quote_tokens`` each quote (:func:`~ctxengine.summarize.ledger.brief_quote`); ``pointer``
+    is what the ledger says about what it leaves out."""
     fixed = sum(tokens_of(m) for m in kept)
     # what the kept messages need at least: tool outputs can still be cut to fit the window
     floor = sum(min(tokens_of(m), min_output_tokens) if m.get("role") == "tool" else tokens_of(m) for m in kept)
@@ -203,23 +216,55 @@ def fit_ledger(
         known.update(f.paths, f.urls, f.tools, f.errors)
     present = TextIndex("\n".join(message_text(m) for m in kept), known)
 
-    def ledger_for(text: str) -> LedgerResult:
+    def ledger_for(text: str, room: int | None = None) -> LedgerResult:
+        facts = max(0, hard_limit - fixed - estimate(text) - 200)
+        # the user's words are anchors: quoted while they fit the window (outputs of the
+        # tail are cut afterwards if need be); those that cannot fit stay retrievable
+        users = max(0, int(context_length * 0.98) - floor - estimate(text) - 100)
+        if quote_budget is not None:
+            users = min(users, quote_budget)
+        if room is not None:
+            facts, users = min(facts, room), min(users, room)
         return apply_ledger(
             text,
             required,
             present,
-            budget_tokens=max(0, hard_limit - fixed - estimate(text) - 200),
-            # the user's words are anchors: quoted while they fit the window (outputs of the
-            # tail are cut afterwards if need be); those that cannot fit stay retrievable
-            user_budget_tokens=max(0, int(context_length * 0.98) - floor - estimate(text) - 100),
+            budget_tokens=facts,
+            user_budget_tokens=users,
+            quote_tokens=quote_tokens,
+            pointer=pointer,
         )
 
-    ledger = ledger_for(summary)
-    if ledger.unquoted_users and estimate(summary) > MIN_SHRUNK_SUMMARY:
-        # user messages come before the summary's prose: shrink it to make room for them
-        need = sum(estimate(u) + 4 for u in ledger.unquoted_users)
-        smaller = max(MIN_SHRUNK_SUMMARY, estimate(summary) - need)
-        ledger = ledger_for(shrink(summary, smaller))
+    if budget is None:
+        ledger = ledger_for(summary)
+        if ledger.unquoted_users and estimate(summary) > MIN_SHRUNK_SUMMARY:
+            # user messages come before the summary's prose: shrink it to make room for them
+            need = sum(estimate(u) + 4 for u in ledger.unquoted_users)
+            smaller = max(MIN_SHRUNK_SUMMARY, estimate(summary) - need)
+            ledger = ledger_for(shrink(summary, smaller))
+        return ledger
+    base = summary
+    ledger = ledger_for(base, max(0, budget - estimate(base)))
+    if (ledger.unquoted_users or not ledger.complete) and estimate(base) > MIN_SHRUNK_SUMMARY:
+        # the ledger (the user's words, the facts) comes before the summary's prose: the
+        # prose gives up to LEDGER_SHARE of the budget to what the ledger would use
+        want = ledger_for(base, budget).tokens - estimate(base)
+        smaller = max(MIN_SHRUNK_SUMMARY, budget - min(want, int(budget * LEDGER_SHARE)))
+        if smaller < estimate(base):
+            base = shrink(base, smaller)
+            ledger = ledger_for(base, max(0, budget - estimate(base)))
+    # headings and separators are not in the per-fact costs: take the excess off the room
+    for _ in range(4):
+        over = estimate(ledger.text) - budget
+        if over <= 0 or ledger.text == base:
+            break
+        room = max(0, budget - estimate(base) - over - 8 * (_ + 1))
+        ledger = ledger_for(base, room)
+    if estimate(ledger.text) > budget:
+        # not even the ledger's headings fit: the prose alone, everything it missed counted
+        users = [*ledger.briefed_users, *ledger.unquoted_users]
+        dropped = {k: n + ledger.added.get(k, 0) for k, n in ledger.dropped.items()}
+        ledger = LedgerResult(shrink(base, budget), dropped=dropped, unquoted_users=users)
     return ledger
 
 

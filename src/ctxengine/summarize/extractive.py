@@ -30,7 +30,7 @@ from ctxengine.messages import (
     tool_call_name,
     tool_calls,
 )
-from ctxengine.summarize.base import parse_sections, render_sections
+from ctxengine.summarize.base import bound_summary, parse_sections, render_sections
 from ctxengine.summarize.ledger import LEDGER_HEADING
 from ctxengine.tokens import estimate
 
@@ -135,7 +135,10 @@ class ExtractiveSummarizer:
                 # lines about the focus topic survive trimming: move them to the end
                 sections[key] = [ln for ln in lines if topic not in ln.lower()] + [ln for ln in lines if topic in ln.lower()]
         self._trim(sections, budget_tokens)
-        return render_sections(sections)
+        text = render_sections(sections)
+        # a summary never exceeds its budget: what the trim could not take (carried critical
+        # context, long lines) is cut by the bound every summarizer's text gets
+        return text if estimate(text) <= budget_tokens else bound_summary(text, budget_tokens)
 
     @staticmethod
     def _trim(sections: dict[str, list[str]], budget: int) -> None:
@@ -149,6 +152,14 @@ class ExtractiveSummarizer:
                 total -= estimate(lines.pop(0)) + 1
             if total <= budget:
                 return
+        # still over: carried critical context, oldest first (headings of subsections kept)
+        lines = sections.get("Critical Context", [])
+        i = 0
+        while total > budget and i < len(lines):
+            if lines[i].startswith("#"):
+                i += 1
+                continue
+            total -= estimate(lines.pop(i)) + 1
 
     @staticmethod
     def _extract(span: Sequence[Message]) -> dict[str, list[str]]:
@@ -171,9 +182,13 @@ class ExtractiveSummarizer:
             if role == "user":
                 if not out["Goal"] and text.strip():
                     out["Goal"].append("- " + _one_line(text, 400))
+                fenced = False
                 for line in text.splitlines():
                     s = line.strip()
-                    if 8 <= len(s) <= 300 and _RULE_RE.search(s):
+                    if s.startswith(("```", "~~~")):
+                        fenced = not fenced  # pasted files are not the user's rules
+                        continue
+                    if not fenced and 8 <= len(s) <= 300 and _RULE_RE.search(s):
                         out["Constraints & Preferences"].append(f'- User: "{s}"')
             elif role == "assistant":
                 first = _first_line(text, 200)

@@ -32,7 +32,7 @@ from ctxengine.summarize.assembly import (
     summary_span,
 )
 from ctxengine.summarize.base import Summarizer
-from ctxengine.summarize.ledger import LedgerResult
+from ctxengine.summarize.ledger import DEFAULT_POINTER, QUOTE_TOKENS, LedgerResult
 from ctxengine.tokens import estimate
 
 __all__ = [
@@ -99,6 +99,8 @@ def fold_span(
     abort_on_failure: bool,
     notes: list[str],
     log: logging.Logger,
+    quote_budget: int | None = None,
+    pointer: str = DEFAULT_POINTER,
 ) -> Folded:
     """Summarize ``middle`` (``content_tokens`` of it) next to the ``kept`` messages.
 
@@ -106,7 +108,11 @@ def fold_span(
     is ``None``); ``carried`` the facts it had to keep. The summary is bounded to ``budget``;
     ``over_hard_limit`` and ``abort_on_failure`` decide what a failure does
     (:func:`~ctxengine.summarize.assembly.run_summarizer`); the ledger fits the hard limit and
-    the window, tool outputs in ``kept`` counted at ``min_output_tokens`` at least. What
+    the window, tool outputs in ``kept`` counted at ``min_output_tokens`` at least, and the
+    summary with its ledger stays within ``budget`` (the quotes within ``quote_budget``, each
+    at most :data:`~ctxengine.summarize.ledger.QUOTE_TOKENS`: longer user messages are quoted by
+    their first words and file names, the rest retrievable). ``pointer`` is what the summary
+    says about what it leaves out (no recall tool named when none reaches the model). What
     happened goes to ``notes``.
     """
     span, previous, facts = summary_span(middle, previous, facts_of)
@@ -151,10 +157,17 @@ def fold_span(
             context_length=context_length,
             min_output_tokens=min_output_tokens,
             shrink=shrink,
+            budget=budget,
+            quote_budget=quote_budget,
+            quote_tokens=QUOTE_TOKENS,
+            pointer=pointer,
         )
 
     ledger = ledger_of(summary)
-    if ledger.unquoted_users and estimate(summary) > MIN_SHRUNK_SUMMARY:
+    # with a quote budget the ledger shares the summary's budget (fit_ledger): the prose
+    # shrinks to its floor only when not one user message could be quoted (the kept
+    # messages left no room), never to squeeze in more quotes
+    if ledger.unquoted_users and estimate(summary) > MIN_SHRUNK_SUMMARY and (quote_budget is None or not ledger.added.get("users")):
         # the ledger shrinks the summary by what the quotes need, which is not enough when the
         # kept messages alone already left less than no room: the user's words come before
         # the summary's prose, so it shrinks to its floor (kept only if more users fit)
@@ -164,12 +177,14 @@ def fold_span(
             ledger = floor
         else:
             del notes[mark:]
-    if ledger.unquoted_users:
+    if ledger.unquoted_users or ledger.briefed_users:
+        n, briefed = len(ledger.unquoted_users) + len(ledger.briefed_users), len(ledger.briefed_users)
         notes.append(
-            f"{len(ledger.unquoted_users)} older user message(s) do not fit the window verbatim: "
-            "kept in the store, retrievable verbatim with ctx_grep"
+            f"{n} older user message(s) not quoted whole in the summary"
+            + (f" ({briefed} by their first words and file names)" if briefed else "")
+            + f": {pointer}"
         )
     if not ledger.complete:
         detail = ", ".join(f"{n} {k}" for k, n in ledger.dropped.items() if n)
-        notes.append(f"fact ledger out of space: {detail} not in the summary (retrievable with ctx_grep)")
-    return Folded(ledger.text.strip(), used, error, required, list(ledger.unquoted_users))
+        notes.append(f"fact ledger out of space: {detail} not in the summary ({pointer})")
+    return Folded(ledger.text.strip(), used, error, required, [*ledger.unquoted_users, *ledger.briefed_users])

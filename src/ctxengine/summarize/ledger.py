@@ -21,9 +21,57 @@ from dataclasses import dataclass, field
 from ctxengine.facts import Facts
 from ctxengine.tokens import estimate
 
-__all__ = ["LEDGER_HEADING", "LedgerResult", "TextIndex", "apply_ledger"]
+__all__ = ["LEDGER_HEADING", "QUOTE_TOKENS", "LedgerResult", "TextIndex", "apply_ledger", "brief_quote"]
 
 LEDGER_HEADING = "### Preserved facts (verbatim)"
+
+QUOTE_TOKENS = 120
+"""A user message longer than this is quoted briefly (:func:`brief_quote`): its first words and
+the names of the files it pastes, the rest kept verbatim in the store. A client like aider
+pastes whole files into user messages: quoting them whole filled the window with quotes."""
+
+DEFAULT_POINTER = "retrievable verbatim with ctx_grep"
+"""What the ledger says about facts it leaves out, unless the engine says otherwise (the
+words come from :func:`ctxengine.engines.kit.records.recall_pointer`)."""
+
+_FENCE_RE = re.compile(r"^\s*(```|~~~)")
+
+
+def brief_quote(text: str, *, tokens: int = QUOTE_TOKENS, pointer: str = DEFAULT_POINTER) -> str:
+    """``text`` when it fits ``tokens``; else its first words outside fenced blocks (the user's
+    own words, about ``tokens`` of them), the file names its fenced blocks follow (the line
+    before each opening fence, as aider and most chat clients paste files) and one bracketed
+    line saying how much was left out and where it is (``pointer``). Deterministic."""
+    size = estimate(text)
+    if size <= tokens:
+        return text
+    own: list[str] = []
+    names: list[str] = []
+    fenced = False
+    prev = ""
+    for line in text.split("\n"):
+        if _FENCE_RE.match(line):
+            if not fenced and prev.strip() and len(prev.strip()) <= 200:
+                name = prev.strip()
+                if own and own[-1] == prev:
+                    own.pop()
+                if name not in names:
+                    names.append(name)
+            fenced = not fenced
+            prev = ""
+            continue
+        if not fenced:
+            own.append(line)
+        prev = line
+    words = " ".join(" ".join(own).split())
+    room = max(40, tokens * 4 - 40)  # characters: about ``tokens`` of prose
+    if not names and len(words) <= room:
+        return text  # short prose the estimate overcounts: nothing would be left out
+    head = words if len(words) <= room else words[:room].rsplit(" ", 1)[0] + " …"
+    parts = [head] if head else []
+    files = f" of pasted {', '.join(names[:12])}{' …' if len(names) > 12 else ''}" if names else ""
+    parts.append(f"[~{max(0, size - estimate(head)):,} tokens{files} left out here: {pointer}]")
+    return "\n".join(parts)
 
 
 @dataclass(slots=True)
@@ -37,6 +85,8 @@ class LedgerResult:
     unquoted_users: list[str] = field(default_factory=list)
     """User messages missing from the summary that did not fit the user budget (most recent
     first): the caller keeps them retrievable and says so."""
+    briefed_users: list[str] = field(default_factory=list)
+    """User messages quoted briefly (:func:`brief_quote`): the caller keeps them retrievable."""
 
     @property
     def complete(self) -> bool:
@@ -104,6 +154,8 @@ def apply_ledger(
     *,
     budget_tokens: int = 4000,
     user_budget_tokens: int = 20_000,
+    quote_tokens: int | None = None,
+    pointer: str = DEFAULT_POINTER,
 ) -> LedgerResult:
     """Append the facts of ``required`` missing from ``summary`` and ``present``.
 
@@ -112,6 +164,9 @@ def apply_ledger(
     the verbatim user quotes (most recent first); they come first, and what they use is taken
     from ``budget_tokens`` for the other facts. The user messages that do not fit are listed
     in :attr:`LedgerResult.unquoted_users` (the caller keeps them retrievable).
+    ``quote_tokens``: a user message longer than this is quoted briefly (:func:`brief_quote`;
+    listed in :attr:`LedgerResult.briefed_users`); ``None`` quotes whole. ``pointer`` says
+    where what is left out is (a recall tool, or the session store when none reaches the model).
     """
     result = LedgerResult(summary)
     left = max(0, budget_tokens)
@@ -128,16 +183,19 @@ def apply_ledger(
     user_left = max(0, user_budget_tokens)
     user_lines: list[str] = []
     for u in users:
-        cost = estimate(u) + 4
+        q = u if quote_tokens is None else brief_quote(u, tokens=quote_tokens, pointer=pointer)
+        cost = estimate(q) + 4
         if cost > user_left:
             result.unquoted_users.append(u)
             continue
         user_left -= cost
         left = max(0, left - cost)
         quoted += 1
-        user_lines += ["<<<", u, ">>>"]
+        if q is not u:
+            result.briefed_users.append(u)
+        user_lines += ["<<<", q, ">>>"]
     if user_lines:
-        lines.append("Earlier user messages (verbatim, most recent first):")
+        lines.append("Earlier user messages (verbatim or their first words, most recent first):" if result.briefed_users else "Earlier user messages (verbatim, most recent first):")
         lines += user_lines
     result.added["users"] = quoted
     result.dropped["users"] = len(users) - quoted
@@ -168,7 +226,7 @@ def apply_ledger(
     dropped = sum(result.dropped.values())
     if dropped:
         detail = ", ".join(f"{n} {k}" for k, n in result.dropped.items() if n)
-        lines.append(f"(Not shown for lack of space, retrievable verbatim with ctx_grep: {detail}.)")
+        lines.append(f"(Not shown for lack of space, {pointer}: {detail}.)")
     if not lines:
         result.tokens = estimate(summary)
         return result

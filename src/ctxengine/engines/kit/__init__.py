@@ -30,11 +30,13 @@ from ctxengine.engines.kit.records import (
     EXPAND_TOOL,
     MARK,
     Marker,
+    RecallReach,
     call_of,
     header,
     is_marked,
     is_marked_text,
     parse_header,
+    recall_pointer,
 )
 
 __all__ = [
@@ -43,6 +45,7 @@ __all__ = [
     "LINE_CHARS",
     "MARK",
     "Marker",
+    "RecallReach",
     "call_of",
     "cut_output",
     "fit_facts",
@@ -51,6 +54,7 @@ __all__ = [
     "is_marked_text",
     "parse_facts_block",
     "parse_header",
+    "recall_pointer",
     "render_facts",
     "split_facts_block",
     "unseen",

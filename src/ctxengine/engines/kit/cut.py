@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ctxengine.engines.kit.blocks import fit_facts, render_facts, unseen
-from ctxengine.engines.kit.records import EXPAND_TOOL, header
+from ctxengine.engines.kit.records import header, recall_pointer
 from ctxengine.facts import FactMemo, Facts, error_lines, paths_in, urls_in
 from ctxengine.tokens import TokenCounter, estimate
 
@@ -40,7 +40,7 @@ def _cap(line: str, n: int) -> str:
     return f"{line[:n]}…[+{len(line) - n} chars]"
 
 
-def _marker(ref: str | None, removed: int, total: int, after: int, tokens: int, unlisted: int) -> str:
+def _marker(ref: str | None, removed: int, total: int, after: int, tokens: int, unlisted: int, recall: bool = True) -> str:
     detail = f"{removed:,} of {total:,} lines removed"
     if after:
         detail += f" after line {after:,}"
@@ -48,7 +48,7 @@ def _marker(ref: str | None, removed: int, total: int, after: int, tokens: int, 
     if unlisted:
         detail += f"; {unlisted:,} more facts not listed"
     if ref is not None:
-        detail += f"; {EXPAND_TOOL} ref={ref}"
+        detail += f"; {recall_pointer(recall, ref)}"
     return header("cut", detail, ref=ref)
 
 
@@ -63,13 +63,16 @@ def cut_output(
     line_chars: int = LINE_CHARS,
     known: set[str] | frozenset[str] | None = None,
     memo: FactMemo | None = None,
+    recall: bool = True,
 ) -> str:
     """``text`` cut to ``budget_tokens`` (see the module docstring); unchanged when it fits.
 
     ``counter`` measures tokens (default: :func:`ctxengine.tokens.estimate`). ``head_lines``
     and ``tail_lines`` cap how many lines each end keeps (default: as many as fit); facts in
     ``known`` (shown elsewhere in the context, e.g. by an earlier record) are not listed again;
-    ``memo`` (the engine's :class:`~ctxengine.facts.FactMemo`) answers for texts scanned before. The result
+    ``memo`` (the engine's :class:`~ctxengine.facts.FactMemo`) answers for texts scanned before;
+    ``recall`` False: the marker names no recall tool (they do not reach the model:
+    :func:`~ctxengine.engines.kit.records.recall_pointer`). The result
     never exceeds the budget, except when the budget cannot hold even the marker line: then
     the shorter of the marker alone and ``text`` is returned (the marker is the least a cut
     leaves). Raises ValueError for a
@@ -92,10 +95,10 @@ def cut_output(
     all_facts = unseen(found, known=known)
     n_facts = len(all_facts)
     # the marker with the largest numbers it can show: the real one is never longer
-    marker_cost = count(_marker(ref, n, n, n, total_tokens, n_facts)) + 1
+    marker_cost = count(_marker(ref, n, n, n, total_tokens, n_facts, recall)) + 1
     rest = budget_tokens - marker_cost
     if rest <= 0:
-        floor = _marker(ref, n, n, 0, total_tokens, n_facts)
+        floor = _marker(ref, n, n, 0, total_tokens, n_facts, recall)
         return floor if count(floor) < total_tokens else text
 
     block_all = sum(count(f) + 1 for f in all_facts.all()) + (8 if n_facts else 0)
@@ -109,7 +112,7 @@ def cut_output(
         lost = unseen(all_facts, kept_text)
         used = sum(count(x) + 1 for x in kept) + sum(count(x) + 1 for x in kept_tail)
         chosen, unlisted = fit_facts(lost, max(0, rest - used), count=count)
-        out = _assemble(_marker(ref, removed, n, head, total_tokens, unlisted), kept, kept_tail, chosen)
+        out = _assemble(_marker(ref, removed, n, head, total_tokens, unlisted, recall), kept, kept_tail, chosen)
         if count(out) <= budget_tokens:
             # the per-fact costs are upper bounds: top up with facts the real slack still holds
             for _ in range(3):
@@ -121,7 +124,7 @@ def cut_output(
                     break
                 bigger = chosen.merge(more)
                 left = unlisted - len(more)
-                trial = _assemble(_marker(ref, removed, n, head, total_tokens, left), kept, kept_tail, bigger)
+                trial = _assemble(_marker(ref, removed, n, head, total_tokens, left, recall), kept, kept_tail, bigger)
                 if count(trial) > budget_tokens:
                     break
                 out, chosen, unlisted = trial, bigger, left

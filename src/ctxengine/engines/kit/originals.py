@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ctxengine.engine import Services
+from ctxengine.engines.kit.records import RecallReach, recall_pointer
 from ctxengine.errors import NotFoundError
 from ctxengine.messages import Message
 from ctxengine.recall import Recall
@@ -35,10 +36,12 @@ def node_id(depth: int, children: Sequence[tuple[str, str]]) -> str:
 class Originals:
     """The originals of one session in the store (see the module docstring)."""
 
-    def __init__(self, store: Any, session_id: str, *, counter: TokenCounter | None = None) -> None:
+    def __init__(self, store: Any, session_id: str, *, counter: TokenCounter | None = None, reach: RecallReach | None = None) -> None:
         self.store = store
         self.session_id = str(session_id)
         self.counter = counter
+        # whether the recall tools reach the model (the host's, shared: Services.reach)
+        self.reach = reach if reach is not None else RecallReach()
         self._recall: Recall | None = None
 
     @classmethod
@@ -46,7 +49,13 @@ class Originals:
         """The session's originals, or ``None`` when no store is configured."""
         if services.store is None:
             return None
-        return cls(services.store, services.session_id, counter=services.counter)
+        return cls(services.store, services.session_id, counter=services.counter, reach=services.reach)
+
+    def pointer(self, ref: str | None = None) -> str:
+        """Where a record says its removed text is
+        (:func:`~ctxengine.engines.kit.records.recall_pointer`: no tool named when the recall
+        tools do not reach the model)."""
+        return recall_pointer(self.reach, ref)
 
     def use_session(self, session_id: str) -> None:
         """Records and recall go to ``session_id`` from now on."""

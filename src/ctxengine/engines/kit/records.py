@@ -23,16 +23,19 @@ from ctxengine.messages import content_text, tool_call_id, tool_calls
 
 __all__ = [
     "EXPAND_TOOL",
+    "GREP_TOOL",
     "KINDS",
     "MARK",
     "NODE_RE",
     "Marker",
+    "RecallReach",
     "call_of",
     "header",
     "is_marked",
     "is_marked_text",
     "node_header",
     "parse_header",
+    "recall_pointer",
 ]
 
 MARK = "[ctxengine:"
@@ -40,6 +43,36 @@ MARK = "[ctxengine:"
 
 EXPAND_TOOL = "ctx_expand"
 """The recall tool that returns the originals behind a ``ref`` (offered by the kernel)."""
+
+GREP_TOOL = "ctx_grep"
+"""The recall tool that searches the originals (offered by the kernel)."""
+
+
+@dataclass(slots=True)
+class RecallReach:
+    """Whether the model can call the recall tools: one per session, shared by the manager
+    (``prepare(recall=...)`` sets :attr:`tools`) and the session's engine (it comes in
+    :class:`ctxengine.engine.Services` as ``reach``), so every marker either writes says the
+    same (:func:`recall_pointer`). ``tools`` is True unless the host said the tools do not
+    reach the model (a client that sends no tools, e.g. aider through the proxy)."""
+
+    tools: bool = True
+
+
+def recall_pointer(reach: RecallReach | bool | None = None, ref: str | None = None) -> str:
+    """Where a marker says the removed text is: the one place a marker names a recall tool.
+
+    With the recall tools reachable (``reach`` None, True, or a :class:`RecallReach` whose
+    ``tools`` is True): ``ctx_expand ref=<ref>``, or ``retrievable verbatim with ctx_grep``
+    without a ref. Otherwise no tool is named: ``kept verbatim in the session store`` (the
+    marker and its facts say what was removed: file names, error lines).
+    """
+    tools = reach if isinstance(reach, bool) else (reach is None or reach.tools)
+    if not tools:
+        return "kept verbatim in the session store"
+    if ref is not None:
+        return f"{EXPAND_TOOL} ref={ref}"
+    return f"retrievable verbatim with {GREP_TOOL}"
 
 KINDS = ("cut", "record", "tool", "truncated", "digest", "summary", "system", "assistant", "lcm", "masked", "folded")
 """Kinds written today: ``cut`` (one output cut to head and tail), ``record``/``tool``/
