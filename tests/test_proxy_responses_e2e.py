@@ -13,6 +13,7 @@ from typing import Any
 import httpx2 as httpx
 import openai
 import pytest
+from tests.test_proxy import metric
 
 from ctxengine.config import Config
 from ctxengine.proxy import SESSION_HEADER, ProxyServer
@@ -71,6 +72,9 @@ def test_a_responses_agent_finishes_in_a_small_window_with_valid_requests(upstre
     with _proxy(upstream, tmp_path) as p:
         client = openai.OpenAI(base_url=p.openai_base_url, api_key="sk-test", max_retries=0, default_headers={SESSION_HEADER: f"codex-{stream}"})
         sent, items = _run(client, upstream, stream)
+        # every stream reached its terminal event (an incomplete one gets an error event)
+        assert metric(p, "ctxengine_proxy_requests_total", api="responses", outcome="upstream_error") == 0
+        assert metric(p, "ctxengine_proxy_requests_total", api="responses", outcome="ok") >= upstream.task.steps
     stats = upstream.stats
     assert stats["finished"] and not stats["rejected"] and stats["over_window"] == 0
     assert stats["max_tokens_seen"] <= WINDOW

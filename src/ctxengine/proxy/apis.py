@@ -23,7 +23,13 @@ from ctxengine.caching import apply_breakpoints
 from ctxengine.messages import Message
 from ctxengine.proxy.incoming import Converted
 from ctxengine.proxy.state import ProxySession
-from ctxengine.proxy.streams import AnthropicStream, OpenAIStream, StreamTracker, failure_event
+from ctxengine.proxy.streams import (
+    AnthropicStream,
+    OpenAIStream,
+    StreamEnd,
+    StreamTracker,
+    failure_event,
+)
 
 __all__ = ["ANTHROPIC", "OPENAI", "Api", "Marking", "ToolCall", "anthropic_body", "has_cache_control"]
 
@@ -138,6 +144,10 @@ class Api:
     def closing(self, tracker: StreamTracker) -> bytes:
         """The end of a stream whose last round still called only the engine's tools."""
         raise NotImplementedError
+
+    def stream_end(self) -> StreamEnd:
+        """What tells whether a relayed stream of this API reached its proper end."""
+        return StreamEnd(self.upstream == "anthropic")
 
     def stream_failure(self, message: str, tracker: StreamTracker | None = None) -> bytes:
         """The event ending a stream the upstream failed to finish (stalled, cut before its

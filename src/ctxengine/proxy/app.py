@@ -88,7 +88,7 @@ from ctxengine.proxy.session import (
     system_prompt_digest,
 )
 from ctxengine.proxy.state import ProxySession, SessionTable
-from ctxengine.proxy.streams import EventSplitter, StreamEnd, StreamTracker
+from ctxengine.proxy.streams import EventSplitter, StreamTracker
 from ctxengine.proxy.upstream import (
     AiohttpUpstream,
     HttpxUpstream,
@@ -1062,7 +1062,7 @@ class Proxy:
         try:
             while True:
                 splitter = EventSplitter(only=None if plan.engine_tools else b'"usage"')
-                end = StreamEnd(api.upstream == "anthropic")
+                end = api.stream_end()
                 if not plan.engine_tools:
                     async for chunk in resp.stream():
                         yield chunk  # relayed as it arrives

@@ -66,7 +66,7 @@ from ctxengine.messages import Message, content_text
 from ctxengine.proxy.apis import Api, Marking, ToolCall, _loads_args
 from ctxengine.proxy.incoming import Converted
 from ctxengine.proxy.state import ProxySession
-from ctxengine.proxy.streams import ResponsesStream, StreamTracker
+from ctxengine.proxy.streams import ResponsesStream, StreamEnd, StreamTracker
 
 __all__ = [
     "COMPACTION_PREFIX",
@@ -766,6 +766,9 @@ class ResponsesApi(Api):
 
     def closing(self, tracker: StreamTracker) -> bytes:
         return tracker.closing() if isinstance(tracker, ResponsesStream) else b""
+
+    def stream_end(self) -> StreamEnd:
+        return StreamEnd(False, responses=True)
 
     def stream_failure(self, message: str, tracker: StreamTracker | None = None) -> bytes:
         body = orjson.dumps({"error": {"message": message, "type": "server_error", "param": None, "code": "upstream_stream_failed"}})

@@ -35,24 +35,37 @@ class StreamEnd:
     """Whether a relayed stream reached its proper end, from its last bytes only (the plain
     relay parses no event but those with usage): OpenAI's ``data: [DONE]``, Anthropic's
     ``message_stop``, or an ``error`` event (the upstream's own way of ending a failed stream).
+    A Responses stream ends with its terminal event (``response.completed``, ``.incomplete``,
+    ``.failed``) or an ``error``, which carries the whole response (the request's tools echoed
+    too: often far more than the tail kept), so for it the relayed bytes are searched for one
+    as they pass.
 
     A stream without one was cut: its client must be told (:func:`failure_event`), not left
     with half an answer that looks whole."""
 
-    __slots__ = ("_anthropic", "_tail")
+    __slots__ = ("_anthropic", "_done", "_responses", "_tail")
 
     _KEEP = 4096  # the last event of any stream fits (a final usage chunk is a few hundred bytes)
+    _TERMINAL = (b'"response.completed"', b'"response.incomplete"', b'"response.failed"', b"event: error")
 
-    def __init__(self, anthropic: bool) -> None:
+    def __init__(self, anthropic: bool, responses: bool = False) -> None:
         self._anthropic = anthropic
+        self._responses = responses
+        self._done = False
         self._tail = b""
 
     def feed(self, chunk: bytes) -> None:
         tail = self._tail + chunk
+        if self._responses and not self._done:
+            # a marker split across two chunks is found in the kept tail plus the new bytes
+            window = tail[-(len(chunk) + 32) :]
+            self._done = any(t in window for t in self._TERMINAL)
         self._tail = tail[-self._KEEP :] if len(tail) > self._KEEP else tail
 
     @property
     def complete(self) -> bool:
+        if self._responses:
+            return self._done
         events = [e for e in self._tail.replace(b"\r\n", b"\n").split(b"\n\n") if e.strip()]
         if not events:
             return False
@@ -60,11 +73,7 @@ class StreamEnd:
         if self._anthropic:
             return b"message_stop" in last or b"event: error" in last or b'"type": "error"' in last or b'"type":"error"' in last
         data = last.split(b"data:", 1)[-1].strip()
-        if data == b"[DONE]" or data.startswith(b'{"error"') or b'"error":' in data[:20]:
-            return True
-        # the Responses API: its last event is the response's terminal one, or an error
-        head = data[:64]
-        return any(t in head for t in (b'"response.completed"', b'"response.incomplete"', b'"response.failed"', b'"type":"error"', b'"type": "error"'))
+        return data == b"[DONE]" or data.startswith(b'{"error"') or b'"error":' in data[:20]
 
 
 def failure_event(anthropic: bool, message: str) -> bytes:
