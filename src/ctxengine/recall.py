@@ -24,11 +24,21 @@ for the model to read, never as an exception out of the agent loop.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from ctxengine.errors import CtxEngineError, InputError, NotFoundError
-from ctxengine.messages import Message, message_text
+from ctxengine.facts import MAX_ERROR_LINE, _ERROR_RE, _command_line, paths_in, urls_in
+from ctxengine.messages import (
+    Message,
+    content_text,
+    message_text,
+    tool_call_args,
+    tool_call_name,
+    tool_calls,
+)
 from ctxengine.storage import RecallStore
 from ctxengine.tokens import EstimateCounter, TokenCounter
 
@@ -37,6 +47,7 @@ __all__ = [
     "EXPAND_DEFAULT_TOKENS",
     "EXPAND_TOOL",
     "GREP_DEFAULT_LIMIT",
+    "GREP_MAX_CHARS",
     "GREP_TOOL",
     "LCM_ALIASES",
     "Recall",
@@ -53,8 +64,24 @@ LCM_ALIASES: dict[str, str] = {
 }
 """The lossless engine's historical tool names, answered by the generic tools."""
 
-GREP_DEFAULT_LIMIT = 20
-"""Results of one ``ctx_grep`` answer unless the model asks for more (at most 100)."""
+GREP_DEFAULT_LIMIT = 10
+"""Results of one ``ctx_grep`` answer unless the model asks for more (at most 50); whatever the
+limit, an answer stops at :data:`GREP_MAX_CHARS`."""
+
+GREP_MAX_CHARS = 4_500
+"""Bound of one ``ctx_grep`` answer, in characters of its JSON: at most ~1,500 tokens for any
+tokenizer that spends at least one token per three characters (o200k spends one per ~3.5 on
+paths and code). Results past the bound are counted in ``more`` and reached with ``offset``."""
+
+GREP_CANDIDATES = 200
+"""Matching messages (newest first) and summary nodes one search ranks."""
+
+_LINE_CHARS = 320
+"""Lines up to this long are shown whole; a longer one shows its start and the match, each cut
+at whitespace, so no path, URL or error message is cut."""
+
+_GROUP_MAX = 40
+"""Distinct paths (or URLs) one identifier result lists at most."""
 
 EXPAND_DEFAULT_TOKENS = 8000
 """Default budget of one ``ctx_expand`` answer: enough for a few tool outputs, small enough
@@ -72,8 +99,9 @@ def _schemas() -> dict[str, dict[str, Any]]:
     return {
         GREP_TOOL: {
             "description": (
-                "Search the full original conversation, including everything cut or summarized away from "
-                "the context. Returns matching lines verbatim with message and summary ids (for ctx_expand)."
+                "Search the whole conversation, including text cut or summarized away. Type what you "
+                "would look for: a file name, an error class, part of a URL, a command's first words. "
+                "Full paths and whole matching lines come first, repeats counted; ids are for ctx_expand."
             ),
             "parameters": {
                 "type": "object",
@@ -82,17 +110,9 @@ def _schemas() -> dict[str, dict[str, Any]]:
                         "type": "string",
                         "description": "Text to find (case-insensitive), or a regular expression with mode=regex.",
                     },
-                    "mode": {
-                        "type": "string",
-                        "enum": ["text", "regex"],
-                        "description": "text (default) or regex.",
-                    },
-                    "limit": {
-                        "type": "integer",
-                        "minimum": 1,
-                        "maximum": 100,
-                        "description": f"Most results to return (default {GREP_DEFAULT_LIMIT}).",
-                    },
+                    "mode": {"type": "string", "enum": ["text", "regex"]},
+                    "limit": {"type": "integer", "minimum": 1, "maximum": 50},
+                    "offset": {"type": "integer", "minimum": 0, "description": "Skip this many results (see next_offset)."},
                 },
                 "required": ["query"],
             },
@@ -205,7 +225,7 @@ class Recall:
             return json.dumps({"error": f"{name}: arguments must be an object"})
         try:
             if generic == GREP_TOOL:
-                return _dump(self.grep(**_pick(args, ("query", "mode", "scope", "limit"))))
+                return _dump(self.grep(**_pick(args, ("query", "mode", "scope", "limit", "offset"))))
             if generic == EXPAND_TOOL:
                 ref = args.get("id", args.get("node_id", args.get("ref")))
                 return _dump(self.expand(ref, **_pick(args, ("max_tokens", "offset"))))
@@ -224,24 +244,66 @@ class Recall:
         mode: str = "text",
         scope: str = "session",
         limit: int = GREP_DEFAULT_LIMIT,
+        offset: int = 0,
     ) -> dict[str, Any]:
-        """``ctx_grep``: matching originals and summaries, snippets verbatim."""
+        """``ctx_grep``: what the query names, ranked for an agent (see :func:`rank_lines`).
+
+        The answer holds at most ``limit`` results and :data:`GREP_MAX_CHARS` characters; ``more``
+        counts the ranked results after them and ``next_offset`` pages on."""
         if not isinstance(query, str) or not query:
             raise InputError("query must be a non-empty string")
         if mode not in ("text", "regex"):
             raise InputError(f"mode must be 'text' or 'regex', not {mode!r}")
         if scope not in ("session", "all"):
             raise InputError(f"scope must be 'session' or 'all', not {scope!r}")
-        n = max(1, min(100, int(limit)))
-        hits = self.store.search(
-            query, session_id=self.session_id if scope == "session" else None, mode=mode, limit=n
-        )
-        results = [h.to_dict() if hasattr(h, "to_dict") else dict(h) for h in hits]
-        for r in results:
-            ids = r.get("message_ids")
-            if isinstance(ids, list) and len(ids) > 3:
-                r["message_ids"] = ids[:3]
-        return {"query": query, "scope": scope, "count": len(results), "results": results}
+        n = max(1, min(50, int(limit)))
+        skip = max(0, int(offset))
+        sid = self.session_id if scope == "session" else None
+        queries = [query]
+        if mode == "text":
+            escaped = json.dumps(query, ensure_ascii=False)[1:-1]
+            if escaped != query:
+                queries.append(escaped)  # tool-call arguments are stored as JSON
+        hits: dict[tuple[str, str], Any] = {}
+        for q in queries:
+            for h in self.store.search(q, session_id=sid, mode=mode, limit=GREP_CANDIDATES):
+                hits.setdefault((str(h.kind), str(h.id)), h)
+        sources = self._sources(list(hits.values()))
+        if mode == "regex":
+            from ctxengine.store.safe_regex import compile_pattern
+
+            find = compile_pattern(query)
+            matches: Callable[[str], tuple[int, int] | None] = find
+        else:
+            low = query.lower()
+
+            def matches(line: str) -> tuple[int, int] | None:
+                at = line.find(query)
+                if at < 0:
+                    at = line.lower().find(low)
+                return None if at < 0 else (at, at + len(query))
+
+        ranked = rank_lines(query, sources, matches)
+        return _answer_page(query, scope, ranked, skip, n)
+
+    def _sources(self, hits: Sequence[Any]) -> list[_Source]:
+        """The full texts behind search hits, newest first, as lines to rank."""
+        msg_hits = [h for h in hits if getattr(h, "kind", "message") == "message"]
+        out: list[_Source] = []
+        if msg_hits:
+            bodies = self.store.get_messages([str(h.id) for h in msg_hits])
+            for h, m in zip(msg_hits, bodies, strict=True):
+                ids = [str(i) for i in (getattr(h, "message_ids", None) or [h.id])]
+                out.append(_Source("message", str(h.role), ids, list(getattr(h, "session_ids", []) or []), _message_lines(m)))
+        for h in hits:
+            if getattr(h, "kind", "") == "node":
+                try:
+                    text = str(self.store.get_node(str(h.id)).text)
+                except NotFoundError:
+                    text = str(h.snippet)
+                lines = [(line, False) for line in text.split("\n")]
+                out.append(_Source("node", "summary", [str(h.id)], list(getattr(h, "session_ids", []) or []), lines))
+        return out
 
     def expand(
         self, ref: Any, max_tokens: int = EXPAND_DEFAULT_TOKENS, offset: int = 0
@@ -342,3 +404,242 @@ def _pick(args: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
 
 def _dump(data: Mapping[str, Any]) -> str:
     return json.dumps(data, ensure_ascii=False, default=str)
+
+
+# -- ranking ---------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class _Source:
+    """One matching message (or summary node): its lines, ``(line, is_command)``."""
+
+    kind: str
+    role: str
+    ids: list[str]
+    sessions: list[str]
+    lines: list[tuple[str, bool]]
+
+
+@dataclass(slots=True)
+class _Result:
+    type: str
+    tier: int
+    order: int
+    text: str
+    kind: str
+    role: str
+    ids: list[str] = field(default_factory=list)
+    sessions: list[str] = field(default_factory=list)
+    n: int = 0
+    items: list[str] = field(default_factory=list)
+
+
+def _main_arg(args: Any) -> str:
+    if isinstance(args, str):
+        return args
+    if isinstance(args, Mapping):
+        for k in ("command", "cmd", "input", "code", "query", "path", "file", "url"):
+            v = args.get(k)
+            if isinstance(v, str) and v.strip():
+                return v
+        return next((v for v in args.values() if isinstance(v, str) and v.strip()), "")
+    return ""
+
+
+def _message_lines(m: Message) -> list[tuple[str, bool]]:
+    """A message as lines an agent reads: its text, then each tool call as ``name: command
+    line`` (the call fact of :func:`ctxengine.facts.call_facts`) and the rest of its main
+    argument, decoded from the JSON the call carries."""
+    out = [(line, False) for line in content_text(m.get("content")).split("\n")]
+    for c in tool_calls(m):
+        name = tool_call_name(c)
+        args = tool_call_args(c)
+        first = _command_line(args)
+        out.append((f"{name}: {first}" if first else name, True))
+        body = _main_arg(args).strip().split("\n")
+        out.extend((line, False) for line in body[1:])
+    return out
+
+
+_WORD = re.compile(r"\w")
+_CODE_LINE = re.compile(r"^\d+:|\bthrows\b|^\s*(?:\*|//|#|import |catch\b|}\s*catch\b)|\bnew \w+(?:Error|Exception)\(")
+"""A line of source code (a numbered editor line, a signature, a comment, an import): it names an
+error class without reporting an error."""
+
+
+def _bounded(line: str, a: int, b: int) -> bool:
+    """The match ``line[a:b]`` is a whole word (or starts/ends at a non-word edge)."""
+    before = a == 0 or not (_WORD.match(line[a - 1]) and _WORD.match(line[a]))
+    after = b >= len(line) or not (_WORD.match(line[b]) and _WORD.match(line[b - 1]))
+    return before and after
+
+
+def rank_lines(
+    query: str, sources: Sequence[_Source], find: Callable[[str], tuple[int, int] | None]
+) -> list[_Result]:
+    """The matching lines of ``sources`` (newest first), ranked for an agent.
+
+    1. the full paths that contain the query, those ending with it first (a file name brings
+       its paths), newest first, each once, in one result; then the URLs, likewise;
+    2. lines that name the query as an identifier: a command line that starts with it, an
+       error line or a user message that holds it as a whole word;
+    3. other error, command and URL/path lines holding it; 4. every other matching line.
+    Identical lines from several originals are one result with their count (``n``) and ids.
+    """
+    low = query.lower()
+    paths: dict[str, _Result] = {}
+    urls: dict[str, _Result] = {}
+    lines: dict[str, _Result] = {}
+    order = 0
+    for src in sources:
+        for idx, (raw, is_cmd) in enumerate(src.lines):
+            span = find(raw)
+            if span is None:
+                continue
+            line = raw.strip()
+            order += 1
+            idents = False
+            if "/" in line:
+                for u in urls_in(line):
+                    if low in u.lower():
+                        idents = True
+                        _add(urls, u, "url", _ident_tier(u.lower().rstrip("/"), low), order, src)
+                for p in paths_in(line):
+                    if low in p.lower():
+                        idents = True
+                        _add(paths, p, "path", _ident_tier(p.lower(), low), order, src)
+            if is_cmd:
+                name, _, cmd = line.partition(": ")
+                tier = 0 if cmd.lower().startswith(low) or line.lower().startswith(low) else 1
+                _add(lines, line, "command", tier, order, src)
+                continue
+            a, b = span
+            a, b = a - (len(raw) - len(raw.lstrip())), b - (len(raw) - len(raw.lstrip()))
+            if src.kind == "node":
+                kind, tier = "summary", 2 if idents else 1
+            elif _ERROR_RE.search(line):
+                # a raised or reported error before source text that merely names the class
+                code = _CODE_LINE.search(line) is not None
+                kind, tier = "error", (1 if code else 0) if _bounded(line, max(0, a), max(0, b)) else 2
+            elif src.role == "user" and idx == 0 and line.lower().startswith(low):
+                kind, tier = "user", 0
+            elif idents:
+                kind, tier = "line", 2
+            else:
+                kind, tier = "line", 3 if src.role != "user" else 1
+            _add(lines, line, kind, tier, order, src)
+    out: list[_Result] = []
+    for group, label in ((paths, "paths"), (urls, "urls")):
+        if group:
+            items = sorted(group.values(), key=lambda r: (r.tier, r.order))
+            first = items[0]
+            out.append(
+                _Result(label, -1, first.order, "", "message", "", first.ids[:1], first.sessions,
+                        sum(r.n for r in items), [r.text for r in items])
+            )
+    out.extend(sorted(lines.values(), key=lambda r: (r.tier, r.order)))
+    return out
+
+
+def _ident_tier(ident: str, low: str) -> int:
+    """0: the identifier ends with the query at a segment start (``a/Foo.java`` for
+    ``Foo.java``, ``…/issues/12`` for ``12``); 1: ends with it; 2: holds it."""
+    if ident.endswith(low):
+        at = len(ident) - len(low)
+        return 0 if at == 0 or ident[at - 1] in "/=?#&" or low.startswith("/") else 1
+    return 2
+
+
+def _add(table: dict[str, _Result], text: str, kind: str, tier: int, order: int, src: _Source) -> None:
+    r = table.get(text)
+    if r is None:
+        table[text] = _Result(kind, tier, order, text, src.kind, src.role, list(src.ids[:3]), list(src.sessions), len(src.ids))
+        return
+    r.tier = min(r.tier, tier)
+    r.n += len(src.ids)
+    for i in src.ids:
+        if len(r.ids) < 3 and i not in r.ids:
+            r.ids.append(i)
+    for s in src.sessions:
+        if s not in r.sessions:
+            r.sessions.append(s)
+
+
+def _cut(text: str, at: int, lo: int, hi: int) -> int:
+    """A cut near ``at`` (within ``lo..hi``) at whitespace, so no token is split."""
+    if at >= len(text):
+        return len(text)
+    j = text.find(" ", at, hi)
+    if j >= 0:
+        return j
+    k = text.rfind(" ", lo, at)
+    return k if k > lo else at
+
+
+def _show(text: str, query: str) -> str:
+    """``text`` whole when short; else its start (an error line's first MAX_ERROR_LINE
+    characters at least) and the window around the match, cut at whitespace."""
+    if len(text) <= _LINE_CHARS:
+        return text
+    head_end = _cut(text, MAX_ERROR_LINE, MAX_ERROR_LINE // 2, MAX_ERROR_LINE + 120)
+    at = text.lower().find(query.lower())
+    if 0 <= at and at + len(query) <= head_end:
+        return text[:head_end] + " …"
+    if at < 0:
+        return text[:head_end] + " …"
+    a = text.rfind(" ", max(head_end, at - 100), at)
+    a = at if a < 0 else a + 1
+    b = _cut(text, at + len(query) + 80, at + len(query), at + len(query) + 200)
+    tail = " …" if b < len(text) else ""
+    return f"{text[:head_end]} … {text[a:b]}{tail}"
+
+
+def _render(r: _Result, query: str, scope: str, room: int) -> dict[str, Any]:
+    d: dict[str, Any] = {"kind": r.kind, "type": r.type}
+    if r.items:
+        shown: list[str] = []
+        used = 0
+        for item in r.items[:_GROUP_MAX]:
+            if shown and used + len(item) + 4 > room:
+                break
+            shown.append(item)
+            used += len(item) + 4
+        d["snippet"] = "\n".join(shown)
+        if len(r.items) > len(shown):
+            d["more_items"] = len(r.items) - len(shown)
+    else:
+        d["role"] = r.role
+        d["snippet"] = _show(r.text, query)
+    d["id"] = r.ids[0] if r.ids else ""
+    if r.n > 1:
+        d["n"] = r.n
+        if len(r.ids) > 1:
+            d["ids"] = r.ids
+    if scope == "all":
+        d["session_ids"] = r.sessions[:5]
+    return d
+
+
+def _answer_page(query: str, scope: str, ranked: Sequence[_Result], skip: int, limit: int) -> dict[str, Any]:
+    page = ranked[skip:]
+    results: list[dict[str, Any]] = []
+    head = len(_dump({"query": query, "scope": scope, "count": 0, "results": [], "more": 0, "next_offset": 0,
+                      "hint": "NNN more: ctx_grep with offset=NNN, or a longer query"}))
+    used = head
+    for r in page[:limit]:
+        room = max(600, (GREP_MAX_CHARS - used) // 2) if r.items else 0
+        d = _render(r, query, scope, room)
+        size = len(_dump(d)) + 2
+        if results and used + size > GREP_MAX_CHARS:
+            break
+        if not results and used + size > GREP_MAX_CHARS:
+            d["snippet"] = d["snippet"][: max(200, GREP_MAX_CHARS - used - 400)] + " …"
+            size = len(_dump(d)) + 2
+        results.append(d)
+        used += size
+    more = len(page) - len(results)
+    out: dict[str, Any] = {"query": query, "scope": scope, "count": len(results), "results": results}
+    if more > 0:
+        out["more"] = more
+        out["next_offset"] = skip + len(results)
+        out["hint"] = f"{more} more: ctx_grep with offset={skip + len(results)}, or a longer query"
+    return out
+
