@@ -460,9 +460,11 @@ def _message_lines(m: Message) -> list[tuple[str, bool]]:
 
 
 _WORD = re.compile(r"\w")
-_CODE_LINE = re.compile(r"^\d+:|\bthrows\b|^\s*(?:\*|//|#|import |catch\b|}\s*catch\b)|\bnew \w+(?:Error|Exception)\(")
+_CODE_LINE = re.compile(r"^(?:Line )?\d+:|\bthrows\b|^\s*(?:\*|//|#|import |catch\b|}\s*catch\b)|\bnew \w+(?:Error|Exception)\(")
 """A line of source code (a numbered editor line, a signature, a comment, an import): it names an
 error class without reporting an error."""
+_RAISED = re.compile(r"(?:Error|Exception|Failure)\b(?::|$)|^\s*(?:Caused by|Exception in thread|\[ERROR\]|error:|E\s)|Traceback")
+"""A line that reports an error (the class then its message, a cause, a compiler error)."""
 
 
 def _bounded(line: str, a: int, b: int) -> bool:
@@ -517,8 +519,13 @@ def rank_lines(
                 kind, tier = "summary", 2 if idents else 1
             elif _ERROR_RE.search(line):
                 # a raised or reported error before source text that merely names the class
-                code = _CODE_LINE.search(line) is not None
-                kind, tier = "error", (1 if code else 0) if _bounded(line, max(0, a), max(0, b)) else 2
+                if not _bounded(line, max(0, a), max(0, b)):
+                    tier = 2
+                elif _CODE_LINE.search(line) is not None:
+                    tier = 2 if src.role == "tool" else 1
+                else:
+                    tier = 0 if _RAISED.search(line) is not None or src.role == "tool" else 1
+                kind = "error"
             elif src.role == "user" and idx == 0 and line.lower().startswith(low):
                 kind, tier = "user", 0
             elif idents:

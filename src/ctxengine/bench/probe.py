@@ -10,9 +10,12 @@ fact's kind (:func:`realistic_query`):
   module it means (``/r/dubbo-api/src/main/java`` → ``dubbo-api/src/main/java``);
 * **urls** — the URL's last non-empty path segment without query or fragment
   (``https://h/a/b/issue-12?x=1`` → ``issue-12``), or the host when the path is empty;
-* **errors** — the exception class the line names (its simple name: ``java.io.IOException`` →
-  ``IOException``), else the line's first three words after any leading ``[TAG]`` / ``TAG:``
-  prefixes, skipping words that hold a path or a location (``/``, ``:[``);
+* **errors** — for a line of source code shown by an editor or a search (it starts with a line
+  number: ``42:`` or ``Line 42:``), the longest identifier it names that is neither a keyword
+  nor an exception class (``deserialize``), as an agent looks for code; else the exception
+  class the line names (its simple name: ``java.io.IOException`` → ``IOException``), else the
+  line's first three words after any leading ``[TAG]`` / ``TAG:`` prefixes, skipping words that
+  hold a path or a location (``/``, ``:[``);
 * **calls** (``name: command line``) — the command line's first two words (``open src/Foo.java``;
   a one-word command is searched as is); the bare tool name for a call without arguments;
 * **users** — the message's first five words; **tools** — the tool name.
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -40,6 +44,14 @@ MISSES_KEPT = int(__import__("os").environ.get("CTX_PROBE_MISSES", "10"))
 PROBE_KINDS = (*FACT_KINDS, CALL_KIND)
 
 _CLASS_RE = re.compile(r"\b(?:[a-z_][\w$]*\.)*([A-Z][\w$]*(?:Error|Exception|Failure|Fault))\b")
+_NUMBERED = re.compile(r"^(?:Line )?\d+:")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{3,}")
+_KEYWORDS = frozenset(
+    "public private protected static final void return throws throw class interface extends implements "
+    "abstract synchronized import package boolean char byte short long float double null true false this "
+    "super catch finally try else while break continue default switch case new String Object Override "
+    "self None True False def async await except raise pass with from lambda yield elif print".split()
+)
 _TAG_RE = re.compile(r"^(?:\[[^\]]{1,20}\]\s*|[A-Z][A-Za-z]{1,15}:\s+)+")
 
 
@@ -76,6 +88,10 @@ def realistic_query(kind: str, fact: str) -> str | None:
         segs = [s for s in path.split("/") if s]
         return segs[-1] if segs else (host or fact)
     if kind == "errors":
+        if _NUMBERED.match(fact):
+            names = [w for w in _IDENT.findall(fact) if w not in _KEYWORDS and not _CLASS_RE.fullmatch(w)]
+            if names:
+                return max(names, key=len)
         m = _CLASS_RE.search(fact)
         if m:
             return m.group(1)
@@ -117,12 +133,15 @@ def _result_texts(answer: str) -> list[str]:
 
 
 def probe_recall(
-    grep: Callable[[str], str], removed: Mapping[str, Sequence[str]]
+    grep: Callable[[str], str],
+    removed: Mapping[str, Sequence[str]],
+    stats: dict[str, list[float]] | None = None,
 ) -> tuple[dict[str, int], dict[str, int], dict[str, list[dict[str, Any]]]]:
     """Ask ``grep`` (one ``ctx_grep`` call: query → JSON answer) once per removed fact.
 
     Returns ``(total, recalled, misses)`` by kind; ``misses`` holds up to ten
-    ``{"fact", "query"}`` per kind."""
+    ``{"fact", "query"}`` per kind. ``stats``, when given, receives each call's time
+    (``"ms"``) and answer size in characters (``"chars"``)."""
     total: dict[str, int] = {}
     found: dict[str, int] = {}
     misses: dict[str, list[dict[str, Any]]] = {}
@@ -132,7 +151,12 @@ def probe_recall(
             if q is None:
                 continue
             total[kind] = total.get(kind, 0) + 1
-            texts = _result_texts(grep(q))
+            t0 = time.perf_counter()
+            answer = grep(q)
+            if stats is not None:
+                stats.setdefault("ms", []).append((time.perf_counter() - t0) * 1000.0)
+                stats.setdefault("chars", []).append(float(len(answer)))
+            texts = _result_texts(answer)
             forms = _forms(kind, fact)
             if any(f in t for t in texts for f in forms):
                 found[kind] = found.get(kind, 0) + 1

@@ -108,7 +108,11 @@ def format_table(result: BenchResult) -> str:
         total, _found = t.search()
         if sum(total.values()):
             kinds = ", ".join(f"{k} {_pct(t.search_recall(k))}" for k in total if total[k])
-            searched.append(f"{result.label(name)} {_pct(t.search_recall())} of {sum(total.values())} ({kinds})")
+            d = t.to_dict()
+            searched.append(
+                f"{result.label(name)} {_pct(t.search_recall())} of {sum(total.values())} ({kinds};"
+                f" p50 {d['search_p50_ms']:.1f} ms, largest answer {d['search_answer_max_tokens']:,} tokens)"
+            )
     if searched:
         lines.append(f"removed facts back from one realistic ctx_grep, first {TOP} results: " + "; ".join(searched))
     return title + "\n" + "\n".join(lines) + "\n" + summary_line(result)

@@ -169,6 +169,10 @@ class SessionRun:
     """Removed facts one realistic ``ctx_grep`` returned in its first TOP results
     (:mod:`ctxengine.bench.probe`)."""
     search_misses: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    search_ms: list[float] = field(default_factory=list)
+    """Time of each probe search (ms)."""
+    search_answer_tokens: list[int] = field(default_factory=list)
+    """o200k tokens of the largest probe answers (the ten largest by characters)."""
     anthropic: CostReport | None = None
     openai: CostReport | None = None
     elapsed_s: float = 0.0
@@ -215,6 +219,8 @@ class SessionRun:
             "removed_total": self.removed_total,
             "search_recalled": self.search_recalled,
             "search_misses": self.search_misses,
+            "search_p50_ms": round(percentile(self.search_ms, 50), 3),
+            "search_answer_max_tokens": max(self.search_answer_tokens, default=0),
             "anthropic": self.anthropic.to_dict(per_call=per_call) if self.anthropic else None,
             "openai": self.openai.to_dict(per_call=per_call) if self.openai else None,
         }
@@ -344,7 +350,18 @@ def run_session(
         def grep(query: str) -> str:
             return mgr.handle_tool_call(GREP_TOOL, {"query": query}, session_id=sid)
 
-        run.removed_total, run.search_recalled, run.search_misses = probe_recall(grep, removed)
+        answers: list[str] = []
+
+        def grep_kept(query: str) -> str:
+            answer = grep(query)
+            answers.append(answer)
+            return answer
+
+        stats: dict[str, list[float]] = {}
+        run.removed_total, run.search_recalled, run.search_misses = probe_recall(grep_kept, removed, stats)
+        run.search_ms = stats.get("ms", [])
+        largest = sorted(answers, key=len, reverse=True)[:10]
+        run.search_answer_tokens = [exact.exact_message({"role": "tool", "content": a}) for a in largest]
         mgr.end_session(sid, working)
     finally:
         if own_store:
@@ -479,6 +496,8 @@ class EngineTotals:
             "search_recall_by_kind": {k: round(self.search_recall(k), 4) for k in PROBE_KINDS if self.search()[0][k]},
             "search_top": TOP,
             "removed_facts": self.search()[0],
+            "search_p50_ms": round(percentile([x for r in self.runs for x in r.search_ms], 50), 3),
+            "search_answer_max_tokens": max((x for r in self.runs for x in r.search_answer_tokens), default=0),
         }
         if baseline is not None and baseline.anthropic_cost > 0:
             d["anthropic_vs_none"] = round(self.anthropic_cost / baseline.anthropic_cost, 4)
