@@ -68,10 +68,10 @@ GREP_DEFAULT_LIMIT = 10
 """Results of one ``ctx_grep`` answer unless the model asks for more (at most 50); whatever the
 limit, an answer stops at :data:`GREP_MAX_CHARS`."""
 
-GREP_MAX_CHARS = 4_500
+GREP_MAX_CHARS = 3_600
 """Bound of one ``ctx_grep`` answer, in characters of its JSON: at most ~1,500 tokens for any
-tokenizer that spends at least one token per three characters (o200k spends one per ~3.5 on
-paths and code). Results past the bound are counted in ``more`` and reached with ``offset``."""
+tokenizer that spends at least one token per 2.4 characters (o200k spends one per 2.6 to 3.5 on
+JSON-escaped paths and code). Results past the bound are counted in ``more`` and reached with ``offset``."""
 
 GREP_CANDIDATES = 200
 """Matching messages (newest first) and summary nodes one search ranks."""
