@@ -479,16 +479,21 @@ def rank_lines(
 ) -> list[_Result]:
     """The matching lines of ``sources`` (newest first), ranked for an agent.
 
-    1. the full paths that contain the query, those ending with it first (a file name brings
-       its paths), newest first, each once, in one result; then the URLs, likewise;
-    2. lines that name the query as an identifier: a command line that starts with it, an
-       error line or a user message that holds it as a whole word;
-    3. other error, command and URL/path lines holding it; 4. every other matching line.
+    1. one result each (``type`` ``paths``, ``urls``, ``errors``) listing, each once, the
+       full paths, the URLs and the error lines that hold the query: those naming it exactly
+       first (a path or URL ending with it at a segment start, an error line that reports it
+       as a whole word), then those ending with it, then the rest; newest first within each
+       rank; a source line that merely names an error class comes after the errors reported;
+       the group that names the query best comes first;
+    2. lines that name the query as an identifier: a command line (``name: command``) that
+       starts with it, a user message that starts with it;
+    3. other command and summary lines holding it; 4. every other matching line.
     Identical lines from several originals are one result with their count (``n``) and ids.
     """
     low = query.lower()
     paths: dict[str, _Result] = {}
     urls: dict[str, _Result] = {}
+    errors: dict[str, _Result] = {}
     lines: dict[str, _Result] = {}
     order = 0
     for src in sources:
@@ -525,7 +530,8 @@ def rank_lines(
                     tier = 2 if src.role == "tool" else 1
                 else:
                     tier = 0 if _RAISED.search(line) is not None or src.role == "tool" else 1
-                kind = "error"
+                _add(errors, line, "error", tier, order, src)
+                continue
             elif src.role == "user" and idx == 0 and line.lower().startswith(low):
                 kind, tier = "user", 0
             elif idents:
@@ -534,14 +540,16 @@ def rank_lines(
                 kind, tier = "line", 3 if src.role != "user" else 1
             _add(lines, line, kind, tier, order, src)
     out: list[_Result] = []
-    for group, label in ((paths, "paths"), (urls, "urls")):
+    for group, label in ((paths, "paths"), (urls, "urls"), (errors, "errors")):
         if group:
             items = sorted(group.values(), key=lambda r: (r.tier, r.order))
             first = items[0]
             out.append(
-                _Result(label, -1, first.order, "", "message", "", first.ids[:1], first.sessions,
+                _Result(label, first.tier, first.order, "", first.kind, first.role, first.ids[:1], first.sessions,
                         sum(r.n for r in items), [r.text for r in items])
             )
+    # the group naming the query best first (paths before URLs before errors on a tie)
+    out.sort(key=lambda r: r.tier)
     out.extend(sorted(lines.values(), key=lambda r: (r.tier, r.order)))
     return out
 
@@ -605,11 +613,13 @@ def _render(r: _Result, query: str, scope: str, room: int) -> dict[str, Any]:
         shown: list[str] = []
         used = 0
         for item in r.items[:_GROUP_MAX]:
-            if shown and used + len(item) + 4 > room:
+            if shown and used + min(len(item), _LINE_CHARS + 200) + 4 > room:
                 break
             shown.append(item)
-            used += len(item) + 4
+            used += min(len(item), _LINE_CHARS + 200) + 4
         d["snippet"] = "\n".join(shown)
+        if r.type == "errors":
+            d["snippet"] = "\n".join(_show(x, query) for x in shown)
         if len(r.items) > len(shown):
             d["more_items"] = len(r.items) - len(shown)
     else:
@@ -635,6 +645,10 @@ def _answer_page(query: str, scope: str, ranked: Sequence[_Result], skip: int, l
         room = max(600, (GREP_MAX_CHARS - used) // 2) if r.items else 0
         d = _render(r, query, scope, room)
         size = len(_dump(d)) + 2
+        while r.items and used + size > GREP_MAX_CHARS and room > 300:
+            room //= 2  # JSON escaping made the listing larger than its room: list fewer
+            d = _render(r, query, scope, room)
+            size = len(_dump(d)) + 2
         if results and used + size > GREP_MAX_CHARS:
             break
         if not results and used + size > GREP_MAX_CHARS:

@@ -11,11 +11,12 @@ fact's kind (:func:`realistic_query`):
 * **urls** — the URL's last non-empty path segment without query or fragment
   (``https://h/a/b/issue-12?x=1`` → ``issue-12``), or the host when the path is empty;
 * **errors** — for a line of source code shown by an editor or a search (it starts with a line
-  number: ``42:`` or ``Line 42:``), the longest identifier it names that is neither a keyword
-  nor an exception class (``deserialize``), as an agent looks for code; else the exception
-  class the line names (its simple name: ``java.io.IOException`` → ``IOException``), else the
-  line's first three words after any leading ``[TAG]`` / ``TAG:`` prefixes, skipping words that
-  hold a path or a location (``/``, ``:[``);
+  number: ``42:`` or ``Line 42:``), the first four words of its code (``} catch
+  (NumberFormatException nfe)`` → ``} catch (NumberFormatException nfe)``), as an agent looks
+  for code it saw; else the exception class the line names (its simple name:
+  ``java.io.IOException`` → ``IOException``); else the line's first three words after any
+  leading ``[TAG]`` / ``TAG:`` prefixes, from the first word that holds no path or location
+  (``/``, ``:[``) and stopping before the next one (a query is always a substring of the line);
 * **calls** (``name: command line``) — the command line's first two words (``open src/Foo.java``;
   a one-word command is searched as is); the bare tool name for a call without arguments;
 * **users** — the message's first five words; **tools** — the tool name.
@@ -45,13 +46,6 @@ PROBE_KINDS = (*FACT_KINDS, CALL_KIND)
 
 _CLASS_RE = re.compile(r"\b(?:[a-z_][\w$]*\.)*([A-Z][\w$]*(?:Error|Exception|Failure|Fault))\b")
 _NUMBERED = re.compile(r"^(?:Line )?\d+:")
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{3,}")
-_KEYWORDS = frozenset(
-    "public private protected static final void return throws throw class interface extends implements "
-    "abstract synchronized import package boolean char byte short long float double null true false this "
-    "super catch finally try else while break continue default switch case new String Object Override "
-    "self None True False def async await except raise pass with from lambda yield elif print".split()
-)
 _TAG_RE = re.compile(r"^(?:\[[^\]]{1,20}\]\s*|[A-Z][A-Za-z]{1,15}:\s+)+")
 
 
@@ -60,6 +54,20 @@ LAYOUT_NAMES = frozenset(
     "cmd app apps module modules packages site-packages node_modules include share usr local opt etc var "
     "tmp home docs doc python3 python".split()
 )
+
+
+def _run_of_words(text: str, n: int) -> str:
+    """The first ``n`` words of ``text`` from its first word without a path or location,
+    stopping before the next such word: a substring of ``text``."""
+    words = list(re.finditer(r"\S+", text))
+    plain = [("/" not in w.group(0) and ":[" not in w.group(0)) for w in words]
+    for i, ok in enumerate(plain):
+        if ok:
+            j = i
+            while j + 1 < len(words) and j + 1 - i < n and plain[j + 1]:
+                j += 1
+            return text[words[i].start() : words[j].end()]
+    return ""
 
 
 def _words(text: str, n: int) -> str:
@@ -88,16 +96,16 @@ def realistic_query(kind: str, fact: str) -> str | None:
         segs = [s for s in path.split("/") if s]
         return segs[-1] if segs else (host or fact)
     if kind == "errors":
-        if _NUMBERED.match(fact):
-            names = [w for w in _IDENT.findall(fact) if w not in _KEYWORDS and not _CLASS_RE.fullmatch(w)]
-            if names:
-                return max(names, key=len)
+        numbered = _NUMBERED.match(fact)
+        if numbered:
+            code = fact[numbered.end() :].strip()
+            m4 = re.match(r"\S+(?:\s+\S+){0,3}", code)
+            if m4:
+                return m4.group(0)
         m = _CLASS_RE.search(fact)
         if m:
             return m.group(1)
-        body = _TAG_RE.sub("", fact)
-        words = [w for w in body.split() if "/" not in w and ":[" not in w]
-        return " ".join(words[:3]) or _words(fact, 3)
+        return _run_of_words(_TAG_RE.sub("", fact), 3) or _words(fact, 3)
     if kind == CALL_KIND:
         name, sep, line = fact.partition(": ")
         return _words(line, 2) if sep and line.strip() else name
