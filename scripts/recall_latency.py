@@ -1,11 +1,12 @@
 """ctx_grep speed and answer size on one long session.
 
-Chains the trajectories of a JSONL file into one session of ``--messages`` messages, records it
+Chains the trajectories of JSONL files (in order) into one session of ``--messages`` messages, records it
 in an SQLite store, and runs one realistic query (:func:`ctxengine.bench.probe.realistic_query`)
 per fact of the session (at most ``--queries``, spread evenly); prints p50/p95 search time and
 the largest answer in characters and o200k tokens.
 
-    PYTHONPATH=src python scripts/recall_latency.py ../shared/data/swe_agent_java_multi_swe_bench.jsonl
+    PYTHONPATH=src python scripts/recall_latency.py ../shared/data/swe_agent_java_multi_swe_bench.jsonl \\
+        ../shared/data/tau_bench_airline_gpt4o.jsonl
 """
 
 from __future__ import annotations
@@ -27,18 +28,19 @@ from ctxengine.tokens import exact
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("file")
+    ap.add_argument("files", nargs="+")
     ap.add_argument("--messages", type=int, default=2000)
     ap.add_argument("--queries", type=int, default=400)
     a = ap.parse_args()
     msgs: list[dict[str, Any]] = []
-    for line in Path(a.file).read_text().splitlines():
-        for m in json.loads(line)["messages"]:
-            if m.get("role") == "system" and msgs:
-                continue
-            msgs.append(m)
-        if len(msgs) >= a.messages:
-            break
+    for f in a.files:
+        for line in Path(f).read_text().splitlines():
+            for m in json.loads(line)["messages"]:
+                if m.get("role") == "system" and msgs:
+                    continue
+                msgs.append(m)
+            if len(msgs) >= a.messages:
+                break
     msgs = msgs[: a.messages]
     facts = extract_facts(msgs).by_kind()
     facts["calls"] = call_facts(msgs)

@@ -25,12 +25,21 @@ from __future__ import annotations
 
 import json
 import re
+from itertools import islice
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ctxengine.errors import CtxEngineError, InputError, NotFoundError
-from ctxengine.facts import MAX_ERROR_LINE, _ERROR_RE, _command_line, paths_in, urls_in
+from ctxengine.facts import (
+    _ERROR_RE,
+    _ERROR_WORD_LIST,
+    MAX_ERROR_LINE,
+    _command_line,
+    error_lines,
+    paths_in,
+    urls_in,
+)
 from ctxengine.messages import (
     Message,
     content_text,
@@ -79,6 +88,18 @@ GREP_CANDIDATES = 200
 _LINE_CHARS = 320
 """Lines up to this long are shown whole; a longer one shows its start and the match, each cut
 at whitespace, so no path, URL or error message is cut."""
+
+_INDEX_BATCH = 500
+"""Messages whose identifiers one indexing step reads and writes."""
+
+_IDENTS_PER_MESSAGE = 2_000
+"""Identifiers one message contributes to the index at most (a huge listing stays bounded)."""
+
+_LINES_RANKED = 400
+"""Distinct matching lines one search classifies (the newest first); the rest are counted."""
+
+_LINES_SEEN = 2_000
+"""Distinct matching lines one search collects at most (then it stops reading older messages)."""
 
 _GROUP_MAX = 40
 """Distinct paths (or URLs) one identifier result lists at most."""
@@ -264,16 +285,23 @@ class Recall:
             escaped = json.dumps(query, ensure_ascii=False)[1:-1]
             if escaped != query:
                 queries.append(escaped)  # tool-call arguments are stored as JSON
-        hits: dict[tuple[str, str], Any] = {}
-        for q in queries:
-            for h in self.store.search(q, session_id=sid, mode=mode, limit=GREP_CANDIDATES):
-                hits.setdefault((str(h.kind), str(h.id)), h)
-        sources = self._sources(list(hits.values()))
+        texts = getattr(self.store, "search_texts", None)
+        if sid is not None and mode == "text" and callable(texts):
+            rows = self._indexed_candidates(queries)
+            if rows is None:
+                rows = texts(queries, session_id=sid, limit=GREP_CANDIDATES)
+            sources = [_Source(kind, role, ids, [], *_split_text(role, text)) for kind, role, ids, text in rows]
+        else:
+            hits: dict[tuple[str, str], Any] = {}
+            for q in queries:
+                for h in self.store.search(q, session_id=sid, mode=mode, limit=GREP_CANDIDATES):
+                    hits.setdefault((str(h.kind), str(h.id)), h)
+            sources = self._sources(list(hits.values()))
+        matches: Callable[[str], tuple[int, int] | None]
         if mode == "regex":
             from ctxengine.store.safe_regex import compile_pattern
 
-            find = compile_pattern(query)
-            matches: Callable[[str], tuple[int, int] | None] = find
+            matches = compile_pattern(query)
         else:
             low = query.lower()
 
@@ -283,8 +311,39 @@ class Recall:
                     at = line.lower().find(low)
                 return None if at < 0 else (at, at + len(query))
 
-        ranked = rank_lines(query, sources, matches)
+        ranked = rank_lines(query, sources, matches, text_mode=mode == "text")
         return _answer_page(query, scope, ranked, skip, n)
+
+    def index_identifiers(self) -> int:
+        """Index the identifiers (paths, URLs, error lines, command lines) of the session's
+        messages not indexed yet, in the store (:meth:`SqlStore.add_identifiers`); returns how
+        many messages were indexed. ``ctx_grep`` runs it first, so only the messages recorded
+        since the last search are read; a store without the index is left alone."""
+        unindexed = getattr(self.store, "unindexed_texts", None)
+        add = getattr(self.store, "add_identifiers", None)
+        if not callable(unindexed) or not callable(add):
+            return 0
+        done = 0
+        while True:
+            batch = unindexed(self.session_id, limit=_INDEX_BATCH)
+            if not batch:
+                return done
+            rows = [(key, kind, ident) for key, role, text in batch for kind, ident in identifiers(role, text)]
+            add(self.session_id, [key for key, _, _ in batch], rows)
+            done += len(batch)
+            if len(batch) < _INDEX_BATCH:
+                return done
+
+    def _indexed_candidates(self, queries: list[str]) -> list[tuple[str, str, list[str], str]] | None:
+        find = getattr(self.store, "recall_candidates", None)
+        if not callable(find):
+            return None
+        try:
+            self.index_identifiers()
+        except CtxEngineError:
+            return None  # a read-only or busy store: scan instead
+        rows = find(queries, session_id=self.session_id, limit=GREP_CANDIDATES)
+        return None if rows is None else list(rows)
 
     def _sources(self, hits: Sequence[Any]) -> list[_Source]:
         """The full texts behind search hits, newest first, as lines to rank."""
@@ -294,15 +353,14 @@ class Recall:
             bodies = self.store.get_messages([str(h.id) for h in msg_hits])
             for h, m in zip(msg_hits, bodies, strict=True):
                 ids = [str(i) for i in (getattr(h, "message_ids", None) or [h.id])]
-                out.append(_Source("message", str(h.role), ids, list(getattr(h, "session_ids", []) or []), _message_lines(m)))
+                out.append(_Source("message", str(h.role), ids, list(getattr(h, "session_ids", []) or []), *_message_parts(m)))
         for h in hits:
             if getattr(h, "kind", "") == "node":
                 try:
                     text = str(self.store.get_node(str(h.id)).text)
                 except NotFoundError:
                     text = str(h.snippet)
-                lines = [(line, False) for line in text.split("\n")]
-                out.append(_Source("node", "summary", [str(h.id)], list(getattr(h, "session_ids", []) or []), lines))
+                out.append(_Source("node", "summary", [str(h.id)], list(getattr(h, "session_ids", []) or []), text, []))
         return out
 
     def expand(
@@ -409,13 +467,15 @@ def _dump(data: Mapping[str, Any]) -> str:
 # -- ranking ---------------------------------------------------------------------------------------
 @dataclass(slots=True)
 class _Source:
-    """One matching message (or summary node): its lines, ``(line, is_command)``."""
+    """One matching message (or summary node): its text, and its tool calls as lines
+    ``(line, is_command)`` decoded from their JSON (see :func:`_message_parts`)."""
 
     kind: str
     role: str
     ids: list[str]
     sessions: list[str]
-    lines: list[tuple[str, bool]]
+    text: str
+    calls: list[tuple[str, bool]]
 
 
 @dataclass(slots=True)
@@ -444,18 +504,86 @@ def _main_arg(args: Any) -> str:
     return ""
 
 
-def _message_lines(m: Message) -> list[tuple[str, bool]]:
-    """A message as lines an agent reads: its text, then each tool call as ``name: command
-    line`` (the call fact of :func:`ctxengine.facts.call_facts`) and the rest of its main
-    argument, decoded from the JSON the call carries."""
-    out = [(line, False) for line in content_text(m.get("content")).split("\n")]
+def _call_lines(name: str, args: Any) -> list[tuple[str, bool]]:
+    first = _command_line(args)
+    out = [(f"{name}: {first}" if first else name, True)]
+    body = _main_arg(args).strip().split("\n")
+    out.extend((line, False) for line in body[1:])
+    return out
+
+
+def _message_parts(m: Message) -> tuple[str, list[tuple[str, bool]]]:
+    """A message as an agent reads it: its text, and each tool call as ``name: command line``
+    (the call fact of :func:`ctxengine.facts.call_facts`) then the rest of its main argument,
+    decoded from the JSON the call carries."""
+    calls: list[tuple[str, bool]] = []
     for c in tool_calls(m):
-        name = tool_call_name(c)
-        args = tool_call_args(c)
-        first = _command_line(args)
-        out.append((f"{name}: {first}" if first else name, True))
-        body = _main_arg(args).strip().split("\n")
-        out.extend((line, False) for line in body[1:])
+        calls += _call_lines(tool_call_name(c), tool_call_args(c))
+    return content_text(m.get("content")), calls
+
+
+_STORED_CALL = re.compile(r"^([\w.:-]+)\((\{.*\})\)$", re.MULTILINE)
+"""A tool call in a message's stored search text: ``name(arguments JSON)`` on its own line."""
+
+
+def _split_text(role: str, text: str) -> tuple[str, list[tuple[str, bool]]]:
+    """The stored search text of a message split like :func:`_message_parts`: an assistant's
+    ``name({...})`` lines are its tool calls, decoded."""
+    if role != "assistant" or "({" not in text:
+        return text, []
+    calls: list[tuple[str, bool]] = []
+    keep: list[str] = []
+    last = 0
+    for m in _STORED_CALL.finditer(text):
+        try:
+            args = json.loads(m.group(2))
+        except ValueError:
+            continue
+        keep.append(text[last : m.start()])
+        last = m.end()
+        calls += _call_lines(m.group(1), args)
+    if not calls:
+        return text, []
+    keep.append(text[last:])
+    return "".join(keep).strip("\n"), calls
+
+
+def identifiers(role: str, text: str) -> list[tuple[str, str]]:
+    """The identifiers of a message's stored search text, ``(kind, identifier)``: its paths
+    and URLs, its error lines (tool and assistant messages) and its tool calls' command lines
+    (``name: command``); at most :data:`_IDENTS_PER_MESSAGE`, unique."""
+    out: dict[tuple[str, str], None] = {}
+    plain, calls = _split_text(role, text)
+    for line, is_cmd in calls:
+        if is_cmd:
+            out[("command", line.strip())] = None
+    out.update(dict.fromkeys(("path", p) for p in paths_in(text)))
+    out.update(dict.fromkeys(("url", u) for u in urls_in(text)))
+    if role in ("tool", "function", "assistant"):
+        out.update(dict.fromkeys(("error", e) for e in error_lines(plain)))
+    return list(out)[:_IDENTS_PER_MESSAGE]
+
+
+def _matched_lines(src: _Source, query: str, find: Callable[[str], tuple[int, int] | None], text_mode: bool) -> list[tuple[str, bool, bool]]:
+    """The lines of ``src`` that ``find`` matches: ``(line, is_command, is_first_line)``."""
+    out: list[tuple[str, bool, bool]] = []
+    text = src.text
+    low = query.lower()
+    lowered = text.lower() if text_mode else ""
+    if text_mode and len(lowered) == len(text):
+        # one C-level scan of the whole text; lines are cut around each hit
+        at = lowered.find(low)
+        while at >= 0:
+            start = text.rfind("\n", 0, at) + 1
+            end = text.find("\n", at + len(low))
+            end = len(text) if end < 0 else end
+            out.append((text[start:end], False, start == 0))
+            at = lowered.find(low, end)
+    else:
+        for i, line in enumerate(text.split("\n")):
+            if find(line) is not None:
+                out.append((line, False, i == 0))
+    out.extend((line, cmd, False) for line, cmd in src.calls if find(line) is not None)
     return out
 
 
@@ -475,7 +603,11 @@ def _bounded(line: str, a: int, b: int) -> bool:
 
 
 def rank_lines(
-    query: str, sources: Sequence[_Source], find: Callable[[str], tuple[int, int] | None]
+    query: str,
+    sources: Sequence[_Source],
+    find: Callable[[str], tuple[int, int] | None],
+    *,
+    text_mode: bool = False,
 ) -> list[_Result]:
     """The matching lines of ``sources`` (newest first), ranked for an agent.
 
@@ -491,66 +623,86 @@ def rank_lines(
     Identical lines from several originals are one result with their count (``n``) and ids.
     """
     low = query.lower()
+    # 1. every matching line once (identical lines of many originals are common: listings,
+    # repeated views), with where it occurs; classified once below
+    seen: dict[tuple[str, bool], tuple[_Result, bool]] = {}
+    order = 0
+    for src in sources:
+        if len(seen) >= _LINES_SEEN:
+            break  # older messages would only add unranked lines
+        for raw, is_cmd, first in _matched_lines(src, query, find, text_mode):
+            line = raw.strip()
+            if not line:
+                continue
+            key = (line, is_cmd)
+            hit = seen.get(key)
+            if hit is None:
+                order += 1
+                seen[key] = (_Result("", 0, order, line, src.kind, src.role, list(src.ids[:3]), list(src.sessions), len(src.ids)), first)
+            else:
+                _merge(hit[0], src)
     paths: dict[str, _Result] = {}
     urls: dict[str, _Result] = {}
     errors: dict[str, _Result] = {}
     lines: dict[str, _Result] = {}
-    order = 0
-    for src in sources:
-        for idx, (raw, is_cmd) in enumerate(src.lines):
-            span = find(raw)
-            if span is None:
-                continue
-            line = raw.strip()
-            order += 1
-            idents = False
-            if "/" in line:
-                for u in urls_in(line):
-                    if low in u.lower():
-                        idents = True
-                        _add(urls, u, "url", _ident_tier(u.lower().rstrip("/"), low), order, src)
-                for p in paths_in(line):
-                    if low in p.lower():
-                        idents = True
-                        _add(paths, p, "path", _ident_tier(p.lower(), low), order, src)
-            if is_cmd:
-                name, _, cmd = line.partition(": ")
-                tier = 0 if cmd.lower().startswith(low) or line.lower().startswith(low) else 1
-                _add(lines, line, "command", tier, order, src)
-                continue
-            a, b = span
-            a, b = a - (len(raw) - len(raw.lstrip())), b - (len(raw) - len(raw.lstrip()))
-            if src.kind == "node":
-                kind, tier = "summary", 2 if idents else 1
-            elif _ERROR_RE.search(line):
-                # a raised or reported error before source text that merely names the class
-                if not _bounded(line, max(0, a), max(0, b)):
-                    tier = 2
-                elif _CODE_LINE.search(line) is not None:
-                    tier = 2 if src.role == "tool" else 1
-                else:
-                    tier = 0 if _RAISED.search(line) is not None or src.role == "tool" else 1
-                _add(errors, line, "error", tier, order, src)
-                continue
-            elif src.role == "user" and idx == 0 and line.lower().startswith(low):
-                kind, tier = "user", 0
-            elif idents:
-                kind, tier = "line", 2
+    for (line, is_cmd), (r, first) in islice(seen.items(), _LINES_RANKED):
+        idents = False
+        low_line = line.lower()
+        at = low_line.find(low)
+        # paths and URLs only where the match sits in a token with a '/' (or is one)
+        ws = max(low_line.rfind(" ", 0, max(at, 0)), low_line.rfind("\t", 0, max(at, 0))) + 1
+        we = low_line.find(" ", at + len(low)) if at >= 0 else -1
+        token = low_line[ws : we if we >= 0 else len(low_line)] if at >= 0 else low_line
+        if "/" in token or "/" in low:
+            for u in urls_in(line):
+                if low in u.lower():
+                    idents = True
+                    _add(urls, u, "url", _ident_tier(u.lower().rstrip("/"), low), r)
+            for p in paths_in(line):
+                if low in p.lower():
+                    idents = True
+                    _add(paths, p, "path", _ident_tier(p.lower(), low), r)
+        if is_cmd:
+            _, _, cmd = line.partition(": ")
+            tier = 0 if cmd.lower().startswith(low) or line.lower().startswith(low) else 1
+            _add(lines, line, "command", tier, r)
+            continue
+        span = find(line)
+        a, b = span if span is not None else (0, 0)
+        if r.kind == "node":
+            kind, tier = "summary", 2 if idents else 1
+        elif any(w in low_line for w in _ERROR_WORD_LIST) and _ERROR_RE.search(line):
+            # a raised or reported error before source text that merely names the class
+            if not _bounded(line, a, b):
+                tier = 2
+            elif _CODE_LINE.search(line) is not None:
+                tier = 2 if r.role == "tool" else 1
             else:
-                kind, tier = "line", 3 if src.role != "user" else 1
-            _add(lines, line, kind, tier, order, src)
+                tier = 0 if _RAISED.search(line) is not None or r.role == "tool" else 1
+            _add(errors, line, "error", tier, r)
+            continue
+        elif r.role == "user" and first and line.lower().startswith(low):
+            kind, tier = "user", 0
+        elif idents:
+            kind, tier = "line", 2
+        else:
+            kind, tier = "line", 3 if r.role != "user" else 1
+        _add(lines, line, kind, tier, r)
     out: list[_Result] = []
     for group, label in ((paths, "paths"), (urls, "urls"), (errors, "errors")):
         if group:
-            items = sorted(group.values(), key=lambda r: (r.tier, r.order))
-            first = items[0]
+            items = sorted(group.values(), key=lambda x: (x.tier, x.order))
+            head = items[0]
             out.append(
-                _Result(label, first.tier, first.order, "", first.kind, first.role, first.ids[:1], first.sessions,
-                        sum(r.n for r in items), [r.text for r in items])
+                _Result(label, head.tier, head.order, "", head.kind, head.role, head.ids[:1], head.sessions,
+                        sum(x.n for x in items), [x.text for x in items])
             )
     # the group naming the query best first (paths before URLs before errors on a tie)
-    out.sort(key=lambda r: r.tier)
-    out.extend(sorted(lines.values(), key=lambda r: (r.tier, r.order)))
+    out.sort(key=lambda x: x.tier)
+    out.extend(sorted(lines.values(), key=lambda x: (x.tier, x.order)))
+    if len(seen) > _LINES_RANKED:
+        # older matching lines not ranked: listed last, unclassified, so ``more`` counts them
+        out.extend(r for r, _ in islice(seen.values(), _LINES_RANKED, None))
     return out
 
 
@@ -563,19 +715,31 @@ def _ident_tier(ident: str, low: str) -> int:
     return 2
 
 
-def _add(table: dict[str, _Result], text: str, kind: str, tier: int, order: int, src: _Source) -> None:
-    r = table.get(text)
-    if r is None:
-        table[text] = _Result(kind, tier, order, text, src.kind, src.role, list(src.ids[:3]), list(src.sessions), len(src.ids))
-        return
-    r.tier = min(r.tier, tier)
+def _merge(r: _Result, src: _Source) -> None:
     r.n += len(src.ids)
     for i in src.ids:
         if len(r.ids) < 3 and i not in r.ids:
             r.ids.append(i)
-    for s in src.sessions:
-        if s not in r.sessions:
-            r.sessions.append(s)
+    for sid in src.sessions:
+        if sid not in r.sessions:
+            r.sessions.append(sid)
+
+
+def _add(table: dict[str, _Result], text: str, kind: str, tier: int, line: _Result) -> None:
+    """Count ``line``'s occurrences under ``text`` (a line, or an identifier it holds)."""
+    r = table.get(text)
+    if r is None:
+        table[text] = _Result(kind, tier, line.order, text, line.kind, line.role, list(line.ids), list(line.sessions), line.n)
+        return
+    r.tier = min(r.tier, tier)
+    r.order = min(r.order, line.order)
+    r.n += line.n
+    for i in line.ids:
+        if len(r.ids) < 3 and i not in r.ids:
+            r.ids.append(i)
+    for sid in line.sessions:
+        if sid not in r.sessions:
+            r.sessions.append(sid)
 
 
 def _cut(text: str, at: int, lo: int, hi: int) -> int:
