@@ -694,7 +694,8 @@ def rank_lines(
             items = sorted(group.values(), key=lambda x: (x.tier, x.order))
             head = items[0]
             out.append(
-                _Result(label, head.tier, head.order, "", head.kind, head.role, head.ids[:1], head.sessions,
+                _Result(label, head.tier, head.order, "", head.kind, head.role, head.ids[:1],
+                        list(dict.fromkeys(sid for x in items for sid in x.sessions)),
                         sum(x.n for x in items), [x.text for x in items])
             )
     # the group naming the query best first (paths before URLs before errors on a tie)
