@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import json
 import re
-from itertools import islice
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from ctxengine.errors import CtxEngineError, InputError, NotFoundError
@@ -761,7 +761,7 @@ def _show(text: str, query: str) -> str:
         return text
     head_end = _cut(text, MAX_ERROR_LINE, MAX_ERROR_LINE // 2, MAX_ERROR_LINE + 120)
     at = text.lower().find(query.lower())
-    if 0 <= at and at + len(query) <= head_end:
+    if at >= 0 and at + len(query) <= head_end:
         return text[:head_end] + " …"
     if at < 0:
         return text[:head_end] + " …"

@@ -39,7 +39,8 @@ from ctxengine.facts import CALL_KIND, FACT_KINDS
 __all__ = ["PROBE_KINDS", "TOP", "probe_recall", "realistic_query"]
 
 TOP = 5
-MISSES_KEPT = int(__import__("os").environ.get("CTX_PROBE_MISSES", "10"))
+MISSES_KEPT = 10
+"""Missed facts (with their query) a run reports per kind."""
 """A fact counts as recalled when it is in one of this many first results."""
 
 PROBE_KINDS = (*FACT_KINDS, CALL_KIND)
@@ -50,9 +51,7 @@ _TAG_RE = re.compile(r"^(?:\[[^\]]{1,20}\]\s*|[A-Z][A-Za-z]{1,15}:\s+)+")
 
 
 LAYOUT_NAMES = frozenset(
-    "src main test tests java kotlin scala resources lib libs bin build target out dist pkg internal "
-    "cmd app apps module modules packages site-packages node_modules include share usr local opt etc var "
-    "tmp home docs doc python3 python".split()
+    ["src", "main", "test", "tests", "java", "kotlin", "scala", "resources", "lib", "libs", "bin", "build", "target", "out", "dist", "pkg", "internal", "cmd", "app", "apps", "module", "modules", "packages", "site-packages", "node_modules", "include", "share", "usr", "local", "opt", "etc", "var", "tmp", "home", "docs", "doc", "python3", "python"]
 )
 
 
@@ -119,7 +118,7 @@ def realistic_query(kind: str, fact: str) -> str | None:
 def _forms(kind: str, fact: str) -> list[str]:
     if kind != CALL_KIND:
         return [fact]
-    name, sep, line = fact.partition(": ")
+    _name, sep, line = fact.partition(": ")
     if not sep or not line:
         return [fact]
     return list(dict.fromkeys([fact, line, json.dumps(line, ensure_ascii=False)[1:-1], json.dumps(line)[1:-1]]))

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ctxengine.bench.baselines import HermesBaseline, MaskingBaseline, NoCompaction
+from ctxengine.bench.probe import PROBE_KINDS, TOP, probe_recall
 from ctxengine.bench.replay import percentile, seen_messages
 from ctxengine.caching import default_placement
 from ctxengine.config import Config
@@ -46,7 +47,6 @@ from ctxengine.facts import (
     missing_facts,
     retention,
 )
-from ctxengine.bench.probe import PROBE_KINDS, TOP, probe_recall
 from ctxengine.io import Session
 from ctxengine.loop import replay
 from ctxengine.manager import ContextManager, default_store
