@@ -121,3 +121,20 @@ def test_the_probe_counts_a_fact_found_in_the_first_five_results(recall: Recall)
     assert total == {"paths": 1, "calls": 1, "errors": 1}
     assert found == {"paths": 1, "calls": 1}
     assert misses["errors"][0]["query"] == "NoSuchThingError"
+
+
+def test_the_identifier_index_is_built_once_and_answers_from_the_store() -> None:
+    store = SqliteStore(":memory:")
+    store.record_messages("s", _history())
+    recall = Recall(store, "s")
+    assert recall.index_identifiers() > 0
+    assert recall.index_identifiers() == 0  # nothing new since
+    with store._read() as cur:
+        kinds = {str(k) for (k,) in store._all(cur, "SELECT DISTINCT kind FROM recall_idents")}
+    assert {"path", "url", "error", "command"} <= kinds
+    found = store.recall_candidates(["RegistryAuthenticator.java"], session_id="s")
+    assert found is not None and any(FULL in text for _, _, _, text in found)
+    assert store.recall_candidates(["ab"], session_id="s") is None  # too short for trigrams: scan
+    store.append_messages("s", [{"role": "user", "content": "see /new/place/Late.java"}])
+    assert _grep(recall, query="Late.java")["results"][0]["snippet"] == "/new/place/Late.java"
+    store.close()

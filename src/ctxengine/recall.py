@@ -205,6 +205,7 @@ class Recall:
                     f"recall alias {alias!r} points at {target!r}, not one of {GREP_TOOL}, {EXPAND_TOOL}, {DESCRIBE_TOOL}"
                 )
         self.tools = tuple(tools)
+        self._indexed_mark: tuple[Any, ...] | None = None
 
     def with_session(self, session_id: str) -> Recall:
         """The same tools over another session of the same store."""
@@ -323,16 +324,23 @@ class Recall:
         add = getattr(self.store, "add_identifiers", None)
         if not callable(unindexed) or not callable(add):
             return 0
+        # nothing recorded since the last indexing: one row read instead of a session scan
+        info = self.store.get_session(self.session_id) if hasattr(self.store, "get_session") else None
+        mark = None if info is None else (info.tip, info.stored, info.updated_at)
+        if mark is not None and mark == self._indexed_mark:
+            return 0
         done = 0
         while True:
             batch = unindexed(self.session_id, limit=_INDEX_BATCH)
             if not batch:
-                return done
+                break
             rows = [(key, kind, ident) for key, role, text in batch for kind, ident in identifiers(role, text)]
             add(self.session_id, [key for key, _, _ in batch], rows)
             done += len(batch)
             if len(batch) < _INDEX_BATCH:
-                return done
+                break
+        self._indexed_mark = mark
+        return done
 
     def _indexed_candidates(self, queries: list[str]) -> list[tuple[str, str, list[str], str]] | None:
         find = getattr(self.store, "recall_candidates", None)
@@ -807,7 +815,9 @@ def _answer_page(query: str, scope: str, ranked: Sequence[_Result], skip: int, l
                       "hint": "NNN more: ctx_grep with offset=NNN, or a longer query"}))
     used = head
     for r in page[:limit]:
-        room = max(600, (GREP_MAX_CHARS - used) // 2) if r.items else 0
+        # the leading listing (what the query names best) may take three quarters of the answer
+        share = 4 if not results else 2
+        room = max(600, (GREP_MAX_CHARS - used) * (share - 1) // share) if r.items else 0
         d = _render(r, query, scope, room)
         size = len(_dump(d)) + 2
         while r.items and used + size > GREP_MAX_CHARS and room > 300:
