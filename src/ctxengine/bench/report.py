@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ctxengine.bench.probe import TOP
 from ctxengine.bench.replay import percentile
 from ctxengine.bench.runner import DEFAULT, BenchResult, EngineTotals
 from ctxengine.errors import InputError
@@ -102,6 +103,18 @@ def format_table(result: BenchResult) -> str:
         ]
         if ratios:
             lines.append(f"compaction p50 relative to Hermes' compressor ({percentile(hermes.latencies_ms, 50):.1f} ms): " + ", ".join(ratios))
+    searched = []
+    for name, t in result.engines.items():
+        total, _found = t.search()
+        if sum(total.values()):
+            kinds = ", ".join(f"{k} {_pct(t.search_recall(k))}" for k in total if total[k])
+            d = t.to_dict()
+            searched.append(
+                f"{result.label(name)} {_pct(t.search_recall())} of {sum(total.values())} ({kinds};"
+                f" p50 {d['search_p50_ms']:.1f} ms, largest answer {d['search_answer_max_tokens']:,} tokens)"
+            )
+    if searched:
+        lines.append(f"removed facts back from one realistic ctx_grep, first {TOP} results: " + "; ".join(searched))
     return title + "\n" + "\n".join(lines) + "\n" + summary_line(result)
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ctxengine.bench.baselines import HermesBaseline, MaskingBaseline, NoCompaction
+from ctxengine.bench.probe import PROBE_KINDS, TOP, probe_recall
 from ctxengine.bench.replay import percentile, seen_messages
 from ctxengine.caching import default_placement
 from ctxengine.config import Config
@@ -41,7 +42,9 @@ from ctxengine.facts import (
     Facts,
     call_facts,
     call_retention,
+    context_text,
     extract_facts,
+    missing_facts,
     retention,
 )
 from ctxengine.io import Session
@@ -49,6 +52,7 @@ from ctxengine.loop import replay
 from ctxengine.manager import ContextManager, default_store
 from ctxengine.messages import Message, validate
 from ctxengine.models import ModelProfile, UnknownModelWarning, resolve_model
+from ctxengine.recall import GREP_TOOL
 from ctxengine.registry import EngineRegistry
 
 __all__ = [
@@ -159,6 +163,16 @@ class SessionRun:
     facts_total: dict[str, int] = field(default_factory=dict)
     facts_kept: dict[str, int] = field(default_factory=dict)
     facts_missing: dict[str, list[str]] = field(default_factory=dict)
+    removed_total: dict[str, int] = field(default_factory=dict)
+    """Facts not verbatim in the last request, by kind: what the search probe asks for."""
+    search_recalled: dict[str, int] = field(default_factory=dict)
+    """Removed facts one realistic ``ctx_grep`` returned in its first TOP results
+    (:mod:`ctxengine.bench.probe`)."""
+    search_misses: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    search_ms: list[float] = field(default_factory=list)
+    """Time of each probe search (ms)."""
+    search_answer_tokens: list[int] = field(default_factory=list)
+    """o200k tokens of the largest probe answers (the ten largest by characters)."""
     anthropic: CostReport | None = None
     openai: CostReport | None = None
     elapsed_s: float = 0.0
@@ -175,6 +189,11 @@ class SessionRun:
     def retention(self) -> float:
         total = sum(self.facts_total.values())
         return 1.0 if total == 0 else sum(self.facts_kept.values()) / total
+
+    @property
+    def search_recall(self) -> float:
+        total = sum(self.removed_total.values())
+        return 1.0 if total == 0 else sum(self.search_recalled.values()) / total
 
     def to_dict(self, *, per_call: bool = False) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -196,6 +215,12 @@ class SessionRun:
             "facts_total": self.facts_total,
             "facts_kept": self.facts_kept,
             "facts_missing": self.facts_missing,
+            "search_recall": round(self.search_recall, 4),
+            "removed_total": self.removed_total,
+            "search_recalled": self.search_recalled,
+            "search_misses": self.search_misses,
+            "search_p50_ms": round(percentile(self.search_ms, 50), 3),
+            "search_answer_max_tokens": max(self.search_answer_tokens, default=0),
             "anthropic": self.anthropic.to_dict(per_call=per_call) if self.anthropic else None,
             "openai": self.openai.to_dict(per_call=per_call) if self.openai else None,
         }
@@ -318,6 +343,25 @@ def run_session(
         run.facts_total[CALL_KIND], run.facts_kept[CALL_KIND] = total, kept
         if lost:
             run.facts_missing[CALL_KIND] = lost[:10]
+        # recall as an agent uses it: one realistic search per removed fact
+        removed = missing_facts(facts, context_text(last_request)).by_kind()
+        removed[CALL_KIND] = call_retention(call_facts(seen_messages(session.messages)), last_request)[2]
+
+        def grep(query: str) -> str:
+            return mgr.handle_tool_call(GREP_TOOL, {"query": query}, session_id=sid)
+
+        answers: list[str] = []
+
+        def grep_kept(query: str) -> str:
+            answer = grep(query)
+            answers.append(answer)
+            return answer
+
+        stats: dict[str, list[float]] = {}
+        run.removed_total, run.search_recalled, run.search_misses = probe_recall(grep_kept, removed, stats)
+        run.search_ms = stats.get("ms", [])
+        largest = sorted(answers, key=len, reverse=True)[:10]
+        run.search_answer_tokens = [exact.exact_message({"role": "tool", "content": a}) for a in largest]
         mgr.end_session(sid, working)
     finally:
         if own_store:
@@ -397,6 +441,20 @@ class EngineTotals:
         kept = {k: sum(r.facts_kept.get(k, 0) for r in self.runs) for k in kinds}
         return total, kept
 
+    def search(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Removed facts and those one realistic search recalled, by kind, over every run."""
+        total = {k: sum(r.removed_total.get(k, 0) for r in self.runs) for k in PROBE_KINDS}
+        found = {k: sum(r.search_recalled.get(k, 0) for r in self.runs) for k in PROBE_KINDS}
+        return total, found
+
+    def search_recall(self, kind: str | None = None) -> float:
+        """Share of removed facts one realistic ``ctx_grep`` brings back in its first TOP results."""
+        total, found = self.search()
+        if kind is not None:
+            return 1.0 if total[kind] == 0 else found[kind] / total[kind]
+        t = sum(total.values())
+        return 1.0 if t == 0 else sum(found.values()) / t
+
     def retention(self, kind: str | None = None) -> float:
         total, kept = self.facts()
         if kind is not None:
@@ -434,6 +492,12 @@ class EngineTotals:
             "min_session_retention": round(self.min_session_retention, 4),
             "facts_total": total,
             "facts_kept": kept,
+            "search_recall": round(self.search_recall(), 4),
+            "search_recall_by_kind": {k: round(self.search_recall(k), 4) for k in PROBE_KINDS if self.search()[0][k]},
+            "search_top": TOP,
+            "removed_facts": self.search()[0],
+            "search_p50_ms": round(percentile([x for r in self.runs for x in r.search_ms], 50), 3),
+            "search_answer_max_tokens": max((x for r in self.runs for x in r.search_answer_tokens), default=0),
         }
         if baseline is not None and baseline.anthropic_cost > 0:
             d["anthropic_vs_none"] = round(self.anthropic_cost / baseline.anthropic_cost, 4)

@@ -16,6 +16,7 @@ then paths; what is left out is reported so the caller can say it is retrievable
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 
 from ctxengine.facts import Facts
@@ -27,6 +28,7 @@ __all__ = [
     "fit_facts",
     "parse_facts_block",
     "render_facts",
+    "search_names",
     "split_facts_block",
     "unseen",
 ]
@@ -125,3 +127,37 @@ def fit_facts(
             used += cost
             have.append(item)
     return chosen, dropped
+
+
+_CLASS = re.compile(r"\b([A-Z][\w$]*(?:Error|Exception|Failure))\b")
+SEARCH_NAMES_CHARS = 90
+"""Characters of the names a pointer lists at most (see :func:`search_names`)."""
+
+
+def search_names(facts: Facts, *, max_chars: int = SEARCH_NAMES_CHARS) -> list[str]:
+    """What an agent would search for to find ``facts`` again with ``ctx_grep``: error classes,
+    file names (a path's last segment) and URL hosts, most frequent first (ties: first seen),
+    each once, within ``max_chars``. Used by cut markers and digests to name what they left out."""
+    counts: dict[str, int] = {}
+    for e in facts.errors:
+        m = _CLASS.search(e)
+        if m:
+            counts[m.group(1)] = counts.get(m.group(1), 0) + 1
+    for p in facts.paths:
+        name = p.rstrip("/").rsplit("/", 1)[-1]
+        if name:
+            counts[name] = counts.get(name, 0) + 1
+    for u in facts.urls:
+        host = u.split("://", 1)[-1].split("/", 1)[0]
+        if host:
+            counts[host] = counts.get(host, 0) + 1
+    ranked = sorted(counts, key=lambda k: -counts[k])  # stable: first seen wins a tie
+    out: list[str] = []
+    used = 0
+    for name in ranked:
+        if used + len(name) + 2 > max_chars:
+            break
+        out.append(name)
+        used += len(name) + 2
+    return out
+

@@ -7,6 +7,9 @@ A cut keeps, within ``budget_tokens``:
 
        [ctxengine:cut ref=a1b2: 896 of 905 lines removed after line 6 (~30,120 tokens); ctx_expand ref=a1b2]
 
+   with, when facts were left out, what to search for them (``…; 212 more facts not listed,
+   e.g. Foo.java, IOException, repo.maven.org; ctx_grep a name; …``);
+
 2. the first and last lines of the output (about two head lines per tail line; a line longer
    than ``line_chars`` keeps its start and says how many characters it lost);
 3. a facts block (:mod:`ctxengine.engines.kit.blocks`) with the paths, URLs and error lines of
@@ -22,9 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ctxengine.engines.kit.blocks import fit_facts, render_facts, unseen
+from ctxengine.engines.kit.blocks import fit_facts, render_facts, search_names, unseen
 from ctxengine.engines.kit.records import header, recall_pointer
 from ctxengine.facts import FactMemo, Facts, error_lines, paths_in, urls_in
+from ctxengine.recall import GREP_TOOL
 from ctxengine.tokens import TokenCounter, estimate
 
 __all__ = ["LINE_CHARS", "cut_output"]
@@ -40,13 +44,17 @@ def _cap(line: str, n: int) -> str:
     return f"{line[:n]}…[+{len(line) - n} chars]"
 
 
-def _marker(ref: str | None, removed: int, total: int, after: int, tokens: int, unlisted: int, recall: bool = True) -> str:
+def _marker(ref: str | None, removed: int, total: int, after: int, tokens: int, unlisted: int, recall: bool = True, names: list[str] | None = None) -> str:
     detail = f"{removed:,} of {total:,} lines removed"
     if after:
         detail += f" after line {after:,}"
     detail += f" (~{tokens:,} tokens)"
     if unlisted:
         detail += f"; {unlisted:,} more facts not listed"
+        if names:
+            detail += f", e.g. {', '.join(names)}"
+            if recall:
+                detail += f"; {GREP_TOOL} a name"
     if ref is not None:
         detail += f"; {recall_pointer(recall, ref)}"
     return header("cut", detail, ref=ref)
@@ -95,7 +103,7 @@ def cut_output(
     all_facts = unseen(found, known=known)
     n_facts = len(all_facts)
     # the marker with the largest numbers it can show: the real one is never longer
-    marker_cost = count(_marker(ref, n, n, n, total_tokens, n_facts, recall)) + 1
+    marker_cost = count(_marker(ref, n, n, n, total_tokens, n_facts, recall, search_names(all_facts))) + 1
     rest = budget_tokens - marker_cost
     if rest <= 0:
         floor = _marker(ref, n, n, 0, total_tokens, n_facts, recall)
@@ -112,7 +120,7 @@ def cut_output(
         lost = unseen(all_facts, kept_text)
         used = sum(count(x) + 1 for x in kept) + sum(count(x) + 1 for x in kept_tail)
         chosen, unlisted = fit_facts(lost, max(0, rest - used), count=count)
-        out = _assemble(_marker(ref, removed, n, head, total_tokens, unlisted, recall), kept, kept_tail, chosen)
+        out = _assemble(_marker(ref, removed, n, head, total_tokens, unlisted, recall, _left_out(lost, chosen)), kept, kept_tail, chosen)
         if count(out) <= budget_tokens:
             # the per-fact costs are upper bounds: top up with facts the real slack still holds
             for _ in range(3):
@@ -124,7 +132,7 @@ def cut_output(
                     break
                 bigger = chosen.merge(more)
                 left = unlisted - len(more)
-                trial = _assemble(_marker(ref, removed, n, head, total_tokens, left, recall), kept, kept_tail, bigger)
+                trial = _assemble(_marker(ref, removed, n, head, total_tokens, left, recall, _left_out(lost, bigger)), kept, kept_tail, bigger)
                 if count(trial) > budget_tokens:
                     break
                 out, chosen, unlisted = trial, bigger, left
@@ -139,6 +147,13 @@ def cut_output(
             head -= 1
         else:
             rest -= max(1, count(out) - budget_tokens)
+
+
+def _left_out(lost: Facts, chosen: Facts) -> list[str]:
+    """Names an agent would search for to find the facts ``lost`` holds and ``chosen`` does not."""
+    listed = set(chosen.all())
+    rest = Facts([], [p for p in lost.paths if p not in listed], [u for u in lost.urls if u not in listed], [], [e for e in lost.errors if e not in listed])
+    return search_names(rest)
 
 
 def _choose_lines(

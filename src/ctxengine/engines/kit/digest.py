@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from ctxengine.engines.kit.blocks import fit_facts, render_facts, unseen
+from ctxengine.engines.kit.blocks import fit_facts, render_facts, search_names, unseen
 from ctxengine.facts import Facts, extract_facts
 from ctxengine.messages import Message, content_text, is_summary, tool_call_name, tool_calls
 from ctxengine.tokens import estimate
@@ -74,7 +74,12 @@ def digest(
     tools = [t for t in facts.tools if t not in shown]
     if tools:
         lines.append("Tools: " + ", ".join(tools))
-    chosen, dropped = fit_facts(unseen(facts, shown), fact_tokens)
+    candidates = unseen(facts, shown)
+    chosen, dropped = fit_facts(candidates, fact_tokens)
+    # the facts left out are named by what an agent would search for (the pointer's room is
+    # kept out of the notes' budget)
+    names = search_names(unseen(candidates, "\n".join(chosen.all()))) if dropped else []
+    reserve = 8 + (estimate(", ".join(names)) + 4 if names else 0)
     block = render_facts(chosen)
     used = sum(estimate(x) + 1 for x in [*lines, *block])
     notes: list[str] = []
@@ -86,7 +91,7 @@ def digest(
         if not first:
             continue
         cost = estimate(first[:200]) + 3
-        if used + cost + 8 > budget_tokens:
+        if used + cost + reserve > budget_tokens:
             skipped += 1
             continue
         notes.append(f"- {first[:200]}")
@@ -95,6 +100,8 @@ def digest(
         lines += ["Assistant:", *notes]
     if dropped or skipped:
         what = [f"{dropped} facts"] if dropped else []
+        if names:
+            what[0] += f" (e.g. {', '.join(names)})"
         if skipped:
             what.append(f"{skipped} assistant notes")
         lines.append(f"[not shown here: {', '.join(what)}; {recall_hint} finds them]")

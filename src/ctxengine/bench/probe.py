@@ -1,0 +1,172 @@
+"""Recall as an agent uses it: one realistic ``ctx_grep`` per removed fact.
+
+``retention`` asks recall for a fact's own text, which an agent never knows. This probe asks
+what an agent would plausibly type instead, one query per fact, chosen deterministically by the
+fact's kind (:func:`realistic_query`):
+
+* **paths** — the file name, i.e. the last segment (``src/app/Foo.java`` → ``Foo.java``); for a
+  directory (no extension), from its last segment that is not a standard layout name (``src``,
+  ``main``, ``test``, ``java``, ``lib`` …, :data:`LAYOUT_NAMES`) to its end, as an agent names the
+  module it means (``/r/dubbo-api/src/main/java`` → ``dubbo-api/src/main/java``);
+* **urls** — the URL's last non-empty path segment without query or fragment
+  (``https://h/a/b/issue-12?x=1`` → ``issue-12``), or the host when the path is empty;
+* **errors** — for a line of source code shown by an editor or a search (it starts with a line
+  number: ``42:`` or ``Line 42:``), the first four words of its code (``} catch
+  (NumberFormatException nfe)`` → ``} catch (NumberFormatException nfe)``), as an agent looks
+  for code it saw; else the exception class the line names (its simple name:
+  ``java.io.IOException`` → ``IOException``); else the line's first three words after any
+  leading ``[TAG]`` / ``TAG:`` prefixes, from the first word that holds no path or location
+  (``/``, ``:[``) and stopping before the next one (a query is always a substring of the line);
+* **calls** (``name: command line``) — the command line's first two words (``open src/Foo.java``;
+  a one-word command is searched as is); the bare tool name for a call without arguments;
+* **users** — the message's first five words; **tools** — the tool name.
+
+A removed fact is a fact of what the agent saw that is not verbatim in the last request. It is
+*recalled* when it appears verbatim in the text of one of the first :data:`TOP` results of that
+one ``ctx_grep`` call (a call fact: its command line, as written or JSON-escaped).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ctxengine.facts import CALL_KIND, FACT_KINDS
+
+__all__ = ["PROBE_KINDS", "TOP", "probe_recall", "realistic_query"]
+
+TOP = 5
+MISSES_KEPT = 10
+"""Missed facts (with their query) a run reports per kind."""
+"""A fact counts as recalled when it is in one of this many first results."""
+
+PROBE_KINDS = (*FACT_KINDS, CALL_KIND)
+
+_CLASS_RE = re.compile(r"\b(?:[a-z_][\w$]*\.)*([A-Z][\w$]*(?:Error|Exception|Failure|Fault))\b")
+_NUMBERED = re.compile(r"^(?:Line )?\d+:")
+_TAG_RE = re.compile(r"^(?:\[[^\]]{1,20}\]\s*|[A-Z][A-Za-z]{1,15}:\s+)+")
+
+
+LAYOUT_NAMES = frozenset(
+    ["src", "main", "test", "tests", "java", "kotlin", "scala", "resources", "lib", "libs", "bin", "build", "target", "out", "dist", "pkg", "internal", "cmd", "app", "apps", "module", "modules", "packages", "site-packages", "node_modules", "include", "share", "usr", "local", "opt", "etc", "var", "tmp", "home", "docs", "doc", "python3", "python"]
+)
+
+
+def _run_of_words(text: str, n: int) -> str:
+    """The first ``n`` words of ``text`` from its first word without a path or location,
+    stopping before the next such word: a substring of ``text``."""
+    words = list(re.finditer(r"\S+", text))
+    plain = [("/" not in w.group(0) and ":[" not in w.group(0)) for w in words]
+    for i, ok in enumerate(plain):
+        if ok:
+            j = i
+            while j + 1 < len(words) and j + 1 - i < n and plain[j + 1]:
+                j += 1
+            return text[words[i].start() : words[j].end()]
+    return ""
+
+
+def _words(text: str, n: int) -> str:
+    return " ".join(text.split()[:n])
+
+
+def realistic_query(kind: str, fact: str) -> str | None:
+    """What an agent would type to find ``fact`` of ``kind`` (see the module docstring)."""
+    fact = fact.strip()
+    if not fact:
+        return None
+    if kind == "paths":
+        segs = [x for x in fact.split("/") if x]
+        if not segs:
+            return fact
+        if "." in segs[-1].lstrip("."):
+            return segs[-1]
+        i = len(segs) - 1
+        while i > 0 and segs[i].lower() in LAYOUT_NAMES:
+            i -= 1
+        return "/".join(segs[i:])
+    if kind == "urls":
+        rest = fact.split("://", 1)[-1]
+        rest = re.split(r"[?#]", rest, maxsplit=1)[0]
+        host, _, path = rest.partition("/")
+        segs = [s for s in path.split("/") if s]
+        return segs[-1] if segs else (host or fact)
+    if kind == "errors":
+        numbered = _NUMBERED.match(fact)
+        if numbered:
+            code = fact[numbered.end() :].strip()
+            m4 = re.match(r"\S+(?:\s+\S+){0,3}", code)
+            if m4:
+                return m4.group(0)
+        m = _CLASS_RE.search(fact)
+        if m:
+            return m.group(1)
+        return _run_of_words(_TAG_RE.sub("", fact), 3) or _words(fact, 3)
+    if kind == CALL_KIND:
+        name, sep, line = fact.partition(": ")
+        return _words(line, 2) if sep and line.strip() else name
+    if kind == "users":
+        return _words(fact, 5)
+    if kind == "tools":
+        return fact
+    return None
+
+
+def _forms(kind: str, fact: str) -> list[str]:
+    if kind != CALL_KIND:
+        return [fact]
+    _name, sep, line = fact.partition(": ")
+    if not sep or not line:
+        return [fact]
+    return list(dict.fromkeys([fact, line, json.dumps(line, ensure_ascii=False)[1:-1], json.dumps(line)[1:-1]]))
+
+
+def _result_texts(answer: str) -> list[str]:
+    try:
+        data = json.loads(answer)
+    except ValueError:
+        return []
+    results = data.get("results") if isinstance(data, Mapping) else None
+    if not isinstance(results, list):
+        return []
+    out = []
+    for r in results[:TOP]:
+        if isinstance(r, Mapping):
+            out.append("\n".join(str(r[k]) for k in ("text", "snippet", "lines") if k in r))
+    return out
+
+
+def probe_recall(
+    grep: Callable[[str], str],
+    removed: Mapping[str, Sequence[str]],
+    stats: dict[str, list[float]] | None = None,
+) -> tuple[dict[str, int], dict[str, int], dict[str, list[dict[str, Any]]]]:
+    """Ask ``grep`` (one ``ctx_grep`` call: query → JSON answer) once per removed fact.
+
+    Returns ``(total, recalled, misses)`` by kind; ``misses`` holds up to ten
+    ``{"fact", "query"}`` per kind. ``stats``, when given, receives each call's time
+    (``"ms"``) and answer size in characters (``"chars"``)."""
+    total: dict[str, int] = {}
+    found: dict[str, int] = {}
+    misses: dict[str, list[dict[str, Any]]] = {}
+    for kind, facts in removed.items():
+        for fact in facts:
+            q = realistic_query(kind, fact)
+            if q is None:
+                continue
+            total[kind] = total.get(kind, 0) + 1
+            t0 = time.perf_counter()
+            answer = grep(q)
+            if stats is not None:
+                stats.setdefault("ms", []).append((time.perf_counter() - t0) * 1000.0)
+                stats.setdefault("chars", []).append(float(len(answer)))
+            texts = _result_texts(answer)
+            forms = _forms(kind, fact)
+            if any(f in t for t in texts for f in forms):
+                found[kind] = found.get(kind, 0) + 1
+            elif len(misses.setdefault(kind, [])) < MISSES_KEPT:
+                misses[kind].append({"fact": fact[:300], "query": q})
+    return total, found, misses
