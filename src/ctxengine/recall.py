@@ -345,7 +345,7 @@ class Recall:
             sources = self._sources(list(hits.values()))
         matches: Callable[[str], tuple[int, int] | None]
         if mode == "regex":
-            from ctxengine.store.safe_regex import compile_pattern
+            from ctxengine.safe_regex import compile_pattern
 
             matches = compile_pattern(query)
         else:

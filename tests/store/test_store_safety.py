@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from ctxengine.errors import InputError
 from ctxengine.redact import MARK, clear_secrets, register_secret
+from ctxengine.safe_regex import MAX_PATTERN_CHARS, compile_pattern
 from ctxengine.store import SessionStore
 from ctxengine.store.base import canonical_json
-from ctxengine.store.safe_regex import MAX_PATTERN_CHARS, compile_pattern
 from ctxengine.textsafe import dumps
 
 CATASTROPHIC = ["(a+)+$", "(a|aa)+$", "(a*)*b", "(x+x+)+y", "^(([a-z])+.)+[A-Z]([a-z])+$", "(.*a){20}"]

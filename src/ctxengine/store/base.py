@@ -48,9 +48,9 @@ from ctxengine.messages import (
     plain_json_kind,
 )
 from ctxengine.redact import redact_messages, redact_obj
+from ctxengine.safe_regex import compile_pattern
 from ctxengine.store.export_doc import EXPORT_FORMAT, validate_export
 from ctxengine.store.migrations import Backend, apply_migrations, current_version
-from ctxengine.store.safe_regex import compile_pattern
 from ctxengine.textsafe import clean, dumps, escape_surrogates
 from ctxengine.tokens import MESSAGE_OVERHEAD_TOKENS, estimate_message_tokens
 
@@ -316,7 +316,7 @@ class SessionStore(ABC):
         ``mode="text"``: case-insensitive substring (full-text index first, a scan where the
         index cannot match, e.g. short CJK words); ``"regex"``: a regular expression run by a
         linear-time engine (RE2 syntax: no backreferences or lookarounds; see
-        :mod:`ctxengine.store.safe_regex`), so no pattern can hang a search.
+        :mod:`ctxengine.safe_regex`), so no pattern can hang a search.
         ``session_id=None`` searches every session, newest first.
         """
 

@@ -26,9 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ctxengine.engines.kit.blocks import fit_facts, render_facts, search_names, unseen
-from ctxengine.engines.kit.records import header, recall_pointer
+from ctxengine.engines.kit.records import GREP_TOOL, header, recall_pointer
 from ctxengine.facts import FactMemo, Facts, error_lines, paths_in, urls_in
-from ctxengine.recall import GREP_TOOL
 from ctxengine.tokens import TokenCounter, estimate
 
 __all__ = ["LINE_CHARS", "cut_output"]
