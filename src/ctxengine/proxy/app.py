@@ -143,6 +143,7 @@ class _Plan:
     request_raw: bytes = b""  # and its bytes
     retried: bool = False  # sent again after a context-length rejection (once at most)
     spent: int = 0  # tokens the proxy's own recall round trips added to the context
+    gate: anyio.Event | None = None  # the next request waits for recall answered beside the client's calls
     manager: ContextManager | None = None
     engine_tools: frozenset[str] = frozenset()
     tokens_in: int = 0
@@ -824,6 +825,10 @@ class Proxy:
         anchor = next((c.id for c in calls if c.name not in plan.engine_tools), None)
         if plan.state is None or not ours or anchor is None:
             return
+        # the client has its answer already: its next request must wait for these answers
+        # (they go into it), until _settle_later hands over to its own work
+        gate = plan.gate = plan.gate or anyio.Event()
+        plan.state.settling = gate
         answers = await anyio.to_thread.run_sync(self._answers, plan, ours, None)
         answered = [(c.id, c.name, c.arguments, r) for c, r in answers]
         plan.state.pending_recall.add(anchor, answered)
@@ -864,12 +869,19 @@ class Proxy:
         plan.settled = True
         self._observe(plan)
         feed = self._usage_metrics(plan, usage)
-        if not (feed or plan.deferred):
-            return
         state = plan.state
+        gate, plan.gate = plan.gate, None  # recall answered beside the client's calls (_answer_beside)
+        if not (feed or plan.deferred):
+            if gate is not None:
+                gate.set()
+                if state is not None and state.settling is gate:
+                    state.settling = None
+            return
         done = anyio.Event()
         if state is not None:
             state.settling = done
+        if gate is not None:  # its waiters now wait for ``done``
+            gate.set()
 
         async def run() -> None:
             started = time.perf_counter()
@@ -933,11 +945,15 @@ class Proxy:
     async def _settled(self, api: Api, session: str) -> None:
         """Wait for the session's previous request's :meth:`_settle_later` work."""
         s = self.sessions.get(api.name, session)
-        pending = s.settling if s is not None else None
-        if pending is not None:
-            started = time.perf_counter()
-            await pending.wait()
-            self.metrics.stage.labels(api.name, "wait_settle").observe(time.perf_counter() - started)
+        if s is None or s.settling is None:
+            return
+        started = time.perf_counter()
+        # one wait may hand over to the next (recall answers, then the usage and the write);
+        # bounded: a response whose after-work never ran must not stall the session
+        with anyio.move_on_after(self.settings.timeout):
+            while (pending := s.settling) is not None and not pending.is_set():
+                await pending.wait()
+        self.metrics.stage.labels(api.name, "wait_settle").observe(time.perf_counter() - started)
 
     def _account(self, plan: _Plan, outcome: str, status: int, started: float) -> None:
         api = plan.api.name
