@@ -1379,6 +1379,20 @@ class SqlStore(SessionStore):
         return hits
 
     # -- recall (ctx_grep's candidates) -------------------------------------------------------------
+    def _message_ids_of_blobs(self, cur: Any, spk: int, blob_pks: list[int]) -> dict[int, list[str]]:
+        """The ids of the session's messages holding each blob (in message order), by blob key."""
+        ids: dict[int, list[str]] = {}
+        for chunk in _chunks(blob_pks):
+            marks = ",".join("?" * len(chunk))
+            for bpk, mid in self._all(
+                cur,
+                "SELECT m.blob_pk, m.id FROM messages m JOIN session_messages sm ON sm.message_pk = m.pk AND sm.session_pk = ?"
+                f" WHERE m.blob_pk IN ({marks}) ORDER BY m.pk",
+                [spk, *chunk],
+            ):
+                ids.setdefault(int(bpk), []).append(str(mid))
+        return ids
+
     def search_texts(self, queries: Sequence[str], *, session_id: str, limit: int = 200, nodes: bool = True) -> list[tuple[str, str, list[str], str]]:
         """The whole texts of the session's messages (newest first) and summary nodes holding
         any of ``queries`` (case-insensitive substrings), at most ``limit`` of each:
@@ -1397,16 +1411,7 @@ class SqlStore(SessionStore):
                 " GROUP BY b.pk, b.role, b.text ORDER BY MAX(m.position) DESC, b.pk DESC LIMIT ?",
                 [spk, *qs, int(limit)],
             )
-            ids: dict[int, list[str]] = {}
-            for chunk in _chunks([int(r[0]) for r in rows]):
-                marks = ",".join("?" * len(chunk))
-                for bpk, mid in self._all(
-                    cur,
-                    "SELECT m.blob_pk, m.id FROM messages m JOIN session_messages sm ON sm.message_pk = m.pk AND sm.session_pk = ?"
-                    f" WHERE m.blob_pk IN ({marks}) ORDER BY m.pk",
-                    [spk, *chunk],
-                ):
-                    ids.setdefault(int(bpk), []).append(str(mid))
+            ids = self._message_ids_of_blobs(cur, spk, [int(r[0]) for r in rows])
             out = [("message", str(role), ids.get(int(pk), []), str(text)) for pk, role, text in rows]
             if nodes:
                 ncond = cond.replace("b.text", "text")
@@ -1504,16 +1509,7 @@ class SqlStore(SessionStore):
                 )
             rows.sort(key=lambda r: (-int(r[3]), -int(r[0])))
             rows = rows[:limit]
-            ids: dict[int, list[str]] = {}
-            for chunk in _chunks([int(r[0]) for r in rows]):
-                marks = ",".join("?" * len(chunk))
-                for bpk, mid in self._all(
-                    cur,
-                    "SELECT m.blob_pk, m.id FROM messages m JOIN session_messages sm ON sm.message_pk = m.pk AND sm.session_pk = ?"
-                    f" WHERE m.blob_pk IN ({marks}) ORDER BY m.pk",
-                    [spk, *chunk],
-                ):
-                    ids.setdefault(int(bpk), []).append(str(mid))
+            ids = self._message_ids_of_blobs(cur, spk, [int(r[0]) for r in rows])
             out = [("message", str(r[1]), ids.get(int(r[0]), []), str(r[2])) for r in rows]
             ncond = cond.replace("b.text", "text")
             for nid, text in self._all(cur, f"SELECT id, text FROM nodes WHERE session_pk = ? AND ({ncond}) ORDER BY pk DESC LIMIT ?", [spk, *qs, int(limit)]):
