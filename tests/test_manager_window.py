@@ -113,16 +113,29 @@ def test_the_system_prompt_latest_user_and_tools_overflowing_name_the_tools() ->
         mgr.prepare(msgs, tools=_tools())
 
 
-def test_the_engine_trigger_and_hygiene_count_the_tools() -> None:
+def test_the_engine_works_against_the_window_less_the_tools() -> None:
+    """The engine's window is what its messages have room for, and its trigger sees the
+    messages' tokens: a fixed tool list does not hold every turn over the threshold (Claude
+    Code sends ~19K tokens of tool schemas, more than half of a 40K window)."""
     tools = _tools()
     t = _tool_tokens(tools)
     history = _session(4, 40)
     mgr, eng = _mgr(engine=Quiet(fire_at=t + 100))
-    mgr.prepare(history)  # messages alone: under the trigger
-    assert eng.compressed == 0 and eng.seen[-1] < t
-    mgr.prepare(history, tools=tools)  # with the tools: over it
-    assert eng.compressed == 1
-    assert eng.seen[-1] >= t
+    window = mgr.context_length
+    mgr.prepare(history)  # no tools: the whole window
+    assert eng.context_length == window
+    seen_alone = eng.seen[-1]
+    mgr.prepare(history, tools=tools)
+    assert eng.context_length == window - t  # the room the messages have
+    assert eng.seen[-1] == seen_alone < t  # the trigger judged the messages, not the tools
+    assert eng.compressed == 0
+    mgr.prepare(history)  # the tools dropped: the whole window again
+    assert eng.context_length == window
+    # a tool list larger than three quarters of the window leaves the engine a quarter of it
+    big = _tools(50)
+    assert _tool_tokens(big) > 3 * window // 4
+    mgr.prepare(_session(1, 5), tools=big)
+    assert eng.context_length == window // 4
     # hygiene (85 % of the window) fires on messages + tools as well
     hmgr, heng = _mgr()
     big = _session(10, 50)
@@ -157,8 +170,9 @@ def test_the_anchor_takes_the_tools_out_of_the_prompt_tokens() -> None:
     assert mgr.count_tokens(out) == 5_000 - decision_tools
     nxt = [*out, {"role": "user", "content": "again"}]
     mgr.prepare(nxt, tools=tools)
-    # the trigger sees the provider's count again: messages' anchor + what is new + the tools
-    assert 5_000 <= eng.seen[-1] <= 5_000 + 20
+    # the trigger sees the messages of the provider's count: their anchor + what is new
+    # (the engine's window is the window less the tools)
+    assert 5_000 - decision_tools <= eng.seen[-1] <= 5_000 - decision_tools + 20
 
 
 def test_the_tool_list_is_counted_once_per_distinct_list() -> None:

@@ -38,8 +38,11 @@
 
 The window holds what the provider counts: given ``prepare(messages, tools=agent_tools)``, the
 tool definitions the caller sends (the agent's, the engine's and, once offered, the recall
-tools: what :meth:`ContextManager.tools` returns) count in hygiene, the engine's trigger and the
-window cap (:class:`ctxengine.window.ToolTokens`: serialised, memoised per distinct list). The
+tools: what :meth:`ContextManager.tools` returns) count in hygiene and the window cap
+(:class:`ctxengine.window.ToolTokens`: serialised, memoised per distinct list). The engine works
+against the room its messages have: its window is the window less those definitions (at least a
+quarter of it) and its trigger sees the messages' tokens, so a large fixed tool list does not hold
+every turn over the threshold. The
 window itself can change at run time (:meth:`ContextManager.set_context_length`: a configured
 or a learnt window), for the open sessions and the next ones.
 
@@ -428,13 +431,23 @@ class ContextManager:
         if s.window_version == version:
             return
         s.window_version = version
-        if s.engine.context_length != self.context_length:
-            try:
-                s.engine.update_model(self.model, self.context_length)
-            except Exception as exc:  # the window cap still holds the new window
-                s.engine_errors += 1
-                log.warning("session %s: engine %s failed in update_model: %s: %s", s.id, engine_label(s.engine), type(exc).__name__, exc)
+        self._fit_engine(s, s.tool_window)
         s.hygiene_armed = True
+
+    def _fit_engine(self, s: _Session, tool_window: int) -> None:
+        """Give the session's engine the room its messages have: the window less the tool
+        definitions sent with them (``tool_window``), so that a large fixed tool list (Claude
+        Code sends ~19K tokens of them) does not hold the trigger over its threshold on every
+        turn. At least a quarter of the window: below that the trigger would fire every turn,
+        and the window cap holds the window anyway."""
+        room = max(self.context_length - tool_window, self.context_length // 4) if tool_window else self.context_length
+        if s.engine.context_length == room:
+            return
+        try:
+            s.engine.update_model(self.model, room)
+        except Exception as exc:  # the window cap still holds the new window
+            s.engine_errors += 1
+            log.warning("session %s: engine %s failed in update_model: %s: %s", s.id, engine_label(s.engine), type(exc).__name__, exc)
 
     def _tools_cost(self, s: _Session, agent: Sequence[Mapping[str, Any]] | None, *, quiet: bool = False, recall: bool | None = None) -> tuple[int, int]:
         """``(decision, window)`` tokens of the tool definitions the caller sends with the
@@ -902,6 +915,7 @@ class ContextManager:
         msgs = self._dispatch_recall(s, turn.messages) if may_compact else turn.messages
         with s.lock if may_compact else _HeldNow(s.lock):
             extra, extra_window = self._tools_cost(s, tools, quiet=not may_compact)
+            self._fit_engine(s, extra_window)
             counted = None if may_compact else self._check_quiet(s, turn, defer_record, extra, extra_window)
             if tools is not None and may_compact:
                 self.tools(tools, session_id=s.id)  # warns of a clash (once per turn that may compact)
@@ -926,14 +940,15 @@ class ContextManager:
                 s.hygiene_armed = False
                 s.hygiene_fired += 1
                 log.info("session hygiene: %s at %d tokens (>= %d), compacting", s.id, tokens, self.hygiene_threshold)
-                out = self._compress(s, msgs, tokens, focus_topic, trigger="hygiene")
+                out = self._compress(s, msgs, tokens - extra, focus_topic, trigger="hygiene")
                 compacted = out is not msgs
                 msgs = out
                 tokens = s.counter.count(msgs) + extra
             forced = compact and may_compact and not compacted
-            if enabled and may_compact and (forced or (not resting and self._should_compact(s, tokens, msgs))):
+            # the engine judges its messages against its room (the window less the tools: _fit_engine)
+            if enabled and may_compact and (forced or (not resting and self._should_compact(s, tokens - extra, msgs))):
                 # a forced compaction is judged as at the threshold (the seed's manual /compress)
-                judged = max(tokens, int(getattr(s.engine, "threshold_tokens", 0) or 0)) if forced else tokens
+                judged = max(tokens - extra, int(getattr(s.engine, "threshold_tokens", 0) or 0)) if forced else tokens - extra
                 out = self._compress(s, msgs, judged, focus_topic, trigger="client" if forced else "engine")
                 compacted = compacted or out is not msgs
                 msgs = out
@@ -942,6 +957,7 @@ class ContextManager:
             s.max_streak = max(s.max_streak, s.streak)
             if compacted and tools is not None:  # the recall tools may go out from now on
                 extra, extra_window = self._tools_cost(s, tools)
+                self._fit_engine(s, extra_window)
             capped = self._cap(s, msgs, tokens, history, ids, tools, extra_window)
             if capped.changed:
                 msgs = capped.messages
@@ -952,7 +968,7 @@ class ContextManager:
             s.last_sent = msgs
             s.last_tokens = tokens
             s.turns += 1
-            self._update_pressure(s, tokens)
+            self._update_pressure(s, tokens - extra)
             s.history.finish(turn, history, msgs)
             return msgs
 
@@ -980,7 +996,7 @@ class ContextManager:
             if self._hygiene_due(s, tokens, msgs):
                 raise CompactionDue("session hygiene fires")
             try:
-                due = should_compact(s.engine, tokens, msgs)
+                due = should_compact(s.engine, tokens - extra, msgs)
             except EngineError as exc:
                 raise CompactionDue(f"the engine's trigger failed: {exc}") from exc
             if due:
