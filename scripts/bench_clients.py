@@ -23,7 +23,8 @@ clients' telemetry and update checks are turned off through their environment an
 Columns: ``done`` the task finished (the upstream sent its final answer); ``steps`` files read;
 ``reqs`` task requests that reached the upstream; ``bad`` requests the upstream rejected (over
 the window, tool call/result mismatch, altered thinking/reasoning; by reason); ``compact``
-compactions the proxy logged; ``upstream`` input tokens the upstream received (o200k, as the
+compactions the proxy logged; ``inline`` the share of the task's requests the proxy planned on
+its event loop (a turn that only appends: no compaction, cut or store write on the way); ``upstream`` input tokens the upstream received (o200k, as the
 strict upstream counts: system, messages and the tool list); ``sent`` what the client sent: that
 plus what the proxy removed (its own logged tokens_in - tokens_out, summed over requests);
 ``saved`` the removed share of ``sent``; ``recall`` recall calls answered with the right text /
@@ -725,6 +726,10 @@ def _summarise(
     reqs = proxy.requests()
     task_reqs = [(life, r) for life, r in reqs if r.get("tokens_in", 0) > 0]
     row["compact"] = sum(int(r.get("compactions") or 0) for _l, r in task_reqs)
+    # turns the proxy planned on its event loop (a turn that only appends: no compaction, no cut)
+    planned = [str(r.get("planned")) for _l, r in task_reqs if r.get("planned")]
+    row["inline"] = round(planned.count("inline") / len(planned), 2) if planned else None
+    row["worker_reasons"] = {k: planned.count(k) for k in sorted(set(planned)) if k != "inline"}
     # the proxy logs its own estimate of each conversation in and out (without the tool
     # definitions); what the client sent is what reached the upstream (exact) plus what the
     # proxy removed
@@ -774,6 +779,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         "reqs",
         "bad",
         "compact",
+        "inline",
         "sent",
         "upstream",
         "saved",
@@ -794,6 +800,7 @@ def table(rows: list[dict[str, Any]]) -> str:
                 str(r.get("reqs", "-")),
                 str(r.get("bad", "-")) + (f" {_short(r['rejected'])}" if r.get("rejected") else ""),
                 str(r.get("compact", "-")),
+                f"{r['inline']:.0%}" if isinstance(r.get("inline"), float) else "-",
                 str(r.get("sent_tokens", "-")),
                 str(r.get("upstream_tokens", "-")),
                 f"{saved:.0%}" if isinstance(saved, float) else "-",

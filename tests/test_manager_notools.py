@@ -63,3 +63,61 @@ def test_other_engines_follow_the_flag_through_their_originals(engine: str) -> N
         assert "ctx_grep" not in text and "ctx_expand" not in text
     originals = ctx.engine("a").originals  # type: ignore[attr-defined]
     assert originals is not None and originals.reach is ctx._session("a").reach
+
+
+def _files_message(parts: int) -> Message:
+    """aider's files message: every file in the chat with its current contents, resent each turn."""
+    body = "\n".join(f"part{k:02d}.txt\n```\n" + "\n".join(f"MARKER part{k:02d} line {j} = {k * 1000 + j}" for j in range(300)) + "\n```" for k in range(1, parts + 1))
+    return {"role": "user", "content": "I have *added these files to the chat* so you can go ahead and edit them.\n\n" + body}
+
+
+def _aider_turns(turns: int) -> list[list[Message]]:
+    """What aider sends each turn: the fixed example exchange, ONE files message rewritten in
+    place with the files added so far, the chat, the latest request, and a trailing reminder."""
+    head: list[Message] = [
+        {"role": "system", "content": "Act as an expert software developer."},
+        {"role": "user", "content": "Change the greeting to be more casual"},
+        {"role": "assistant", "content": "Ok, I will switch the greeting."},
+        {"role": "user", "content": "I switched to a new code base. Please don't consider the above files."},
+        {"role": "assistant", "content": "Ok."},
+    ]
+    chat: list[Message] = [{"role": "user", "content": "BENCH-TASK: report the MARKER line of every part file."}]
+    out = []
+    for t in range(1, turns + 1):
+        files = [_files_message(t), {"role": "assistant", "content": "Ok, any changes I propose will be to those files."}]
+        out.append([*head, *files, *chat, {"role": "system", "content": "Reply with whole files."}])
+        chat = [*chat, {"role": "assistant", "content": f"I need part{t + 1:02d}.txt."}, {"role": "user", "content": f"I added these files to the chat: part{t + 1:02d}.txt"}]
+    return out
+
+
+@pytest.mark.parametrize("engine", ["compressor", "cacheaware", "rules", "lcm"])
+def test_a_message_the_client_rewrites_in_place_stays_verbatim(engine: str) -> None:
+    """aider's files message changes every turn at the same place: it is the model's working set.
+    Compaction keeps its latest version verbatim (a summary would take the files away from a
+    client that cannot recall them) and never grows the request."""
+    cfg = Config()
+    cfg.context.engine = engine
+    ctx = ContextManager(cfg, model="gpt-4o", context_length=16_000, store=SqliteStore(":memory:"))
+    for given in _aider_turns(3):
+        out = ctx.prepare(given, session_id="a", recall=False)
+        files = given[5]["content"]
+        assert any(m.get("content") == files for m in out), "the latest files message is sent verbatim"
+        assert ctx.count_tokens(out) <= ctx.count_tokens(given)  # a compaction never grows the request
+    assert ctx._session("a").reach.live == frozenset({files})
+
+
+def test_a_rewritten_message_is_found_only_when_what_follows_is_unchanged() -> None:
+    from ctxengine.history import SessionHistory
+
+    turns = _aider_turns(3)
+    h = SessionHistory()
+    first = h.begin(turns[0])
+    h.finish(first, first.messages, first.messages)
+    assert h.live_texts(first, turns[0]) == frozenset()
+    second = h.begin(turns[1])
+    assert second.live_at == 5
+    assert h.live_texts(second, turns[1]) == frozenset({turns[1][5]["content"]})
+    h.finish(second, second.messages, second.messages)
+    # an edit followed by other messages than those seen is a plain edit, not a live message
+    edited = [*turns[2][:5], {"role": "user", "content": "something else"}, {"role": "user", "content": "and more"}]
+    assert h.begin(edited).live_at is None

@@ -91,6 +91,7 @@ class TurnInput:
     pending_r0: int = 0
     swapped: list[int] | None = None  # working indices whose message the caller resent with moved markers
     dropped: int = 0  # trailing per-request messages of last turn not resent (see SessionHistory._without_trailing)
+    live_at: int | None = None  # caller index of a user message rewritten in place this turn (see SessionHistory.live_texts)
 
     @property
     def new(self) -> list[Message]:
@@ -295,6 +296,7 @@ class SessionHistory:
         self._last_summary = -1  # index of the last summary in ``working``
         self._last_kind: TurnKind | None = None  # what the last finished turn was
         self._plain_memo: dict[int, tuple[Message, Message]] = {}  # marked message -> its copy without markers
+        self.live_at: int | None = None  # caller index of the user message rewritten in place (live_texts)
 
     # -- the turn ----------------------------------------------------------------------------
     def begin(self, messages: Sequence[Message]) -> TurnInput:
@@ -328,6 +330,38 @@ class SessionHistory:
         if trailing is not None:
             return trailing
         p = _common_prefix(given, raw)
+        live_at = self._rewritten(given, p)
+        turn = self._branch(given, p)
+        turn.live_at = live_at
+        return turn
+
+    def _rewritten(self, given: list[Message], p: int) -> int | None:
+        """``p``, when the caller's list differs from the raw history first at a user message
+        (``p``) and the message after it is the one seen there: a message rewritten in place
+        (aider resends the files it edits as one message, with their current contents)."""
+        raw = self.raw
+        if p + 1 >= len(raw) or p + 1 >= len(given):
+            return None
+        a, b = given[p], raw[p]
+        if not (isinstance(a, dict) and isinstance(b, dict) and a.get("role") == "user" == b.get("role")):
+            return None
+        return p if same_but_markers(given[p + 1], raw[p + 1]) else None
+
+    def live_texts(self, turn: TurnInput, given: Sequence[Message]) -> frozenset[str]:
+        """The text of the user message the caller rewrites in place (its working set), as
+        found this turn or on an earlier one (and still a user message at that index of
+        ``given``); empty when there is none or its content is not a string."""
+        at = None if turn.kind == "first" else (turn.live_at if turn.live_at is not None else self.live_at)
+        if at is None or at >= len(given):
+            return frozenset()
+        m = given[at]
+        content = m.get("content") if isinstance(m, dict) and m.get("role") == "user" else None
+        return frozenset((content,)) if isinstance(content, str) else frozenset()
+
+    def _branch(self, given: list[Message], p: int) -> TurnInput:
+        """The caller's list, which changed the history seen (``p``: common prefix with the raw
+        history): an edited or truncated history (see the module docstring)."""
+        w, raw = self.working, self.raw
         q = _common_prefix(given, w)
         k = p - self.r0
         cut = self.wpos[k] if p > 0 and 0 <= k < len(self.wpos) else -1
@@ -475,6 +509,10 @@ class SessionHistory:
         self.working = result
         self.turns += 1
         self._last_kind = turn.kind
+        if turn.kind == "first":
+            self.live_at = None
+        elif turn.live_at is not None:
+            self.live_at = turn.live_at
         self._follow_working(old, result)
 
     def reset(self) -> None:

@@ -1109,6 +1109,8 @@ class ContextManager:
         if not isinstance(messages, list | tuple):
             check(messages, context="messages passed to prepare")  # raises: not a list
         turn = s.history.begin(messages)
+        # the user message the caller rewrites in place each turn (its working set) stays verbatim
+        s.reach.live = s.history.live_texts(turn, messages)
         if self.strict:
             turn.check(context="messages passed to prepare")
         if quiet and turn.reset_engine:

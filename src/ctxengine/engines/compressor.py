@@ -415,7 +415,8 @@ class ContextCompressor(SummaryTrigger):
 
         head = msgs[: plan.head_end]
         tail = msgs[plan.tail_start :]
-        pulled = [msgs[plan.pulled_user]] if plan.pulled_user is not None else []
+        # the client's live messages (its working set) and the latest user message stay verbatim
+        pulled = [msgs[i] for i in plan.live] + ([msgs[plan.pulled_user]] if plan.pulled_user is not None else [])
         middle = [msgs[i] for i in plan.middle]
 
         # previous summaries in the middle become the text to update, not content to summarize
@@ -458,6 +459,11 @@ class ContextCompressor(SummaryTrigger):
 
         out = self._assemble(head, summary_text, pulled, tail)
         out = sanitize_tool_pairs(out)
+        if not cut and sum(self._tokens(m) for m in out) >= total:
+            # the middle was smaller than its summary (a few short turns between messages kept
+            # verbatim): a rewrite that grows the context is not a compaction
+            report.notes.append("the summary would not shrink the context: nothing changed")
+            return self._finish(report, list(messages), t0, changed=False)
         if head:
             self._frozen = (len(head), out[len(head) - 1])
         out = self._clip_to_limit(out, report, self.hard_limit_tokens, len(head) + 1)
@@ -510,6 +516,7 @@ class ContextCompressor(SummaryTrigger):
             soft_cap=soft_cap,
             frozen=self._frozen,
             is_own_summary=own_summary,
+            live=self.reach.is_live if self.reach.live else None,
         )
 
     # phase 4

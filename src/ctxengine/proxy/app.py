@@ -152,6 +152,7 @@ class _Plan:
     context: list[Message] = field(default_factory=list)
     started: float = 0.0  # perf_counter when planning began (worker thread or event loop)
     finished: float = 0.0  # and when it was done
+    planned: str = ""  # where: "inline" (on the event loop, a turn that only appends) or "worker"
     deferred: bool = False  # the turn's store write was left for after the response
     settled: bool = False  # the after-response work (usage, deferred write) is scheduled
     usage: dict[str, Any] | None = None  # the last response's usage, for the manager after the response
@@ -539,11 +540,12 @@ class Proxy:
                 await self._settled(api, plan.session)
                 t_queue = time.perf_counter()
                 quick = self._plan_inline(api, plan.session, body, raw)
-                if quick is not None:
+                if isinstance(quick, _Plan):
                     plan = quick
                     plan.stages.append(("plan_inline", plan.finished - plan.started))
                 else:
                     plan = await anyio.to_thread.run_sync(self._plan, api, plan.session, body, raw)
+                    plan.planned = f"worker: {quick}"
                     t_back = time.perf_counter()
                     plan.stages += [("plan_queue", plan.started - t_queue), ("plan", plan.finished - plan.started), ("plan_return", t_back - plan.finished)]
         except Exception as exc:  # fail open: the client's request goes upstream unchanged
@@ -626,13 +628,13 @@ class Proxy:
             self.end_idle_sessions(now)
         with s.lock:
             plan = self._plan_locked(api, s, body, raw)
-        plan.started, plan.finished = started, time.perf_counter()
+        plan.started, plan.finished, plan.planned = started, time.perf_counter(), "worker"
         self.metrics.child(self.metrics.plans, api.name, "worker").inc()
         return plan
 
-    def _plan_inline(self, api: Api, session: str, body: Mapping[str, Any], raw: bytes) -> _Plan | None:
-        """The plan, made on the event loop when that is quick and cannot block it; ``None``
-        when it must go to a worker thread (:meth:`_plan`).
+    def _plan_inline(self, api: Api, session: str, body: Mapping[str, Any], raw: bytes) -> _Plan | str:
+        """The plan, made on the event loop when that is quick and cannot block it; else why it
+        must go to a worker thread (:meth:`_plan`; the request's log line says it).
 
         Quick means: a local store (or none); the session open here on the same model (a
         first request resumes the session from the store); no idle sweep due; no other
@@ -641,24 +643,23 @@ class Proxy:
         seconds, no window cut, no store write now). A worker thread costs 0.2-0.8 ms of
         hand-over each way; the quick turn is a fraction of a millisecond."""
         if not self._local_store:
-            return None
+            return "a shared store"
         now = time.monotonic()
         s = self.sessions.get(api.name, session)
         if s is None or s.model != body["model"] or self.sessions.sweep_due(now):
-            return None
+            return "a session to open" if s is None or s.model != body["model"] else "an idle sweep"
         s.seen = now
         if not s.lock.acquire(blocking=False):
-            return None
+            return "the session is busy"
         try:
             started = time.perf_counter()
             try:
                 plan = self._plan_locked(api, s, body, raw, quick=True)
             except CompactionDue as exc:
-                log.debug("planned in a worker thread: %s", exc.reason)
-                return None
+                return exc.reason
         finally:
             s.lock.release()
-        plan.started, plan.finished = started, time.perf_counter()
+        plan.started, plan.finished, plan.planned = started, time.perf_counter(), "inline"
         self.metrics.child(self.metrics.plans, api.name, "inline").inc()
         return plan
 
@@ -975,6 +976,7 @@ class Proxy:
                     "tokens_in": plan.tokens_in,
                     "tokens_out": plan.tokens_out,
                     "compactions": plan.compactions,
+                    "planned": plan.planned or None,
                     "ms": round((time.perf_counter() - started) * 1000, 2),
                 }
             },

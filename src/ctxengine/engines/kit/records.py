@@ -54,9 +54,20 @@ class RecallReach:
     (``prepare(recall=...)`` sets :attr:`tools`) and the session's engine (it comes in
     :class:`ctxengine.engine.Services` as ``reach``), so every marker either writes says the
     same (:func:`recall_pointer`). ``tools`` is True unless the host said the tools do not
-    reach the model (a client that sends no tools, e.g. aider through the proxy)."""
+    reach the model (a client that sends no tools, e.g. aider through the proxy).
+
+    ``live``: the text of the user messages the client rewrites in place every turn (aider
+    resends the files it edits as one message, with their current contents): the model's working
+    set, always in the request, which a summary must not replace (engines that plan a head and a
+    tail keep them verbatim: :func:`ctxengine.engines.kit.tail.plan_head_tail`)."""
 
     tools: bool = True
+    live: frozenset[str] = frozenset()
+
+    def is_live(self, message: Mapping[str, Any]) -> bool:
+        """Whether ``message`` is one the client rewrites in place (see :attr:`live`)."""
+        content = message.get("content")
+        return bool(self.live) and isinstance(content, str) and content in self.live
 
 
 def recall_pointer(reach: RecallReach | bool | None = None, ref: str | None = None) -> str:

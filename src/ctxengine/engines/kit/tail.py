@@ -7,7 +7,7 @@ group (an assistant message with its results) is never split.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ctxengine.boundaries import align_cut, group_spans
@@ -71,12 +71,14 @@ def tail_by_budget(
 @dataclass(slots=True)
 class HeadTailPlan:
     """What a summarizing compaction keeps: ``[0, head_end)`` and ``[tail_start, n)``, the latest
-    user message when it is ``pulled`` out of the middle, and the ``middle`` it replaces."""
+    user message when it is ``pulled`` out of the middle, the ``live`` messages of the middle
+    (kept verbatim, in order, before it), and the ``middle`` it replaces."""
 
     head_end: int
     tail_start: int
     pulled_user: int | None
     middle: list[int]
+    live: list[int] = field(default_factory=list)
 
 
 def plan_head_tail(
@@ -89,13 +91,16 @@ def plan_head_tail(
     soft_cap: Callable[[int], int],
     frozen: tuple[int, Mapping[str, Any]] | None = None,
     is_own_summary: Callable[[Any], bool] = is_summary,
+    live: Callable[[Mapping[str, Any]], bool] | None = None,
 ) -> HeadTailPlan:
     """The head is ``protect_first_n`` messages, extended to the first user message and to the
     ``frozen`` prefix ``(length, last message)`` an earlier compaction left (never past a
     summary: every later compaction can compress again); the tail walks back by
     ``tail_budget`` tokens and keeps up to ``protect_last_n`` messages while under
     ``soft_cap(head_tokens)``. The latest user message stays verbatim: in the tail, or pulled
-    out of the middle. Tool groups are never split."""
+    out of the middle. Tool groups are never split. A user message of the middle that ``live``
+    accepts (one the client rewrites in place every turn: its working set, e.g. aider's files)
+    stays verbatim too, pulled out of the middle like the latest user message."""
     n = len(msgs)
     head_end = align_cut(msgs, min(protect_first_n, n), direction="forward")
     first_user = next((i for i, m in enumerate(msgs) if m.get("role") == "user"), None)
@@ -136,5 +141,6 @@ def plan_head_tail(
             start = last_user
         else:
             pulled = last_user
-    middle = [i for i in range(head_end, start) if i != pulled]
-    return HeadTailPlan(head_end, start, pulled, middle)
+    kept = [i for i in range(head_end, start) if i != pulled and msgs[i].get("role") == "user" and live(msgs[i])] if live is not None else []
+    middle = [i for i in range(head_end, start) if i != pulled and i not in kept]
+    return HeadTailPlan(head_end, start, pulled, middle, kept)
