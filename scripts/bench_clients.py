@@ -64,6 +64,7 @@ from ctxengine.testing.strict_upstream import StrictUpstream, Task  # noqa: E402
 CACHE = ROOT / ".bench-clients"
 SLOW_SECONDS = 15.0  # the tool of the restart step runs this long: the proxy's stop + start fits
 PROXY_SRC = SRC  # --proxy-src: run another checkout's proxy (read only: no bytecode written there)
+PROXY_DEBUG = False  # --proxy-debug: the proxy logs at debug level
 NPM = CACHE / "npm"
 
 NPM_PACKAGES = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex"}
@@ -262,6 +263,7 @@ class Proxy:
             sys.executable,
             "-m",
             "ctxengine",
+            *(["-vv"] if PROXY_DEBUG else []),
             "proxy",
             "--port",
             str(self.port),
@@ -860,6 +862,11 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="the src/ folder whose ctxengine the proxy runs (default: this checkout's)",
     )
+    p.add_argument(
+        "--proxy-debug",
+        action="store_true",
+        help="the proxy logs at debug level (each compaction's notes) into proxy.log",
+    )
     a = p.parse_args(argv)
     clients = [c.strip() for c in a.clients.split(",") if c.strip()]
     unknown = [c for c in clients if c not in ALL_CLIENTS]
@@ -869,9 +876,10 @@ def main(argv: list[str] | None = None) -> int:
         for c, s in install(clients).items():
             print(f"{c}: {s}")
         return 0
+    global PROXY_SRC, PROXY_DEBUG
     if a.proxy_src:
-        global PROXY_SRC
         PROXY_SRC = a.proxy_src.resolve()
+    PROXY_DEBUG = a.proxy_debug
     windows = [int(w) for w in a.window.split(",") if w.strip()]
     if a.keep:
         a.keep.mkdir(parents=True, exist_ok=True)

@@ -361,3 +361,20 @@ def test_an_engine_tools_answer_is_cut_with_a_note() -> None:
     data = json.loads(answer)
     assert data["truncated"] and data["text"].startswith('{"said": "blah') and "cut" in data["note"]
     assert len(mgr.handle_tool_call("talk", {})) > 9_000  # unbounded without max_tokens
+
+
+def test_the_engine_sees_the_usage_without_the_tool_definitions() -> None:
+    """The provider's prompt tokens count the tool definitions: the engine, whose window is the
+    window less them, gets its messages' share (else its anchored trigger would judge messages +
+    tools against the messages' threshold). Tools open the prompt: they come out of the cached
+    part first."""
+    tools = _tools(5, 30)
+    mgr, eng = _mgr()
+    mgr.prepare(_session(2, 10), tools=tools)
+    t = mgr._sessions["default"].tool_tokens
+    assert t > 0
+    mgr.update_from_response({"input_tokens": 100, "cache_read_input_tokens": 4_000, "cache_creation_input_tokens": 900, "output_tokens": 10})
+    assert eng.last_prompt_tokens == 5_000 - t
+    assert mgr.status()["cache_read_tokens"] == 4_000  # the session's own counters keep the provider's figures
+    mgr.update_from_response({"prompt_tokens": 5_000, "completion_tokens": 10})
+    assert eng.last_prompt_tokens == 5_000 - t

@@ -195,7 +195,11 @@ def test_a_turn_that_compacts_is_planned_in_a_worker_thread(stub: StubServer, tm
             worker = _metric(p, "ctxengine_proxy_plans_total", api="openai", where="worker")
     assert compacting_threads and not compacting_threads & loop_threads
     assert inline >= 5 and worker >= 2 and inline + worker == 30
-    assert "planned in a worker thread: " in caplog.text
+    # each request's log line says where it was planned, and why a worker thread
+    planned = [getattr(r, "fields", {}).get("planned") for r in caplog.records if r.getMessage() == "request"]
+    assert planned.count("inline") == inline
+    assert any(str(p).startswith("worker: ") and p != "worker: " for p in planned)
+    assert "worker: the engine compacts" in planned
 
 
 class _SharedStore:

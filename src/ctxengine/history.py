@@ -563,7 +563,7 @@ class SessionHistory:
         provided the turn left the working context as its input and no later turn ran."""
         if appender is None and isinstance(store, SessionAppender):
             appender = store
-        if self.turns == 0 or turn.kind not in ("continue", "resend"):
+        if not self.defers(turn):
             return None
         known = self._ids
         write: Callable[[], list[str]]
@@ -616,6 +616,12 @@ class SessionHistory:
             ids = {id(m) for m in (*self.working, *out)}
             self._plain_memo = {k: v for k, v in memo.items() if k in ids}
         return out
+
+    def defers(self, turn: TurnInput) -> bool:
+        """Whether :meth:`record_later` can leave ``turn``'s recording for later: a turn that
+        continues the session (appending to the store's tip, or, the tip unknown after a
+        compaction, recording the whole list; the store keeps each message once)."""
+        return self.turns > 0 and turn.kind in ("continue", "resend")
 
     def appends(self, turn: TurnInput) -> bool:
         """Whether ``turn`` only appends to the store's tip (what :meth:`record_later` defers)."""

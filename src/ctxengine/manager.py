@@ -77,7 +77,7 @@ from ctxengine.caching import (
     system_and_3_breakpoints,
 )
 from ctxengine.config import Config, load_config
-from ctxengine.engine import CompactionReport, ContextEngine, Services, normalize_usage
+from ctxengine.engine import CompactionReport, ContextEngine, Services, Usage, normalize_usage
 from ctxengine.engines.kit.records import RecallReach
 from ctxengine.errors import ConfigError, CtxEngineError, EngineError, StoreError
 from ctxengine.history import SessionHistory, TurnInput
@@ -142,6 +142,24 @@ class CompactionDue(CtxEngineError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+def _without_tools(usage: Any, u: Usage, tools: int) -> Any:
+    """The usage the engine sees: its messages' share, without the ``tools`` tokens of tool
+    definitions the provider counted too (the engine works against the window less them:
+    :meth:`ContextManager._fit_engine`). Tool definitions open the prompt, so they come out of
+    the cached part first, then of the part written to the cache, then of the rest."""
+    if tools <= 0:
+        return usage
+    read = min(u.cache_read_tokens, tools)
+    write = min(u.cache_write_tokens, tools - read)
+    prompt = max(0, u.prompt_tokens - tools)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": prompt + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cache_read_tokens - read, "cache_write_tokens": u.cache_write_tokens - write},
+    }
 
 
 class _HeldNow:
@@ -887,7 +905,7 @@ class ContextManager:
         ``may_compact=False`` asks for the cheap turn only (a caller that would rather not hand
         the call to a worker thread when it is quick, e.g. an event loop): when this call would
         compact, cut, reset the engine, answer tool calls, write to the store now (with
-        ``defer_record=True`` an appending turn does not) or wait for the session's lock, it
+        ``defer_record=True`` a turn that continues the session does not) or wait for the session's lock, it
         raises :class:`CompactionDue` before changing anything, and the caller makes the same
         call with ``may_compact=True`` (in its worker thread). Otherwise the result is the
         same as without the flag. The engine's trigger is asked once either way.
@@ -989,7 +1007,7 @@ class ContextManager:
 
         if self._pending_calls(msgs, names):
             raise CompactionDue("tool calls to answer")
-        if self.store is not None and not (defer_record and self._appender is not None and s.history.appends(turn)):
+        if self.store is not None and not (defer_record and self._appender is not None and s.history.defers(turn)):
             raise CompactionDue("the turn is written to the store now")
         tokens = s.counter.count(msgs) + extra
         if self.config.compression.enabled and s.streak < MAX_CONSECUTIVE_COMPACTIONS:
@@ -1239,7 +1257,7 @@ class ContextManager:
         s = self._session(session_id)
         with s.lock:
             u = normalize_usage(usage)
-            s.engine.update_from_response(usage)
+            s.engine.update_from_response(_without_tools(usage, u, s.tool_tokens))
             if u.prompt_tokens > 0 and s.last_sent:
                 # the provider counted the tool definitions too: the anchor is the messages'
                 s.counter.anchor(s.last_sent, max(0, u.prompt_tokens - s.tool_tokens))
