@@ -378,3 +378,21 @@ def test_the_engine_sees_the_usage_without_the_tool_definitions() -> None:
     assert mgr.status()["cache_read_tokens"] == 4_000  # the session's own counters keep the provider's figures
     mgr.update_from_response({"prompt_tokens": 5_000, "completion_tokens": 10})
     assert eng.last_prompt_tokens == 5_000 - t
+
+
+def test_the_output_just_read_reaches_the_model_whole_when_tools_take_much_of_the_window() -> None:
+    """The default engine works against the room the tools leave (here ~9K of 16K): an output
+    of ~3.5K tokens just read is not a giant there, and is sent whole (a cut before the model
+    ever saw it would cost the agent the file it asked for)."""
+    tools = _tools(20, 60)
+    ctx = ContextManager(Config(), model="gpt-4o", context_length=16_000, store=SqliteStore(":memory:"))
+    history = _session(0, 0)
+    for k in range(4):
+        history = [*history, *_session(1, 330)[2:]]
+        history[-2] = {**history[-2], "tool_calls": [{"id": f"r{k}", "type": "function", "function": {"name": "tool_1", "arguments": "{}"}}]}
+        history[-1] = {**history[-1], "tool_call_id": f"r{k}"}
+        out = ctx.prepare(history, tools=tools, session_id="s")
+        assert out[-1] == history[-1], f"turn {k}: the newest output is sent whole"
+    engine = ctx.engine("s")
+    assert engine.context_length < 11_000  # the engine's room: the window less the tools
+    assert EXACT.count(str(history[-1]["content"])) > engine.context_length // 4  # over the old giant limit

@@ -183,12 +183,13 @@ class CachedCuts:
     @property
     def giant_tokens(self) -> int:
         """Outputs larger than this are cut wherever they sit (``giant_ratio`` of the window,
-        and at least GIANT_TOKENS or a quarter of the window, whichever is less)."""
+        and at least GIANT_TOKENS or half the window, whichever is less)."""
         ratio = int(self.context_length * self.giant_ratio)
         # an ordinary long output (a few thousand tokens) is not giant in a small window: it is
         # kept whole for its turns like any other; giant means over GIANT_TOKENS as well, unless
-        # that is more than a quarter of the window
-        return max(self.cut_min_tokens, ratio, min(GIANT_TOKENS, self.context_length // 4))
+        # that is more than half the window (the engine's window is the room its messages have:
+        # a client's tool definitions took the rest, and the output just read must reach the model)
+        return max(self.cut_min_tokens, ratio, min(GIANT_TOKENS, self.context_length // 2))
 
     @property
     def giant_keep_tokens(self) -> int:
