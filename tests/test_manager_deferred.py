@@ -111,7 +111,8 @@ def test_a_turn_the_window_cuts_is_recorded_before_it_returns(tmp_path: Path) ->
     turn = [*out, call, {"role": "tool", "tool_call_id": "c1", "content": big}, {"role": "user", "content": "what failed?"}]
     capped = mgr.prepare(turn, session_id=SESSION, defer_record=True)
     assert big not in json.dumps(capped)  # the cap cut the output ...
-    assert store.history(SESSION)[-2]["content"] == big  # ... and its original is in the store already
+    assert store.originals(SESSION)[-2]["content"] == big  # ... and its original is in the store already
+    assert big not in json.dumps(store.history(SESSION))  # the store's tip is what was sent (the cut recorded)
     assert mgr.retrievable("FATAL: disk quota exceeded in /var/lib/app/data.db", session_id=SESSION)
 
 

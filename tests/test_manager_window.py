@@ -396,3 +396,26 @@ def test_the_output_just_read_reaches_the_model_whole_when_tools_take_much_of_th
     engine = ctx.engine("s")
     assert engine.context_length < 11_000  # the engine's room: the window less the tools
     assert EXACT.count(str(history[-1]["content"])) > engine.context_length // 4  # over the old giant limit
+
+
+@pytest.mark.parametrize("engine", ["compressor", "rules"])
+def test_the_stored_originals_are_the_messages_as_sent_after_window_cuts(engine: str) -> None:
+    """The window cap's cut is recorded like a compaction: the session's originals (what a
+    restart resumes from and a router is seeded with) are the messages as sent, never the
+    cut copies the working context carries on later turns."""
+    cfg = Config()
+    cfg.context.engine = engine
+    store = SqliteStore(":memory:")
+    ctx = ContextManager(cfg, model="gpt-4o", context_length=16_000, store=store)
+    tools = _tools(20, 60)
+    history = _session(0, 0)
+    cut = False
+    for k in range(10):
+        history = [*history, *_session(1, 300)[2:]]
+        history[-2] = {**history[-2], "tool_calls": [{"id": f"r{k}", "type": "function", "function": {"name": "tool_1", "arguments": "{}"}}]}
+        history[-1] = {**history[-1], "tool_call_id": f"r{k}"}
+        out = ctx.prepare(json.loads(json.dumps(history)), tools=tools, session_id="s", defer_record=True)
+        ctx.flush_records("s")
+        cut = cut or any("[ctxengine:" in str(m.get("content")) for m in out)
+        assert store.originals("s") == history, f"turn {k}"
+    assert cut and ctx.status("s")["window_cuts"] >= 1

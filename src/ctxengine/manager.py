@@ -978,6 +978,7 @@ class ContextManager:
                 self._fit_engine(s, extra_window)
             capped = self._cap(s, msgs, tokens, history, ids, tools, extra_window)
             if capped.changed:
+                self._record_cut(s, msgs, capped.messages, tokens - extra, capped.tokens)
                 msgs = capped.messages
                 extra, extra_window = self._tools_cost(s, tools)  # recall offered after a cut
                 tokens = capped.tokens + extra
@@ -1075,6 +1076,20 @@ class ContextManager:
             for note in result.notes:
                 log.info("session %s: %s", s.id, note)
         return result
+
+    def _record_cut(self, s: _Session, before: list[Message], after: list[Message], tokens_before: int, tokens_after: int) -> None:
+        """Record the window cap's cut like a compaction (the session's tip moves to ``after``),
+        so that the store knows the cut messages for what they are: the next turn appends to
+        ``after``, and the session's originals (a restart's resume, a router's seed, an export)
+        are the messages as sent, never their cut copies."""
+        if self.store is None:
+            return
+        data = {"engine": "window-cap", "trigger": "window", "messages_before": len(before), "messages_after": len(after), "tokens_before": tokens_before, "tokens_after": tokens_after}
+        try:
+            self.store.record_compaction(s.id, data, s.history.plain(before), s.history.plain(after))
+        except Exception as exc:  # the agent keeps going; status() reports it
+            s.store_errors += 1
+            log.warning("session store: recording a window cut of %s failed: %s", s.id, exc)
 
     def _compress(self, s: _Session, msgs: list[Message], tokens: int, focus_topic: str | None, trigger: str) -> list[Message]:
         """One compaction through the shared loop (a copy, under ``context.engine_timeout``);
