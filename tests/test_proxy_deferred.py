@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ctxengine.manager import ContextManager
 from ctxengine.messages import Message
 from ctxengine.proxy.apis import ANTHROPIC, OPENAI
-from ctxengine.proxy.app import _is_local
+from ctxengine.proxy.base import is_local as _is_local
 from ctxengine.proxy.server import ProxyServer
 from ctxengine.proxy.session import SESSION_HEADER
 from ctxengine.store import SqliteStore

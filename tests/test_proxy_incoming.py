@@ -300,7 +300,7 @@ def test_claude_codes_moving_marker_takes_the_quick_turn_and_the_store_keeps_eac
     # a restart: a new manager and a new incoming history resume from the store
     mgr2, inc2 = manager(), IncomingHistory()
     assert mgr2.resume_session("s")
-    assert run(mgr2, inc2, len(history) - 3, len(history)) == 1  # the resumed turn only (it records in full)
+    assert run(mgr2, inc2, len(history) - 3, len(history)) == 0  # the resumed turn too (it records in full, after the response)
     assert store.get_session("s").stored == len(anthropic_to_openai(_CC_SYSTEM, history))
     assert mgr2.counters("s")["compactions"] == 0
     store.close()

@@ -766,8 +766,12 @@ def test_what_an_engine_writes_is_what_the_provider_reads(body: dict[str, Any], 
     for at, m in enumerate(msgs):
         json_output = any(e[0] == "j" for e in (m.get(META_KEY) or {}).get("items", []))
         how = data.draw(st.sampled_from(["keep", "keep", "edit", "drop"]))
-        if how == "drop" and edited and edited[-1]["role"] == "assistant" and at + 1 < len(msgs) and msgs[at + 1]["role"] == "assistant":
-            how = "keep"  # two assistant turns with nothing between are one turn in Responses
+        nxt = msgs[at + 1] if at + 1 < len(msgs) else None
+        opaque_next = nxt is not None and nxt["role"] == "user" and nxt.get("content") is None and "opaque" in (nxt.get(META_KEY) or {})
+        if how == "drop" and edited and edited[-1]["role"] == "assistant" and nxt is not None and (nxt["role"] == "assistant" or opaque_next):
+            # two assistant turns with nothing between are one turn in Responses; an opaque item
+            # (an item_reference) after an assistant turn is read as part of that turn
+            how = "keep"
         if how == "edit" and m["role"] == "tool" and not json_output:
             m = {**m, "content": "[cut] " + str(m["content"])[:5]}
         elif how == "edit" and m["role"] == "assistant":

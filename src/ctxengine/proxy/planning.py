@@ -1,0 +1,213 @@
+"""The manager's part of a request (:class:`Planning`): the session it belongs to (routed by its history when the client names none), and the plan: on the event loop when the turn only appends, else in a worker thread (see :mod:`ctxengine.proxy.base` for the layers)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+from starlette.requests import Request
+
+from ctxengine.manager import CompactionDue, ContextManager
+from ctxengine.proxy.apis import Api, Marking, has_cache_control
+from ctxengine.proxy.base import (
+    Plan,
+    _same,
+)
+from ctxengine.proxy.rawbody import BodyCache
+from ctxengine.proxy.session import (
+    SessionKey,
+    session_key,
+    system_prompt_digest,
+)
+from ctxengine.proxy.settling import Settling
+from ctxengine.proxy.state import ProxySession
+from ctxengine.proxy.writer import outgoing, tool_name
+
+log = logging.getLogger("ctxengine.proxy")
+
+
+class Planning(Settling):
+    """See the module docstring."""
+
+    async def _route(self, api: Api, request: Request, body: Mapping[str, Any]) -> str:
+        """The session of a request that names none (:func:`session_key`, then the router); a
+        key's first request since this process started seeds the router with the key's stored
+        conversation first, so that after a restart a request resumes the conversation it
+        continues and no other one."""
+        history = api.history(body)
+        k = session_key(api.name, request.headers, body, api.system(body), history)
+        if not k.routed:
+            return k.key
+        if self.store is not None and not self.router.knows(k.key):
+            await anyio.to_thread.run_sync(self._seed, api, k)
+        return self.router.route(k.key, history, branches=k.branches, prompt=k.prompt)
+
+    def _seed(self, api: Api, k: SessionKey) -> None:
+        """Give the router the stored conversation named by ``k`` (worker thread; best effort)."""
+        originals = getattr(self.store, "originals", None)
+        try:
+            stored = list(originals(k.key)) if callable(originals) else []
+            if stored:
+                system, history = api.as_history(stored)
+                self.router.seed(k.key, k.key, history, prompt=system_prompt_digest(system, history) if k.branches else None)
+        except Exception as exc:  # no such session, an unreadable record: routed without it
+            log.debug("router not seeded for %s: %s", k.key, exc)
+
+    def _body_cache(self, api: Api, session: str) -> BodyCache:
+        """The session's last body (the session is opened here when new)."""
+        return self.sessions.open(api.name, session).body
+
+    def _sticky_betas(self, s: ProxySession | None, headers: dict[str, str]) -> None:
+        """Keep a session's ``anthropic-beta`` flags once sent: a turn that drops one would
+        change how the request is processed and miss the cache built with it."""
+        if s is None:
+            return
+        key = next((k for k in headers if k.lower() == "anthropic-beta"), None)
+        if key is None and not s.betas:
+            return  # the usual request: no flags sent, none kept
+        key = key or "anthropic-beta"
+        sent = [b.strip() for b in headers.get(key, "").split(",") if b.strip()]
+        s.betas.extend(b for b in sent if b not in s.betas)  # on the event loop: no other writer
+        if s.betas:
+            headers[key] = ",".join(s.betas)
+
+    # -- the manager's part (worker thread, or the event loop when quick) -----------------
+    def _plan(self, api: Api, session: str, body: Mapping[str, Any], raw: bytes) -> Plan:
+        started = time.perf_counter()
+        now = time.monotonic()
+        s = self.sessions.open(api.name, session, now)
+        if self.sessions.sweep_due(now, claim=True):
+            self.end_idle_sessions(now)
+        with s.lock:
+            plan = self._plan_locked(api, s, body, raw)
+        plan.started, plan.finished, plan.planned = started, time.perf_counter(), "worker"
+        self.metrics.child(self.metrics.plans, api.name, "worker").inc()
+        return plan
+
+    def _plan_inline(self, api: Api, session: str, body: Mapping[str, Any], raw: bytes) -> Plan | str:
+        """The plan, made on the event loop when that is quick and cannot block it; else why it
+        must go to a worker thread (:meth:`_plan`; the request's log line says it).
+
+        Quick means: a local store (or none); the session open here on the same model (a
+        first request resumes the session from the store); no idle sweep due; no other
+        thread planning the session or holding its lock; and a turn that only appends
+        (``prepare(may_compact=False)``: no compaction, which may call a summarizer for
+        seconds, no window cut, no store write now). A worker thread costs 0.2-0.8 ms of
+        hand-over each way; the quick turn is a fraction of a millisecond."""
+        if not self._local_store:
+            return "a shared store"
+        now = time.monotonic()
+        s = self.sessions.get(api.name, session)
+        if s is None or s.model != body["model"] or self.sessions.sweep_due(now):
+            return "a session to open" if s is None or s.model != body["model"] else "an idle sweep"
+        s.seen = now
+        if not s.lock.acquire(blocking=False):
+            return "the session is busy"
+        try:
+            started = time.perf_counter()
+            try:
+                plan = self._plan_locked(api, s, body, raw, quick=True)
+            except CompactionDue as exc:
+                return exc.reason
+        finally:
+            s.lock.release()
+        plan.started, plan.finished, plan.planned = started, time.perf_counter(), "inline"
+        self.metrics.child(self.metrics.plans, api.name, "inline").inc()
+        return plan
+
+    def end_idle_sessions(self, now: float | None = None) -> int:
+        """End the sessions idle longer than ``proxy.session_idle_seconds`` (``on_session_end``,
+        their in-memory state dropped; the store keeps their record, and a returning client
+        resumes from it). Runs on its own every so often; returns how many were ended."""
+        now = time.monotonic() if now is None else now
+        ended = 0
+        for s in self.sessions.idle(now):
+            with s.lock:
+                if not self.sessions.drop(s, now):  # a request came in meanwhile
+                    continue
+                if s.model is not None:
+                    mgr = self._managers.get((s.api, s.model))
+                    if mgr is not None:
+                        try:
+                            mgr.end_session(s.id)
+                        except Exception as exc:  # an engine's on_session_end must not stop the sweep
+                            log.warning("ending an idle session failed", extra={"fields": {"session": s.id, "error": f"{type(exc).__name__}: {exc}"}})
+            ended += 1
+        if ended:
+            self.metrics.idle_ended.inc(ended)
+            log.info("idle sessions ended", extra={"fields": {"ended": ended, "idle_seconds": self.sessions.idle_seconds}})
+        return ended
+
+    def _open_manager(self, api: Api, s: ProxySession, model: str) -> ContextManager:
+        """The manager of ``model`` holding the session (under ``s.lock``): a session new in
+        this process resumes from the store; a session whose client switched models moves to
+        the new model's manager the same way (its working context as recorded, not the full
+        history compacted again)."""
+        mgr = self.manager(api, model)
+        if s.model == model:
+            return mgr
+        if s.model is not None:
+            old = self._managers.get((api.name, s.model))
+            if old is not None:
+                old.end_session(s.id)  # writes what is pending first
+        mgr.resume_session(s.id)
+        s.model = model
+        return mgr
+
+    def _plan_locked(self, api: Api, s: ProxySession, body: Mapping[str, Any], raw: bytes, *, quick: bool = False) -> Plan:
+        """The plan of one request, under the session's lock. ``quick``: only a turn that
+        appends, else :class:`CompactionDue` before anything changed (:meth:`_plan_inline`)."""
+        session = s.id
+        mgr = self._open_manager(api, s, str(body["model"]))
+        msgs, conv = api.read(body, s)
+        recalled = s.pending_recall.apply(msgs) if s.pending_recall else None
+        if recalled is not None:  # the recall turns the client never sends back
+            msgs, conv = recalled, None
+        before = 0 if quick else mgr.counters(session)["compactions"]  # a quick turn never compacts
+        tools = body.get("tools")  # the window counts the tool definitions as the provider does
+        if not isinstance(tools, list):
+            tools = None
+        # the recall tools reach the model only beside the client's own tools (_engine_tools):
+        # otherwise no marker or summary may point to them
+        reach = None if self.settings.recall_tools and tools else False
+        out = mgr.prepare(msgs, tools, session_id=session, defer_record=self._local_store, may_compact=not quick, recall=reach)
+        after_status = mgr.counters(session)
+        plan = Plan(api, session, body, raw, state=s, request=body, request_raw=raw, manager=mgr, context=out, deferred=self._local_store and mgr.store is not None)
+        plan.compactions = 0 if quick else after_status["compactions"] - before
+        changed = recalled is not None or not _same(out, msgs) or api.expands(raw)
+        incoming = s.incoming
+        if changed:  # after a compaction, every turn: each message estimated once
+            plan.tokens_in, plan.tokens_out = incoming.tokens_in.count(msgs), incoming.tokens_out.count(out)
+        else:
+            plan.tokens_in = plan.tokens_out = after_status["last_tokens"]
+        indices: list[int] = []
+        # the byte check is quick (only the bytes new since last turn, when the cache parsed
+        # this body); only a body that names the key is walked
+        if mgr.caching.enabled and not (s.body.contains(raw, b'"cache_control"') and has_cache_control(body)):
+            indices = mgr.breakpoints(out, session_id=session)
+        marking = Marking(indices, mgr.caching.cache_ttl, mgr.caching.native_anthropic)
+        sent = outgoing(api, s, body, raw, conv, out, changed, marking, self._engine_tools(api, mgr, s, body))
+        plan.body, plan.content, plan.engine_tools = sent.body, sent.content, sent.engine_tools
+        client = api.history(body)
+        s.last_out = (len(client), client[-1] if client else None, sent.body)
+        return plan
+
+    def _engine_tools(self, api: Api, mgr: ContextManager, s: ProxySession, body: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The engine's tools to add: only when enabled and the client sends tools of its own;
+        once added for a session they stay (a stable tool list keeps the cache warm)."""
+        client_tools = body.get("tools")
+        if not self.settings.recall_tools or not isinstance(client_tools, list) or not client_tools:
+            return []
+        offered = mgr.tools([], session_id=s.id)
+        sticky = s.injected  # under the session's lock
+        known = {tool_name(t) for t in sticky}
+        for t in offered:
+            name = tool_name(t)
+            if name not in known:
+                sticky.append(dict(t))
+                known.add(name)
+        taken = api.tool_names(body)
+        return [t for t in sticky if tool_name(t) not in taken]
