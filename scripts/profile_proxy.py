@@ -129,7 +129,8 @@ def main() -> None:
         def one(raw: bytes) -> ContextManager:
             body = proxy._body_cache(api, "profile").parse(raw)  # as the proxy does for a named session
             assert not api.problem(body)
-            plan = proxy._plan_inline(api, "profile", body, raw) or proxy._plan(api, "profile", body, raw)
+            quick = proxy._plan_inline(api, "profile", body, raw)  # else why it needs a worker
+            plan = quick if not isinstance(quick, str) else proxy._plan(api, "profile", body, raw)
             assert plan.content and plan.manager is not None
             return plan.manager
 
