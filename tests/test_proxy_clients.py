@@ -235,5 +235,7 @@ def test_after_a_restart_a_derived_key_resumes_its_own_conversation_only(stub: S
         turn(p, "a")
         sessions = p.proxy.manager(OPENAI, "gpt-4o").sessions
     assert len(set(seen["a"])) == 1  # before and after the restart
+    # the key's other conversation (<key>.…) is read back from the store too and resumed
+    assert len(set(seen["b"])) == 1
     assert seen["b"][-1] != seen["a"][0] and seen["b"][0] != seen["a"][0]
     assert seen["a"][-1] in sessions and seen["b"][-1] in sessions

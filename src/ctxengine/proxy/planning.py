@@ -28,6 +28,10 @@ from ctxengine.proxy.writer import outgoing, tool_name
 
 log = logging.getLogger("ctxengine.proxy")
 
+SEED_SCAN = 256
+"""How many of the most recently updated stored sessions a key's first request after a
+restart looks through for the key's other conversations."""
+
 
 class Planning(Settling):
     """See the module docstring."""
@@ -46,15 +50,31 @@ class Planning(Settling):
         return self.router.route(k.key, history, branches=k.branches, prompt=k.prompt)
 
     def _seed(self, api: Api, k: SessionKey) -> None:
-        """Give the router the stored conversation named by ``k`` (worker thread; best effort)."""
+        """Give the router the stored conversations of ``k``: the one named by the key and its
+        other conversations ``<key>.…`` among the recently updated sessions (worker thread;
+        best effort). A client whose turns start a conversation of their own under a derived
+        key (aider rewrites its files message: a different history at an early position) is
+        then found again after a restart."""
         originals = getattr(self.store, "originals", None)
-        try:
-            stored = list(originals(k.key)) if callable(originals) else []
-            if stored:
-                system, history = api.as_history(stored)
-                self.router.seed(k.key, k.key, history, prompt=system_prompt_digest(system, history) if k.branches else None)
-        except Exception as exc:  # no such session, an unreadable record: routed without it
-            log.debug("router not seeded for %s: %s", k.key, exc)
+        listing = getattr(self.store, "list_sessions", None)
+        if not callable(originals):
+            return
+        ids = [k.key]
+        if callable(listing):
+            try:
+                recent = [s.id for s in listing(limit=SEED_SCAN) if str(s.id).startswith(k.key + ".")]
+            except Exception as exc:  # an unreadable listing: the key's own conversation only
+                log.debug("router: stored conversations of %s not listed: %s", k.key, exc)
+                recent = []
+            ids += list(reversed(recent[: self.router.per_key - 1]))  # the most recent seeded last
+        for sid in ids:
+            try:
+                stored = list(originals(sid))
+                if stored:
+                    system, history = api.as_history(stored)
+                    self.router.seed(k.key, sid, history, prompt=system_prompt_digest(system, history) if k.branches else None)
+            except Exception as exc:  # no such session, an unreadable record: routed without it
+                log.debug("router not seeded with %s: %s", sid, exc)
 
     def _body_cache(self, api: Api, session: str) -> BodyCache:
         """The session's last body (the session is opened here when new)."""
