@@ -11,7 +11,7 @@
   machines where that matters.
 * A turn's append after the message the same store object wrote last is one row of an append
   journal (one small commit), folded into the tables, in commit order, by the next transaction
-  of any process before it reads or writes them (see ``SqlStore._fold_journal``).
+  of any process before it reads or writes them (see :mod:`ctxengine.store.journal`).
 * Each thread gets its own connection (SQLite connections must not be shared across threads
   while in use); a forked child opens fresh ones. ``":memory:"`` gives a private in-memory
   store with one connection guarded by a lock (tests, the ``lcm`` engine without a store).
@@ -32,6 +32,7 @@ from typing import Any, ClassVar, Literal
 
 from ctxengine.errors import StoreError
 from ctxengine.store.base import SearchHit, SearchMode, SqlStore
+from ctxengine.store.journal import AppendJournal
 from ctxengine.store.migrations import Backend, current_version
 
 __all__ = ["SqliteStore", "default_path"]
@@ -96,7 +97,7 @@ def fts5_query(needle: str) -> str | None:
     return '"' + " ".join(window) + '"' + prefix
 
 
-class SqliteStore(SqlStore):
+class SqliteStore(AppendJournal, SqlStore):
     """Session store in one SQLite file (or ``":memory:"``)."""
 
     backend: ClassVar[Backend] = "sqlite"

@@ -1,0 +1,153 @@
+"""What recall (:class:`ctxengine.recall.Recall`, ``ctx_grep``) reads from the store: the
+whole texts holding a query, the identifier index of removed text (paths, URLs, error lines,
+commands; schema migration 5) and candidates found through the indexes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ctxengine.store.sql import SqlCore, chunks
+
+__all__ = ["RecallIndex"]
+
+
+class RecallIndex(SqlCore):
+    """``search_texts``, ``unindexed_texts``, ``add_identifiers`` and ``recall_candidates``."""
+
+    def _message_ids_of_blobs(self, cur: Any, spk: int, blob_pks: list[int]) -> dict[int, list[str]]:
+        """The ids of the session's messages holding each blob (in message order), by blob key."""
+        ids: dict[int, list[str]] = {}
+        for chunk in chunks(blob_pks):
+            marks = ",".join("?" * len(chunk))
+            for bpk, mid in self._all(
+                cur,
+                "SELECT m.blob_pk, m.id FROM messages m JOIN session_messages sm ON sm.message_pk = m.pk AND sm.session_pk = ?"
+                f" WHERE m.blob_pk IN ({marks}) ORDER BY m.pk",
+                [spk, *chunk],
+            ):
+                ids.setdefault(int(bpk), []).append(str(mid))
+        return ids
+
+    def search_texts(self, queries: Sequence[str], *, session_id: str, limit: int = 200, nodes: bool = True) -> list[tuple[str, str, list[str], str]]:
+        """The whole texts of the session's messages (newest first) and summary nodes holding
+        any of ``queries`` (case-insensitive substrings), at most ``limit`` of each:
+        ``(kind, role, ids, text)`` where ``ids`` are the session's message ids carrying that
+        text (or the node id). What :class:`ctxengine.recall.Recall` ranks lines from."""
+        qs = [q for q in queries if isinstance(q, str) and q]
+        if not qs:
+            return []
+        with self._read() as cur:
+            spk = self._session_pk(cur, session_id)
+            cond = " OR ".join(f"{self._instr}(lower(b.text), lower(?)) > 0" for _ in qs)
+            rows = self._all(
+                cur,
+                "SELECT b.pk, b.role, b.text FROM session_messages sm JOIN messages m ON m.pk = sm.message_pk"
+                f" JOIN blobs b ON b.pk = m.blob_pk WHERE sm.session_pk = ? AND ({cond})"
+                " GROUP BY b.pk, b.role, b.text ORDER BY MAX(m.position) DESC, b.pk DESC LIMIT ?",
+                [spk, *qs, int(limit)],
+            )
+            ids = self._message_ids_of_blobs(cur, spk, [int(r[0]) for r in rows])
+            out = [("message", str(role), ids.get(int(pk), []), str(text)) for pk, role, text in rows]
+            if nodes:
+                ncond = cond.replace("b.text", "text")
+                for nid, text in self._all(cur, f"SELECT id, text FROM nodes WHERE session_pk = ? AND ({ncond}) ORDER BY pk DESC LIMIT ?", [spk, *qs, int(limit)]):
+                    out.append(("node", "summary", [str(nid)], str(text)))
+        return out
+
+    def unindexed_texts(self, session_id: str, *, limit: int = 500) -> list[tuple[int, str, str]]:
+        """``(blob key, role, text)`` of the session's messages whose identifiers recall has not
+        indexed yet (:meth:`add_identifiers`), oldest first, at most ``limit``."""
+        with self._read() as cur:
+            spk = self._session_pk(cur, session_id)
+            return [
+                (int(pk), str(role), str(text))
+                for pk, role, text in self._all(
+                    cur,
+                    "SELECT DISTINCT b.pk, b.role, b.text FROM session_messages sm JOIN messages m ON m.pk = sm.message_pk"
+                    " JOIN blobs b ON b.pk = m.blob_pk WHERE sm.session_pk = ? AND NOT EXISTS"
+                    " (SELECT 1 FROM recall_indexed ri WHERE ri.session_pk = sm.session_pk AND ri.blob_pk = b.pk)"
+                    " ORDER BY b.pk LIMIT ?",
+                    (spk, int(limit)),
+                )
+            ]
+
+    def add_identifiers(self, session_id: str, blob_keys: Sequence[int], rows: Sequence[tuple[int, str, str]]) -> None:
+        """Record the identifiers ``(blob key, kind, identifier)`` of the messages ``blob_keys``
+        of a session (kinds: ``path``, ``url``, ``error``, ``command``) and mark them indexed.
+        A message indexed already (by another process meanwhile) is skipped."""
+        with self._write() as cur:
+            spk = self._session_pk(cur, session_id)
+            done: set[int] = set()
+            for chunk in chunks(list(dict.fromkeys(blob_keys))):
+                marks = ",".join("?" * len(chunk))
+                done.update(int(r[0]) for r in self._all(cur, f"SELECT blob_pk FROM recall_indexed WHERE session_pk = ? AND blob_pk IN ({marks})", [spk, *chunk]))
+            fresh = [k for k in dict.fromkeys(blob_keys) if k not in done]
+            if not fresh:
+                return
+            keep = set(fresh)
+            new_rows = [(spk, int(b), str(k), str(i)) for b, k, i in rows if b in keep]
+            self._xm(cur, "INSERT INTO recall_indexed (session_pk, blob_pk) VALUES (?, ?)", [(spk, b) for b in fresh])
+            if new_rows:
+                self._xm(cur, "INSERT INTO recall_idents (session_pk, blob_pk, kind, ident) VALUES (?, ?, ?, ?)", new_rows)
+                self._index_identifiers(cur, spk, [b for b in fresh])
+
+    def _index_identifiers(self, cur: Any, session_pk: int, blob_keys: Sequence[int]) -> None:
+        """Backend hook: index the identifiers just added (SQLite: its trigram index)."""
+
+    def _identifier_blobs(self, cur: Any, session_pk: int, query: str, limit: int) -> list[int] | None:
+        """Blob keys (newest first) whose identifiers hold ``query`` (case-insensitive)."""
+        return [
+            int(r[0])
+            for r in self._all(
+                cur,
+                f"SELECT blob_pk FROM recall_idents WHERE session_pk = ? AND {self._instr}(lower(ident), lower(?)) > 0"
+                " GROUP BY blob_pk ORDER BY blob_pk DESC LIMIT ?",
+                (session_pk, query, int(limit)),
+            )
+        ]
+
+    def _word_blobs(self, cur: Any, session_pk: int, query: str, limit: int) -> list[int] | None:
+        """Blob keys of the session whose text holds ``query``'s words (the full-text index), or
+        ``None`` when the index cannot tell (the caller scans)."""
+        return None
+
+    def recall_candidates(self, queries: Sequence[str], *, session_id: str, limit: int = 200) -> list[tuple[str, str, list[str], str]] | None:
+        """Like :meth:`search_texts`, from the indexes: the messages whose identifiers hold a
+        query (:meth:`add_identifiers`) or whose words match it (full-text), newest first;
+        ``None`` when the indexes cannot answer (a query of fewer than three characters, no
+        word, or nothing found): the caller scans with :meth:`search_texts`."""
+        qs = [q for q in queries if isinstance(q, str) and q]
+        if not qs or min(len(q) for q in qs) < 3:
+            return None
+        with self._read() as cur:
+            spk = self._session_pk(cur, session_id)
+            keys: set[int] = set()
+            for q in qs:
+                found = self._identifier_blobs(cur, spk, q, limit)
+                words = self._word_blobs(cur, spk, q, limit)
+                if found is None or words is None:
+                    return None
+                keys.update(found)
+                keys.update(words)
+            if not keys:
+                return None
+            cond = " OR ".join(f"{self._instr}(lower(b.text), lower(?)) > 0" for _ in qs)
+            rows: list[tuple[Any, ...]] = []
+            for chunk in chunks(sorted(keys)):
+                marks = ",".join("?" * len(chunk))
+                rows += self._all(
+                    cur,
+                    "SELECT b.pk, b.role, b.text, MAX(m.position) FROM blobs b JOIN messages m ON m.blob_pk = b.pk"
+                    " JOIN session_messages sm ON sm.message_pk = m.pk AND sm.session_pk = ?"
+                    f" WHERE b.pk IN ({marks}) AND ({cond}) GROUP BY b.pk, b.role, b.text",
+                    [spk, *chunk, *qs],
+                )
+            rows.sort(key=lambda r: (-int(r[3]), -int(r[0])))
+            rows = rows[:limit]
+            ids = self._message_ids_of_blobs(cur, spk, [int(r[0]) for r in rows])
+            out = [("message", str(r[1]), ids.get(int(r[0]), []), str(r[2])) for r in rows]
+            ncond = cond.replace("b.text", "text")
+            for nid, text in self._all(cur, f"SELECT id, text FROM nodes WHERE session_pk = ? AND ({ncond}) ORDER BY pk DESC LIMIT ?", [spk, *qs, int(limit)]):
+                out.append(("node", "summary", [str(nid)], str(text)))
+        return out
