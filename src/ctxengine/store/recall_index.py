@@ -5,7 +5,7 @@ commands; schema migration 5) and candidates found through the indexes."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from ctxengine.store.sql import SqlCore, chunks
 
@@ -14,6 +14,11 @@ __all__ = ["RecallIndex"]
 
 class RecallIndex(SqlCore):
     """``search_texts``, ``unindexed_texts``, ``add_identifiers`` and ``recall_candidates``."""
+
+    _join_in_order: ClassVar[str] = "JOIN"
+    """The join that makes the backend read a few candidate blobs first, then their messages
+    by the blob index (SQLite: ``CROSS JOIN``; its planner would otherwise walk every message of
+    the session once per candidate)."""
 
     def _message_ids_of_blobs(self, cur: Any, spk: int, blob_pks: list[int]) -> dict[int, list[str]]:
         """The ids of the session's messages holding each blob (in message order), by blob key."""
@@ -138,8 +143,8 @@ class RecallIndex(SqlCore):
                 marks = ",".join("?" * len(chunk))
                 rows += self._all(
                     cur,
-                    "SELECT b.pk, b.role, b.text, MAX(m.position) FROM blobs b JOIN messages m ON m.blob_pk = b.pk"
-                    " JOIN session_messages sm ON sm.message_pk = m.pk AND sm.session_pk = ?"
+                    f"SELECT b.pk, b.role, b.text, MAX(m.position) FROM blobs b {self._join_in_order} messages m ON m.blob_pk = b.pk"
+                    f" {self._join_in_order} session_messages sm ON sm.message_pk = m.pk AND sm.session_pk = ?"
                     f" WHERE b.pk IN ({marks}) AND ({cond}) GROUP BY b.pk, b.role, b.text",
                     [spk, *chunk, *qs],
                 )

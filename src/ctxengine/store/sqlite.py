@@ -101,6 +101,7 @@ class SqliteStore(AppendJournal, SqlStore):
     """Session store in one SQLite file (or ``":memory:"``)."""
 
     backend: ClassVar[Backend] = "sqlite"
+    _join_in_order: ClassVar[str] = "CROSS JOIN"  # SQLite joins tables in the order written
 
     def __init__(
         self,
@@ -363,9 +364,12 @@ class SqliteStore(AppendJournal, SqlStore):
         phrase = '"' + query.replace('"', '""') + '"'
         try:
             cur.execute(
-                # the trigram lookup first (a join lets the planner run MATCH per row: 1000x slower)
-                "SELECT blob_pk FROM recall_idents WHERE pk IN (SELECT rowid FROM recall_idents_fts WHERE recall_idents_fts MATCH ?"
-                " ORDER BY rowid DESC LIMIT ?) AND session_pk = ? GROUP BY blob_pk ORDER BY blob_pk DESC LIMIT ?",
+                # the trigram lookup first, then each row it found by key (CROSS JOIN keeps that
+                # order: the planner would otherwise walk every identifier row of the session
+                # and test it against the lookup's list, or run MATCH per row)
+                "SELECT r.blob_pk FROM (SELECT rowid AS id FROM recall_idents_fts WHERE recall_idents_fts MATCH ?"
+                " ORDER BY rowid DESC LIMIT ?) f CROSS JOIN recall_idents r ON r.pk = f.id WHERE r.session_pk = ?"
+                " GROUP BY r.blob_pk ORDER BY r.blob_pk DESC LIMIT ?",
                 (phrase, _IDENT_ROWS, session_pk, limit),
             )
         except sqlite3.OperationalError:
