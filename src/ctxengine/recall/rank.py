@@ -7,12 +7,13 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from itertools import islice
 from typing import Any
 
 from ctxengine.facts import (
     _ERROR_RE,
-    _ERROR_WORD_LIST,
+    _ERROR_WORDS,
     _command_line,
     error_lines,
     paths_in,
@@ -182,8 +183,33 @@ def rank_lines(
     Identical lines from several originals are one result with their count (``n``) and ids.
     """
     low = query.lower()
-    # 1. every matching line once (identical lines of many originals are common: listings,
-    # repeated views), with where it occurs; classified once below
+    seen = _collect(query, sources, find, text_mode)
+    groups = _Groups()
+    for (line, is_cmd), (r, first) in islice(seen.items(), LINES_RANKED):
+        _classify(groups, line, is_cmd, r, first, low, find)
+    out: list[Result] = []
+    for group, label in ((groups.paths, "paths"), (groups.urls, "urls"), (groups.errors, "errors")):
+        if group:
+            items = sorted(group.values(), key=lambda x: (x.tier, x.order))
+            head = items[0]
+            out.append(
+                Result(label, head.tier, head.order, "", head.kind, head.role, head.ids[:1],
+                        list(dict.fromkeys(sid for x in items for sid in x.sessions)),
+                        sum(x.n for x in items), [x.text for x in items])
+            )
+    # the group naming the query best first (paths before URLs before errors on a tie)
+    out.sort(key=lambda x: x.tier)
+    out.extend(sorted(groups.lines.values(), key=lambda x: (x.tier, x.order)))
+    if len(seen) > LINES_RANKED:
+        # older matching lines not ranked: listed last, unclassified, so ``more`` counts them
+        out.extend(r for r, _ in islice(seen.values(), LINES_RANKED, None))
+    return out
+
+
+def _collect(query: str, sources: Sequence[Source], find: Callable[[str], tuple[int, int] | None], text_mode: bool) -> dict[tuple[str, bool], tuple[Result, bool]]:
+    """Every matching line once, newest first (identical lines of many originals are common:
+    listings, repeated views), with where it occurs: ``(line, is_command)`` → (its result, whether
+    it is the first line of its message)."""
     seen: dict[tuple[str, bool], tuple[Result, bool]] = {}
     order = 0
     for src in sources:
@@ -200,70 +226,71 @@ def rank_lines(
                 seen[key] = (Result("", 0, order, line, src.kind, src.role, list(src.ids[:3]), list(src.sessions), len(src.ids)), first)
             else:
                 _merge(hit[0], src)
-    paths: dict[str, Result] = {}
-    urls: dict[str, Result] = {}
-    errors: dict[str, Result] = {}
-    lines: dict[str, Result] = {}
-    for (line, is_cmd), (r, first) in islice(seen.items(), LINES_RANKED):
-        idents = False
-        low_line = line.lower()
-        at = low_line.find(low)
-        # paths and URLs only where the match sits in a token with a '/' (or is one)
-        ws = max(low_line.rfind(" ", 0, max(at, 0)), low_line.rfind("\t", 0, max(at, 0))) + 1
-        we = low_line.find(" ", at + len(low)) if at >= 0 else -1
-        token = low_line[ws : we if we >= 0 else len(low_line)] if at >= 0 else low_line
-        if "/" in token or "/" in low:
-            for u in urls_in(line):
-                if low in u.lower():
-                    idents = True
-                    _add(urls, u, "url", _ident_tier(u.lower().rstrip("/"), low), r)
-            for p in paths_in(line):
-                if low in p.lower():
-                    idents = True
-                    _add(paths, p, "path", _ident_tier(p.lower(), low), r)
-        if is_cmd:
-            _, _, cmd = line.partition(": ")
-            tier = 0 if cmd.lower().startswith(low) or line.lower().startswith(low) else 1
-            _add(lines, line, "command", tier, r)
-            continue
-        span = find(line)
-        a, b = span if span is not None else (0, 0)
-        if r.kind == "node":
-            kind, tier = "summary", 2 if idents else 1
-        elif any(w in low_line for w in _ERROR_WORD_LIST) and _ERROR_RE.search(line):
-            # a raised or reported error before source text that merely names the class
-            if not _bounded(line, a, b):
-                tier = 2
-            elif _CODE_LINE.search(line) is not None:
-                tier = 2 if r.role == "tool" else 1
-            else:
-                tier = 0 if _RAISED.search(line) is not None or r.role == "tool" else 1
-            _add(errors, line, "error", tier, r)
-            continue
-        elif r.role == "user" and first and line.lower().startswith(low):
-            kind, tier = "user", 0
-        elif idents:
-            kind, tier = "line", 2
+    return seen
+
+
+@dataclass(slots=True)
+class _Groups:
+    """Ranked results being built: identifiers by kind, and lines."""
+
+    paths: dict[str, Result] = field(default_factory=dict)
+    urls: dict[str, Result] = field(default_factory=dict)
+    errors: dict[str, Result] = field(default_factory=dict)
+    lines: dict[str, Result] = field(default_factory=dict)
+
+
+@lru_cache(maxsize=16_384)
+def _line_identifiers(line: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The URLs and the paths of a line (a line recurs in search after search: found once)."""
+    return tuple(urls_in(line)), tuple(paths_in(line))
+
+
+def _classify(groups: _Groups, line: str, is_cmd: bool, r: Result, first: bool, low: str, find: Callable[[str], tuple[int, int] | None]) -> None:
+    """Add one matching line to ``groups``: its paths and URLs holding the query, and the line
+    itself as a command, an error, a user message's start, a summary line or a plain line."""
+    idents = False
+    low_line = line.lower()
+    at = low_line.find(low)
+    # paths and URLs only where the match sits in a token with a '/' (or is one)
+    ws = max(low_line.rfind(" ", 0, max(at, 0)), low_line.rfind("\t", 0, max(at, 0))) + 1
+    we = low_line.find(" ", at + len(low)) if at >= 0 else -1
+    token = low_line[ws : we if we >= 0 else len(low_line)] if at >= 0 else low_line
+    if "/" in token or "/" in low:
+        urls, paths = _line_identifiers(line)
+        for u in urls:
+            if low in u.lower():
+                idents = True
+                _add(groups.urls, u, "url", _ident_tier(u.lower().rstrip("/"), low), r)
+        for p in paths:
+            if low in p.lower():
+                idents = True
+                _add(groups.paths, p, "path", _ident_tier(p.lower(), low), r)
+    if is_cmd:
+        _, _, cmd = line.partition(": ")
+        tier = 0 if cmd.lower().startswith(low) or line.lower().startswith(low) else 1
+        _add(groups.lines, line, "command", tier, r)
+        return
+    span = find(line)
+    a, b = span if span is not None else (0, 0)
+    if r.kind == "node":
+        kind, tier = "summary", 2 if idents else 1
+    elif _ERROR_WORDS.search(low_line) is not None and _ERROR_RE.search(line):
+        # a raised or reported error before source text that merely names the class
+        if not _bounded(line, a, b):
+            tier = 2
+        elif _CODE_LINE.search(line) is not None:
+            tier = 2 if r.role == "tool" else 1
         else:
-            kind, tier = "line", 3 if r.role != "user" else 1
-        _add(lines, line, kind, tier, r)
-    out: list[Result] = []
-    for group, label in ((paths, "paths"), (urls, "urls"), (errors, "errors")):
-        if group:
-            items = sorted(group.values(), key=lambda x: (x.tier, x.order))
-            head = items[0]
-            out.append(
-                Result(label, head.tier, head.order, "", head.kind, head.role, head.ids[:1],
-                        list(dict.fromkeys(sid for x in items for sid in x.sessions)),
-                        sum(x.n for x in items), [x.text for x in items])
-            )
-    # the group naming the query best first (paths before URLs before errors on a tie)
-    out.sort(key=lambda x: x.tier)
-    out.extend(sorted(lines.values(), key=lambda x: (x.tier, x.order)))
-    if len(seen) > LINES_RANKED:
-        # older matching lines not ranked: listed last, unclassified, so ``more`` counts them
-        out.extend(r for r, _ in islice(seen.values(), LINES_RANKED, None))
-    return out
+            tier = 0 if _RAISED.search(line) is not None or r.role == "tool" else 1
+        _add(groups.errors, line, "error", tier, r)
+        return
+    elif r.role == "user" and first and line.lower().startswith(low):
+        kind, tier = "user", 0
+    elif idents:
+        kind, tier = "line", 2
+    else:
+        kind, tier = "line", 3 if r.role != "user" else 1
+    _add(groups.lines, line, kind, tier, r)
 
 
 def _ident_tier(ident: str, low: str) -> int:
