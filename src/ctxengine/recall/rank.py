@@ -91,6 +91,14 @@ def split_text(role: str, text: str) -> tuple[str, list[tuple[str, bool]]]:
     ``name({...})`` lines are its tool calls, decoded."""
     if role != "assistant" or "({" not in text:
         return text, []
+    plain, calls = _split_calls(text)
+    return plain, list(calls)
+
+
+@lru_cache(maxsize=1_024)
+def _split_calls(text: str) -> tuple[str, tuple[tuple[str, bool], ...]]:
+    """:func:`split_text` of an assistant's text (a message recurs in search after search: its
+    calls are decoded once)."""
     calls: list[tuple[str, bool]] = []
     keep: list[str] = []
     last = 0
@@ -103,9 +111,9 @@ def split_text(role: str, text: str) -> tuple[str, list[tuple[str, bool]]]:
         last = m.end()
         calls += _call_lines(m.group(1), args)
     if not calls:
-        return text, []
+        return text, ()
     keep.append(text[last:])
-    return "".join(keep).strip("\n"), calls
+    return "".join(keep).strip("\n"), tuple(calls)
 
 
 def identifiers(role: str, text: str) -> list[tuple[str, str]]:
@@ -124,12 +132,18 @@ def identifiers(role: str, text: str) -> list[tuple[str, str]]:
     return list(out)[:IDENTS_PER_MESSAGE]
 
 
+@lru_cache(maxsize=1_024)
+def _lowered(text: str) -> str:
+    """``text.lower()``, once per text (the store hands out the same text objects each search)."""
+    return text.lower()
+
+
 def _matched_lines(src: Source, query: str, find: Callable[[str], tuple[int, int] | None], text_mode: bool) -> list[tuple[str, bool, bool]]:
     """The lines of ``src`` that ``find`` matches: ``(line, is_command, is_first_line)``."""
     out: list[tuple[str, bool, bool]] = []
     text = src.text
     low = query.lower()
-    lowered = text.lower() if text_mode else ""
+    lowered = _lowered(text) if text_mode else ""
     if text_mode and len(lowered) == len(text):
         # one C-level scan of the whole text; lines are cut around each hit
         at = lowered.find(low)

@@ -127,32 +127,47 @@ class RecallIndex(SqlCore):
             return None
         with self._read() as cur:
             spk = self._session_pk(cur, session_id)
-            keys: set[int] = set()
-            for q in qs:
-                found = self._identifier_blobs(cur, spk, q, limit)
-                words = self._word_blobs(cur, spk, q, limit)
-                if found is None or words is None:
-                    return None
-                keys.update(found)
-                keys.update(words)
+            keys = self._indexed_blobs(cur, spk, qs, limit)
             if not keys:
                 return None
-            cond = " OR ".join(f"{self._instr}(lower(b.text), lower(?)) > 0" for _ in qs)
-            rows: list[tuple[Any, ...]] = []
-            for chunk in chunks(sorted(keys)):
-                marks = ",".join("?" * len(chunk))
-                rows += self._all(
+            rows = self._holding(cur, spk, sorted(keys), qs)
+            rows.sort(key=lambda r: (-r[3], -r[0]))
+            rows = rows[:limit]
+            ids = self._message_ids_of_blobs(cur, spk, [r[0] for r in rows])
+            out = [("message", r[1], ids.get(r[0], []), r[2]) for r in rows]
+            ncond = " OR ".join(f"{self._instr}(lower(text), lower(?)) > 0" for _ in qs)
+            for nid, text in self._all(cur, f"SELECT id, text FROM nodes WHERE session_pk = ? AND ({ncond}) ORDER BY pk DESC LIMIT ?", [spk, *qs, int(limit)]):
+                out.append(("node", "summary", [str(nid)], str(text)))
+        return out
+
+    def _indexed_blobs(self, cur: Any, session_pk: int, queries: Sequence[str], limit: int) -> set[int] | None:
+        """Keys of the session's blobs whose identifiers hold a query or whose words match it
+        (at most ``limit`` of each, newest first); ``None`` when an index cannot tell."""
+        keys: set[int] = set()
+        for q in queries:
+            found = self._identifier_blobs(cur, session_pk, q, limit)
+            words = self._word_blobs(cur, session_pk, q, limit)
+            if found is None or words is None:
+                return None
+            keys.update(found)
+            keys.update(words)
+        return keys
+
+    def _holding(self, cur: Any, session_pk: int, blob_keys: Sequence[int], queries: Sequence[str]) -> list[tuple[int, str, str, int]]:
+        """``(blob key, role, text, last position in the session)`` of the blobs ``blob_keys``
+        whose text holds a query (case-insensitive, as the backend's ``lower`` folds)."""
+        cond = " OR ".join(f"{self._instr}(lower(b.text), lower(?)) > 0" for _ in queries)
+        rows: list[tuple[int, str, str, int]] = []
+        for chunk in chunks(blob_keys):
+            marks = ",".join("?" * len(chunk))
+            rows += [
+                (int(pk), str(role), str(text), int(pos))
+                for pk, role, text, pos in self._all(
                     cur,
                     f"SELECT b.pk, b.role, b.text, MAX(m.position) FROM blobs b {self._join_in_order} messages m ON m.blob_pk = b.pk"
                     f" {self._join_in_order} session_messages sm ON sm.message_pk = m.pk AND sm.session_pk = ?"
                     f" WHERE b.pk IN ({marks}) AND ({cond}) GROUP BY b.pk, b.role, b.text",
-                    [spk, *chunk, *qs],
+                    [session_pk, *chunk, *queries],
                 )
-            rows.sort(key=lambda r: (-int(r[3]), -int(r[0])))
-            rows = rows[:limit]
-            ids = self._message_ids_of_blobs(cur, spk, [int(r[0]) for r in rows])
-            out = [("message", str(r[1]), ids.get(int(r[0]), []), str(r[2])) for r in rows]
-            ncond = cond.replace("b.text", "text")
-            for nid, text in self._all(cur, f"SELECT id, text FROM nodes WHERE session_pk = ? AND ({ncond}) ORDER BY pk DESC LIMIT ?", [spk, *qs, int(limit)]):
-                out.append(("node", "summary", [str(nid)], str(text)))
-        return out
+            ]
+        return rows

@@ -144,6 +144,7 @@ class SqliteStore(AppendJournal, SqliteIndexes, SqlStore):
             with suppress(sqlite3.Error):
                 conn.close()
         self._session_pks.clear()
+        self._forget_texts()
         with self._chains_lock:
             self._chains.clear()
         self._journaled = False

@@ -25,6 +25,7 @@ from ctxengine.errors import StoreError
 from ctxengine.store.migrations import current_version
 from ctxengine.store.recall_index import RecallIndex
 from ctxengine.store.search import Search
+from ctxengine.store.sql import chunks
 from ctxengine.store.values import SearchHit, SearchMode
 
 __all__ = ["SqliteIndexes", "fts5_query"]
@@ -77,6 +78,16 @@ class SqliteIndexes(Search, RecallIndex):
     """The full-text indexes of the SQLite backend and the lookups recall makes through them."""
 
     _join_in_order: ClassVar[str] = "CROSS JOIN"  # SQLite joins tables in the order written
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._texts: dict[int, tuple[str, str, str]] = {}  # blob key -> role, text, text folded
+        self._texts_chars = 0
+
+    def _forget_texts(self) -> None:
+        """Drop the texts kept in memory (the store's file was replaced: keys name other rows)."""
+        self._texts = {}
+        self._texts_chars = 0
 
     def _index_missing(self, cur: Any) -> None:
         """Index blobs written after the last indexed one (pks grow, so they are a suffix)."""
@@ -177,3 +188,54 @@ class SqliteIndexes(Search, RecallIndex):
         with suppress(StoreError):  # read-only or busy: the words' index may lag, then recall scans
             self.catch_up_index()
         return super().recall_candidates(queries, session_id=session_id, limit=limit)
+
+    # -- recall's candidates: positions from the database, texts from memory -------------------------
+    def _holding(self, cur: Any, session_pk: int, blob_keys: Sequence[int], queries: Sequence[str]) -> list[tuple[int, str, str, int]]:
+        positions: dict[int, int] = {}
+        for chunk in chunks(blob_keys):
+            marks = ",".join("?" * len(chunk))
+            cur.execute(
+                "SELECT m.blob_pk, MAX(m.position) FROM messages m CROSS JOIN session_messages sm ON sm.message_pk = m.pk AND sm.session_pk = ?"
+                f" WHERE m.blob_pk IN ({marks}) GROUP BY m.blob_pk",
+                (session_pk, *chunk),
+            )
+            positions.update((int(pk), int(pos)) for pk, pos in cur.fetchall())
+        folded = [_fold(q) for q in queries]
+        texts = self._blob_texts(cur, list(positions))
+        return [(pk, role, text, positions[pk]) for pk, (role, text, low) in texts.items() if any(q in low for q in folded)]
+
+    def _blob_texts(self, cur: Any, blob_keys: Sequence[int]) -> dict[int, tuple[str, str, str]]:
+        """``role, text, folded text`` of each blob, from memory when read before (a blob's row
+        never changes), else from the database (then kept, up to ``_TEXTS_MAX_CHARS``)."""
+        kept = self._texts
+        out: dict[int, tuple[str, str, str]] = {}
+        missing: list[int] = []
+        for pk in blob_keys:
+            hit = kept.get(pk)
+            if hit is None:
+                missing.append(pk)
+            else:
+                out[pk] = hit
+        for chunk in chunks(missing):
+            cur.execute(f"SELECT pk, role, text FROM blobs WHERE pk IN ({','.join('?' * len(chunk))})", tuple(chunk))
+            for pk, role, text in cur.fetchall():
+                entry = (str(role), str(text), _fold(str(text)))
+                out[int(pk)] = entry
+                if self._texts_chars + len(entry[1]) > _TEXTS_MAX_CHARS:
+                    self._forget_texts()
+                    kept = self._texts
+                kept[int(pk)] = entry
+                self._texts_chars += len(entry[1])
+        return out
+
+
+_TEXTS_MAX_CHARS = 16_000_000
+"""Characters of message text one store object keeps in memory for recall at most (then it
+starts over): a long session's candidates are read from the database once."""
+
+_ASCII_LOWER = {c: c + 32 for c in range(ord("A"), ord("Z") + 1)}
+
+
+def _fold(text: str) -> str:
+    """``text`` lowercased as SQLite's ``lower()`` does: ASCII letters only."""
+    return text.lower() if text.isascii() else text.translate(_ASCII_LOWER)
