@@ -67,65 +67,74 @@ PREVIEW_CHARS = 160
 
 
 def schemas() -> dict[str, dict[str, Any]]:
-    """The generic tools' definitions (``description``, ``parameters``), by tool name."""
+    """The generic tools' definitions (``description``, ``parameters``), by tool name (new
+    objects each call)."""
+    return {GREP_TOOL: _grep_schema(), EXPAND_TOOL: _expand_schema(), DESCRIBE_TOOL: _describe_schema()}
+
+
+def _grep_schema() -> dict[str, Any]:
     return {
-        GREP_TOOL: {
-            "description": (
-                "Search the whole conversation, including text cut or summarized away. Type what you "
-                "would look for: a file name, an error class, part of a URL, a command's first words. "
-                "Full paths and whole matching lines come first, repeats counted; ids are for ctx_expand."
-            ),
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "query": {
-                        "type": "string",
-                        "description": "Text to find (case-insensitive), or a regular expression with mode=regex.",
-                    },
-                    "mode": {"type": "string", "enum": ["text", "regex"]},
-                    "limit": {"type": "integer", "minimum": 1, "maximum": 50},
-                    "offset": {"type": "integer", "minimum": 0, "description": "Skip this many results (see next_offset)."},
+        "description": (
+            "Search the whole conversation, including text cut or summarized away. Type what you "
+            "would look for: a file name, an error class, part of a URL, a command's first words. "
+            "Full paths and whole matching lines come first, repeats counted; ids are for ctx_expand."
+        ),
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "query": {
+                    "type": "string",
+                    "description": "Text to find (case-insensitive), or a regular expression with mode=regex.",
                 },
-                "required": ["query"],
+                "mode": {"type": "string", "enum": ["text", "regex"]},
+                "limit": {"type": "integer", "minimum": 1, "maximum": 50},
+                "offset": {"type": "integer", "minimum": 0, "description": "Skip this many results (see next_offset)."},
             },
+            "required": ["query"],
         },
-        EXPAND_TOOL: {
-            "description": (
-                "Return the original messages behind an id, verbatim and in order, within a token budget "
-                "(page with offset): a summary node id, or the ref= of a [ctxengine:cut ...] marker."
-            ),
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "id": {
-                        "type": "string",
-                        "description": "A summary node id, a message id, or a cut marker's ref.",
-                    },
-                    "max_tokens": {
-                        "type": "integer",
-                        "minimum": 100,
-                        "description": f"Token budget of the answer (default {EXPAND_DEFAULT_TOKENS}).",
-                    },
-                    "offset": {
-                        "type": "integer",
-                        "minimum": 0,
-                        "description": "Index of the first message to return (default 0).",
-                    },
-                    "text_offset": {
-                        "type": "integer",
-                        "minimum": 0,
-                        "description": "Character where the first message's text starts (a cut answer's next_text_offset).",
-                    },
+    }
+
+
+def _expand_schema() -> dict[str, Any]:
+    return {
+        "description": (
+            "Return the original messages behind an id, verbatim and in order, within a token budget "
+            "(page with offset): a summary node id, or the ref= of a [ctxengine:cut ...] marker."
+        ),
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "id": {
+                    "type": "string",
+                    "description": "A summary node id, a message id, or a cut marker's ref.",
                 },
-                "required": ["id"],
+                "max_tokens": {
+                    "type": "integer",
+                    "minimum": 100,
+                    "description": f"Token budget of the answer (default {EXPAND_DEFAULT_TOKENS}).",
+                },
+                "offset": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "description": "Index of the first message to return (default 0).",
+                },
+                "text_offset": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "description": "Character where the first message's text starts (a cut answer's next_text_offset).",
+                },
             },
+            "required": ["id"],
         },
-        DESCRIBE_TOOL: {
-            "description": "Show a summary node: depth, size, parents and children (messages or lower summaries) with previews.",
-            "parameters": {
-                "type": "object",
-                "properties": {"id": {"type": "string", "description": "A summary node id."}},
-                "required": ["id"],
-            },
+    }
+
+
+def _describe_schema() -> dict[str, Any]:
+    return {
+        "description": "Show a summary node: depth, size, parents and children (messages or lower summaries) with previews.",
+        "parameters": {
+            "type": "object",
+            "properties": {"id": {"type": "string", "description": "A summary node id."}},
+            "required": ["id"],
         },
     }
