@@ -72,3 +72,19 @@ def test_texts_kept_in_memory_are_dropped_when_the_file_is_replaced(tmp_path: Pa
     answer = Recall(store, "s").handle(GREP_TOOL, {"query": "src/app"})
     store.close()
     assert "src/app/New.java" in answer and "Old.java" not in answer
+
+
+def test_recall_keeps_per_text_results_within_a_size_bound() -> None:
+    from ctxengine.recall.rank import _TextMemo
+
+    calls: list[str] = []
+
+    def upper(text: str) -> str:
+        calls.append(text)
+        return text.upper()
+
+    memo = _TextMemo(upper, 10)
+    assert memo("abcd") == "ABCD" and memo("abcd") == "ABCD" and calls == ["abcd"]  # once per text
+    memo("efghij")  # 10 characters kept: still within the bound
+    memo("klm")  # over it: starts over
+    assert memo.chars <= 10 and "abcd" not in memo.data and memo("klm") == "KLM" and calls.count("klm") == 1

@@ -7,9 +7,8 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from itertools import islice
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from ctxengine.facts import (
     _ERROR_RE,
@@ -23,6 +22,32 @@ from ctxengine.messages import Message, content_text, tool_call_args, tool_call_
 from ctxengine.recall.spec import IDENTS_PER_MESSAGE, LINES_RANKED, LINES_SEEN
 
 __all__ = ["Result", "Source", "identifiers", "message_parts", "rank_lines", "split_text"]
+
+_T = TypeVar("_T")
+
+
+class _TextMemo(Generic[_T]):
+    """What a function returns for a text, kept for texts that recur search after search (the
+    store hands out the same candidate texts, and their lines recur), up to ``max_chars``
+    characters of texts (then it starts over): bounded by size, not by count, since one text
+    may be a whole tool output."""
+
+    def __init__(self, make: Callable[[str], _T], max_chars: int) -> None:
+        self.make = make
+        self.max_chars = max_chars
+        self.data: dict[str, _T] = {}
+        self.chars = 0
+
+    def __call__(self, text: str) -> _T:
+        hit = self.data.get(text)
+        if hit is None:
+            hit = self.make(text)
+            if self.chars + len(text) > self.max_chars:
+                self.data = {}
+                self.chars = 0
+            self.data[text] = hit
+            self.chars += len(text)
+        return hit
 
 
 @dataclass(slots=True)
@@ -95,8 +120,7 @@ def split_text(role: str, text: str) -> tuple[str, list[tuple[str, bool]]]:
     return plain, list(calls)
 
 
-@lru_cache(maxsize=1_024)
-def _split_calls(text: str) -> tuple[str, tuple[tuple[str, bool], ...]]:
+def _decode_calls(text: str) -> tuple[str, tuple[tuple[str, bool], ...]]:
     """:func:`split_text` of an assistant's text (a message recurs in search after search: its
     calls are decoded once)."""
     calls: list[tuple[str, bool]] = []
@@ -116,6 +140,10 @@ def _split_calls(text: str) -> tuple[str, tuple[tuple[str, bool], ...]]:
     return "".join(keep).strip("\n"), tuple(calls)
 
 
+_split_calls = _TextMemo(_decode_calls, 2_000_000)
+"""An assistant's text split from its decoded calls, once per text."""
+
+
 def identifiers(role: str, text: str) -> list[tuple[str, str]]:
     """The identifiers of a message's stored search text, ``(kind, identifier)``: its paths
     and URLs, its error lines (tool and assistant messages) and its tool calls' command lines
@@ -132,10 +160,8 @@ def identifiers(role: str, text: str) -> list[tuple[str, str]]:
     return list(out)[:IDENTS_PER_MESSAGE]
 
 
-@lru_cache(maxsize=1_024)
-def _lowered(text: str) -> str:
-    """``text.lower()``, once per text (the store hands out the same text objects each search)."""
-    return text.lower()
+_lowered = _TextMemo(str.lower, 4_000_000)
+"""``text.lower()``, once per text."""
 
 
 def _matched_lines(src: Source, query: str, find: Callable[[str], tuple[int, int] | None], text_mode: bool) -> list[tuple[str, bool, bool]]:
@@ -253,10 +279,13 @@ class _Groups:
     lines: dict[str, Result] = field(default_factory=dict)
 
 
-@lru_cache(maxsize=16_384)
-def _line_identifiers(line: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _find_line_identifiers(line: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The URLs and the paths of a line (a line recurs in search after search: found once)."""
     return tuple(urls_in(line)), tuple(paths_in(line))
+
+
+_line_identifiers = _TextMemo(_find_line_identifiers, 2_000_000)
+"""The URLs and paths of a line, once per line."""
 
 
 def _classify(groups: _Groups, line: str, is_cmd: bool, r: Result, first: bool, low: str, find: Callable[[str], tuple[int, int] | None]) -> None:
