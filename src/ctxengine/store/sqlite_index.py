@@ -176,9 +176,12 @@ class SqliteIndexes(Search, RecallIndex):
             return None
         try:
             cur.execute(
-                "SELECT DISTINCT m.blob_pk FROM messages m JOIN session_messages sm ON sm.message_pk = m.pk AND sm.session_pk = ?"
-                " WHERE m.blob_pk IN (SELECT rowid FROM blobs_fts WHERE blobs_fts MATCH ?) ORDER BY m.blob_pk DESC LIMIT ?",
-                (session_pk, fts, limit),
+                # the index's matches newest first, each kept when the session holds it, until
+                # ``limit``: no list of every match, no walk over every message of the session
+                "SELECT f.rowid FROM blobs_fts f WHERE blobs_fts MATCH ? AND EXISTS (SELECT 1 FROM messages m"
+                " CROSS JOIN session_messages sm ON sm.message_pk = m.pk AND sm.session_pk = ? WHERE m.blob_pk = f.rowid)"
+                " ORDER BY f.rowid DESC LIMIT ?",
+                (fts, session_pk, limit),
             )
         except sqlite3.OperationalError:
             return None
