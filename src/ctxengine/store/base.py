@@ -35,6 +35,7 @@ concern over :class:`~ctxengine.store.sql.SqlCore`, the backend hooks and statem
     recall_index.py  RecallIndex: recall's texts, identifier index and indexed candidates
     transfer.py      Transfer: export and import of a session document
     journal.py       AppendJournal: SQLite's append journal (the hooks of writes.py)
+    sqlite_index.py  SqliteIndexes: SQLite's full-text indexes and recall's lookups through them
 """
 
 from __future__ import annotations
