@@ -1,10 +1,13 @@
-"""The session-store seam: what the rest of ctxengine needs from a store.
+"""The session-store seam: everything the rest of ctxengine needs from a store, in one module.
 
-Backends live in :mod:`ctxengine.store` (SQLite by default, PostgreSQL for fleets). Engines
-never import them: an engine that keeps originals (``lcm``) receives an object implementing
-these protocols through :class:`ctxengine.engine.Services`, :class:`ctxengine.ContextManager`
-records each turn through :class:`SessionRecorder`, and :class:`ctxengine.recall.Recall` reads
-originals back through :class:`RecallStore`.
+Backends live in :mod:`ctxengine.store` (SQLite by default, PostgreSQL for fleets; opened by
+:func:`ctxengine.store.open_store`, their common interface
+:class:`ctxengine.store.SessionStore`). Nothing else names a backend's methods: it goes through
+the protocols here. :class:`ctxengine.ContextManager` records each turn through
+:class:`SessionRecorder` (and :class:`SessionAppender`, the per-turn fast path);
+:class:`ctxengine.recall.Recall` reads originals back through :class:`RecallStore` (and the
+indexes of :class:`RecallIndexStore` when a store has them); a node engine (``lcm``), which never
+imports the store, receives a :class:`NodeStore` through :class:`ctxengine.engine.Services`.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ctxengine.messages import Message
 
-__all__ = ["RecallStore", "SessionAppender", "SessionRecorder"]
+__all__ = ["NodeStore", "RecallIndexStore", "RecallStore", "SessionAppender", "SessionRecorder"]
 
 
 @runtime_checkable
@@ -91,3 +94,54 @@ class SessionAppender(Protocol):
         """Store ``messages`` chained after message ``after`` (the session's tip when ``None``),
         make the last one the session's tip; return their ids."""
         ...
+
+
+@runtime_checkable
+class RecallIndexStore(Protocol):
+    """The indexes recall uses when a store has them (``ctxengine.store`` backends do): the
+    whole texts holding a query, the identifier index of removed text, indexed candidates.
+    Texts are ``(kind, role, ids, text)``: ``kind`` ``message`` or ``node``, ``ids`` the
+    session's message ids carrying the text (or the node id)."""
+
+    def search_texts(self, queries: Sequence[str], *, session_id: str, limit: int = 200, nodes: bool = True) -> list[tuple[str, str, list[str], str]]:
+        """The texts of the session's messages (newest first) and nodes holding any query."""
+        ...
+
+    def unindexed_texts(self, session_id: str, *, limit: int = 500) -> list[tuple[int, str, str]]:
+        """``(blob key, role, text)`` of the session's messages not identifier-indexed yet."""
+        ...
+
+    def add_identifiers(self, session_id: str, blob_keys: Sequence[int], rows: Sequence[tuple[int, str, str]]) -> None:
+        """Record identifiers ``(blob key, kind, identifier)`` and mark ``blob_keys`` indexed."""
+        ...
+
+    def recall_candidates(self, queries: Sequence[str], *, session_id: str, limit: int = 200) -> list[tuple[str, str, list[str], str]] | None:
+        """Like :meth:`search_texts`, from the indexes; ``None`` when they cannot answer."""
+        ...
+
+
+@runtime_checkable
+class NodeStore(Protocol):
+    """What a node engine (``lcm``) needs from a session store: its history recorded, summary
+    nodes added and read back, the originals under a node, search."""
+
+    def record_messages(self, session_id: str, messages: Sequence[Message]) -> list[str]: ...
+
+    def add_node(
+        self,
+        session_id: str,
+        node_id: str,
+        *,
+        depth: int,
+        text: str,
+        children: Sequence[tuple[str, str]],
+        meta: Mapping[str, Any] | None = None,
+    ) -> bool: ...
+
+    def get_node(self, node_id: str) -> Any: ...
+
+    def node_messages(self, node_id: str) -> list[tuple[str, Message]]: ...
+
+    def get_messages(self, ids: Sequence[str]) -> list[Message]: ...
+
+    def search(self, query: str, *, session_id: str | None = None, mode: Any = "text", limit: int = 20, nodes: bool = True) -> Sequence[Any]: ...

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from ctxengine.errors import StoreError
 from ctxengine.store import SqliteStore
-from ctxengine.store.base import _FOLD_EVERY
+from ctxengine.store.journal import _FOLD_EVERY
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 

@@ -11,7 +11,7 @@
   machines where that matters.
 * A turn's append after the message the same store object wrote last is one row of an append
   journal (one small commit), folded into the tables, in commit order, by the next transaction
-  of any process before it reads or writes them (see ``SqlStore._fold_journal``).
+  of any process before it reads or writes them (see :mod:`ctxengine.store.journal`).
 * Each thread gets its own connection (SQLite connections must not be shared across threads
   while in use); a forked child opens fresh ones. ``":memory:"`` gives a private in-memory
   store with one connection guarded by a lock (tests, the ``lcm`` engine without a store).
@@ -21,20 +21,21 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from ctxengine.errors import StoreError
-from ctxengine.store.base import SearchHit, SearchMode, SqlStore
+from ctxengine.store.base import SqlStore
+from ctxengine.store.journal import AppendJournal
 from ctxengine.store.migrations import Backend, current_version
+from ctxengine.store.sqlite_index import SqliteIndexes, fts5_query
 
-__all__ = ["SqliteStore", "default_path"]
+__all__ = ["SqliteStore", "default_path", "fts5_query"]
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,6 @@ FILE_CHECK_SECONDS = 0.5
 JOURNAL_VERSION = 4
 """The schema version that has the append journal."""
 
-_FTS_TOKEN = re.compile(r"\w+")
 
 
 def default_path() -> Path:
@@ -54,49 +54,7 @@ def default_path() -> Path:
     return Path(platformdirs.user_data_dir("ctxengine")) / "sessions.db"
 
 
-_WINDOW = 6
-
-
-def _rarity(word: str) -> int:
-    """A guess at how rare a word is, without reading the index: long words, numbers and
-    identifiers (digits, inner capitals) are rare; "the", "in", "for" are everywhere."""
-    score = len(word)
-    if any(c.isdigit() for c in word):
-        score += 6
-    if any(c.isupper() for c in word[1:]):
-        score += 4
-    return score
-
-
-_IDENT_ROWS = 5_000
-"""Identifier rows (newest first) one recall lookup reads at most: a query that names thousands
-(``java``) still answers from the newest messages, in bounded time."""
-
-
-def fts5_query(needle: str) -> str | None:
-    """An FTS5 query whose matches include every text containing ``needle`` as a substring.
-
-    The query is a phrase of at most six adjacent words of the needle, the window with the
-    rarest-looking words (:func:`_rarity`): one rare word makes the phrase selective, so few
-    candidates reach the exact substring check, and a short phrase keeps the index lookups few.
-    The first word of the needle may be the tail of a longer word in the text, so it is used
-    only when nothing else is left; the last may be the head of one, so it matches as a prefix.
-    ``None`` when the needle has no word: the caller scans instead.
-    """
-    words = _FTS_TOKEN.findall(needle)
-    if not words:
-        return None
-    first_cut = needle[0].isalnum() or needle[0] == "_"
-    start = 1 if first_cut and len(words) > 1 else 0
-    inner = words[start:]
-    size = min(_WINDOW, len(inner))
-    best = max(range(len(inner) - size + 1), key=lambda i: (sum(_rarity(w) for w in inner[i : i + size]), -i))
-    window = inner[best : best + size]
-    prefix = " *" if best + size == len(inner) else ""
-    return '"' + " ".join(window) + '"' + prefix
-
-
-class SqliteStore(SqlStore):
+class SqliteStore(AppendJournal, SqliteIndexes, SqlStore):
     """Session store in one SQLite file (or ``":memory:"``)."""
 
     backend: ClassVar[Backend] = "sqlite"
@@ -186,6 +144,7 @@ class SqliteStore(SqlStore):
             with suppress(sqlite3.Error):
                 conn.close()
         self._session_pks.clear()
+        self._forget_texts()
         with self._chains_lock:
             self._chains.clear()
         self._journaled = False
@@ -292,103 +251,6 @@ class SqliteStore(SqlStore):
                     " AND pk NOT IN (SELECT id FROM blobs_fts_docsize WHERE id > ?)",
                     (start, start),
                 )
-
-    def _index_missing(self, cur: Any) -> None:
-        """Index blobs written after the last indexed one (pks grow, so they are a suffix)."""
-        if current_version(cur, "sqlite", ensure_table=False) < 2:
-            return
-        last = cur.execute("SELECT COALESCE(MAX(id), 0) FROM blobs_fts_docsize").fetchone()[0]
-        top = cur.execute("SELECT COALESCE(MAX(pk), 0) FROM blobs").fetchone()[0]
-        if top > last:
-            cur.execute("INSERT INTO blobs_fts (rowid, text) SELECT pk, text FROM blobs WHERE pk > ?", (last,))
-
-    def _index_blobs(self, cur: Any, rows: Sequence[tuple[int, str]]) -> None:
-        """Messages are indexed lazily: a write only stores them (indexing a turn's text cost
-        more than the rest of recording it), and the rows written since the last search are
-        indexed, in one pass, by the next search that needs the index (:meth:`search`), by
-        :meth:`integrity_check` and when the store is opened. Unindexed rows are always the
-        newest (primary keys grow and every catch-up indexes up to the newest row)."""
-
-    def _index_lag(self, cur: Any) -> bool:
-        """Whether messages were written since the full-text index last caught up."""
-        last = cur.execute("SELECT COALESCE(MAX(id), 0) FROM blobs_fts_docsize").fetchone()[0]
-        top = cur.execute("SELECT COALESCE(MAX(pk), 0) FROM blobs").fetchone()[0]
-        return bool(top > last)
-
-    def catch_up_index(self) -> None:
-        """Index the messages written since the last catch-up (a no-op when there are none)."""
-        with self._read() as cur:
-            if current_version(cur, "sqlite", ensure_table=False) < 2 or not self._index_lag(cur):
-                return
-        with self._write() as cur:
-            self._index_missing(cur)
-
-    def search(self, query: str, *, session_id: str | None = None, mode: SearchMode = "text", limit: int = 20, nodes: bool = True) -> list[SearchHit]:
-        if session_id is None and mode == "text":
-            with suppress(StoreError):  # read-only or busy: the search scans where the index is behind
-                self.catch_up_index()
-        return super().search(query, session_id=session_id, mode=mode, limit=limit, nodes=nodes)
-
-    def _index_node(self, cur: Any, pk: int, text: str) -> None:
-        cur.execute("INSERT INTO nodes_fts (rowid, text) VALUES (?, ?)", (pk, text))
-
-    def _fts_candidates(self, cur: Any, table: Literal["blobs", "nodes"], needle: str, limit: int) -> list[tuple[Any, ...]] | None:
-        query = fts5_query(needle)
-        if query is None or (table == "blobs" and self._index_lag(cur)):
-            return None  # no word to look up, or rows the index does not hold yet: scan
-        role = "b.role" if table == "blobs" else "'summary'"
-        sql = (
-            f"SELECT b.pk, {role}, b.text FROM {table}_fts f JOIN {table} b ON b.pk = f.rowid"
-            f" WHERE {table}_fts MATCH ? AND instr(lower(b.text), lower(?)) > 0 ORDER BY f.rowid DESC LIMIT ?"
-        )
-        try:
-            cur.execute(sql, (query, needle, limit))
-        except sqlite3.OperationalError:
-            return None  # a term FTS5 cannot parse: the caller scans instead
-        return [tuple(r) for r in cur.fetchall()]
-
-    # -- recall's identifier index ------------------------------------------------------------------
-    def _index_identifiers(self, cur: Any, session_pk: int, blob_keys: Sequence[int]) -> None:
-        for chunk in [blob_keys[i : i + 500] for i in range(0, len(blob_keys), 500)]:
-            marks = ",".join("?" * len(chunk))
-            cur.execute(
-                f"INSERT INTO recall_idents_fts (rowid, ident) SELECT pk, ident FROM recall_idents WHERE session_pk = ? AND blob_pk IN ({marks})",
-                (session_pk, *chunk),
-            )
-
-    def _identifier_blobs(self, cur: Any, session_pk: int, query: str, limit: int) -> list[int] | None:
-        if len(query) < 3:
-            return None
-        phrase = '"' + query.replace('"', '""') + '"'
-        try:
-            cur.execute(
-                # the trigram lookup first (a join lets the planner run MATCH per row: 1000x slower)
-                "SELECT blob_pk FROM recall_idents WHERE pk IN (SELECT rowid FROM recall_idents_fts WHERE recall_idents_fts MATCH ?"
-                " ORDER BY rowid DESC LIMIT ?) AND session_pk = ? GROUP BY blob_pk ORDER BY blob_pk DESC LIMIT ?",
-                (phrase, _IDENT_ROWS, session_pk, limit),
-            )
-        except sqlite3.OperationalError:
-            return None
-        return [int(r[0]) for r in cur.fetchall()]
-
-    def _word_blobs(self, cur: Any, session_pk: int, query: str, limit: int) -> list[int] | None:
-        fts = fts5_query(query)
-        if fts is None or self._index_lag(cur):
-            return None
-        try:
-            cur.execute(
-                "SELECT DISTINCT m.blob_pk FROM messages m JOIN session_messages sm ON sm.message_pk = m.pk AND sm.session_pk = ?"
-                " WHERE m.blob_pk IN (SELECT rowid FROM blobs_fts WHERE blobs_fts MATCH ?) ORDER BY m.blob_pk DESC LIMIT ?",
-                (session_pk, fts, limit),
-            )
-        except sqlite3.OperationalError:
-            return None
-        return [int(r[0]) for r in cur.fetchall()]
-
-    def recall_candidates(self, queries: Sequence[str], *, session_id: str, limit: int = 200) -> list[tuple[str, str, list[str], str]] | None:
-        with suppress(StoreError):  # read-only or busy: the words' index may lag, then recall scans
-            self.catch_up_index()
-        return super().recall_candidates(queries, session_id=session_id, limit=limit)
 
     # -- maintenance -------------------------------------------------------------------------------
     def integrity_check(self) -> list[str]:

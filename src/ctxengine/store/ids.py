@@ -1,0 +1,132 @@
+"""Ids and hashing: canonical JSON, content hashes, hash-chained message ids, and a message
+prepared for writing (its canonical JSON, hashes, search text and size, computed once).
+
+Ids are content addresses: a message's id is the hash of its parent's id and its blob's hash,
+so the same history always gets the same ids, in any backend and any process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from ctxengine.errors import InputError
+from ctxengine.messages import PLAIN_NO_FLOAT, Message, json_problem, message_text, plain_json_kind
+from ctxengine.textsafe import clean, escape_surrogates
+from ctxengine.tokens import MESSAGE_OVERHEAD_TOKENS
+
+__all__ = ["Memo", "Prepared", "blob_hash", "canonical_json", "compaction_id", "message_id", "prepare", "search_text"]
+
+_ID_CHARS = 32  # 128 bits of SHA-256: collision-free for any store, half the index size
+
+
+def canonical_json(message: Mapping[str, Any]) -> str:
+    """The canonical JSON of a message: sorted keys, no spaces, UTF-8 kept as is (lone
+    surrogates escaped, see :mod:`ctxengine.textsafe`: stored and restored exactly).
+
+    A message that is not plain JSON (NaN, Infinity, bytes, sets, non-string keys: the rule of
+    :func:`ctxengine.messages.json_problem`, the same as ``validate``'s) is an :class:`InputError`.
+    """
+    kind = plain_json_kind(message)
+    if not kind:
+        problem = json_problem(message)
+        if problem is not None:
+            raise InputError(f"message is not JSON data: {problem}")
+    elif kind == PLAIN_NO_FLOAT:
+        # orjson writes the same bytes for these (sorted keys, compact, UTF-8 as is, the same
+        # string escapes: property-tested), 13 times faster; floats (orjson spells exponents
+        # differently), integers beyond 64 bits and lone surrogates (orjson refuses both) take
+        # the standard encoder: ids are content hashes and must never change
+        try:
+            return orjson.dumps(message, option=orjson.OPT_SORT_KEYS).decode()
+        except TypeError:
+            pass
+    try:
+        return escape_surrogates(_CANONICAL.encode(message))
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"message is not JSON-serialisable: {exc}") from exc
+
+
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False, check_circular=False)
+"""The reference encoder of :func:`canonical_json`, built once (``json.dumps`` with these options builds one per call)."""
+
+
+def blob_hash(canonical: str) -> str:
+    """Content hash of a canonical JSON text."""
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:_ID_CHARS]
+
+
+def message_id(parent_id: str | None, blob: str) -> str:
+    """Id of a message: the hash of its parent's id and its blob hash (a hash chain)."""
+    return hashlib.sha256(f"{parent_id or ''}:{blob}".encode()).hexdigest()[:_ID_CHARS]
+
+
+def compaction_id(session_id: str, before_tip: str | None, after_tip: str | None, engine: str) -> str:
+    """Id of a compaction event: its session, the tips before and after, and its engine."""
+    key = json.dumps([session_id, before_tip, after_tip, engine])
+    return "c" + hashlib.sha256(key.encode()).hexdigest()[: _ID_CHARS - 1]
+
+
+# -- a message prepared for writing --------------------------------------------------------------
+@dataclass(slots=True)
+class Prepared:
+    """One message ready to write: canonical JSON, blob hash, message id, role, search text, size."""
+
+    canonical: str
+    blob: str
+    id: str
+    role: str
+    text: str
+    tokens: int
+
+_MEMO_SIZE = 16_384
+Memo = dict[int, "tuple[Message, Prepared]"]
+"""Prepared messages by message object (see :func:`prepare`)."""
+
+
+def prepare(messages: Sequence[Message], parent_id: str | None, memo: Memo | None = None) -> list[Prepared]:
+    """Canonical JSON, hashes and search text of each message, chained from ``parent_id``.
+
+    ``memo`` (per store) keeps the serialisation and hashes of each message object it has seen
+    (messages passed to ctxengine are never edited in place, and the memo holds each object, so
+    its ``id`` is not reused): a session recorded again in full (after a compaction) hashes only
+    its chain ids, not every message's JSON again."""
+    out = []
+    for i, m in enumerate(messages):
+        hit = memo.get(id(m)) if memo is not None else None
+        if hit is not None and hit[0] is m:
+            base = hit[1]
+            mid = message_id(parent_id, base.blob)
+            out.append(Prepared(base.canonical, base.blob, mid, base.role, base.text, base.tokens))
+            parent_id = mid
+            continue
+        if not isinstance(m, dict):
+            raise InputError(f"message {i} is a {type(m).__name__}, not a dict")
+        canon = canonical_json(m)
+        b = blob_hash(canon)
+        mid = message_id(parent_id, b)
+        text = search_text(m)
+        # a size for listings (characters / 4 + the per-message overhead): the exact estimate
+        # costs as much as hashing the message, and ingest speed matters more here
+        p = Prepared(canon, b, mid, str(m.get("role", "")), text, (len(text) + 3) // 4 + MESSAGE_OVERHEAD_TOKENS)
+        out.append(p)
+        if memo is not None:
+            if len(memo) >= _MEMO_SIZE:
+                memo.clear()
+            memo[id(m)] = (m, p)
+        parent_id = mid
+    return out
+
+
+def search_text(m: Mapping[str, Any]) -> str:
+    """The text a message is searched by: its text and its reasoning, lone surrogates replaced."""
+    text = message_text(m)
+    reasoning = m.get("reasoning_content")
+    if isinstance(reasoning, str) and reasoning:
+        text = f"{text}\n{reasoning}" if text else reasoning
+    return clean(text)  # derived text: lone surrogates become U+FFFD (the body keeps them)
