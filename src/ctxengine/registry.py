@@ -9,7 +9,7 @@ Resolution order for ``context.engine: NAME`` (seed 003):
    whose ``register(ctx)`` calls ``ctx.register_context_engine(engine)`` (or, for code that
    never ships as a package, :func:`EngineRegistry.register_plugin` in-process); entry points
    in ``ctxengine.engines`` may also point straight at an engine class;
-3. the built-ins: ``compressor``, ``rules``, ``lcm``.
+3. the built-ins: ``compressor``, ``rules``, ``lcm``, ``cacheaware``.
 
 Only one engine is active at a time and plugins are never auto-activated: registering makes an
 engine *selectable*, the config selects it. The default name ``compressor`` always means the
@@ -18,9 +18,16 @@ the default; it is reported as a problem. A second plugin registering a context 
 rejected with a warning. A broken plugin is reported with its path and error and does not take
 the others down. An unknown name raises :class:`ConfigError` listing the known ones.
 
-Engines are built per session (:meth:`EngineRegistry.create`, called by the manager for each
-new session): ``from_config(settings, services)`` with the engine's settings validated by its
-``Settings`` model from its config section and the session's
+Every engine — built-in, plugin class, plugin directory — is one :class:`Registration`: a name,
+where it comes from, and the engine class (the built-ins as ``module:Class``, one line each in
+:data:`ctxengine.engines.BUILTINS`, imported on first use). Its construction shape is read once,
+where it is registered (:func:`adapt`): the contract's ``from_config(settings, services)``, the
+seed's ``from_config(config, context_length, **services)``, or a plain constructor
+(``cls(context_length=...)``, as Hermes builds engines). Engines are built per session
+(:meth:`EngineRegistry.create`, called by the manager for each new session) with their
+settings validated by their ``Settings`` model from the config section named after the engine
+(``compressor:``, ``rules:`` …; the seeds' ``compression:`` / ``compaction:`` are aliases, see
+:data:`ctxengine.config.SECTION_ALIASES`) and the session's
 :class:`~ctxengine.engine.Services`; an engine a plugin registered as an instance is copied for
 each session, never shared. Whatever a plugin does while being imported or built — raise, or
 call ``sys.exit`` — becomes :class:`~ctxengine.errors.EngineStartError` naming it.
