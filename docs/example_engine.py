@@ -7,8 +7,8 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, Field
 
 from ctxengine import ContextEngine
+from ctxengine.engine import Services
 from ctxengine.engines.kit import cut_output, is_marked
-from ctxengine.engines.kit.build import settings_and_services
 from ctxengine.engines.kit.originals import Originals, Refs
 from ctxengine.engines.kit.pacing import Pacing, settled_end
 from ctxengine.engines.kit.tail import tail_by_exchanges
@@ -27,7 +27,6 @@ class TrimEngine(ContextEngine):
 
     deterministic = True
     Settings: ClassVar[type[TrimSettings]] = TrimSettings
-    config_section: ClassVar[str | None] = "trim"
 
     def __init__(self, *, context_length: int = 128_000, settings: TrimSettings | None = None, originals: Originals | None = None) -> None:
         self.settings = settings or TrimSettings()
@@ -36,8 +35,8 @@ class TrimEngine(ContextEngine):
         self.pacing = Pacing()
 
     @classmethod
-    def from_config(cls, *args: Any, **kwargs: Any) -> TrimEngine:
-        settings, services = settings_and_services(TrimSettings, "trim", args, kwargs)
+    def from_config(cls, settings: TrimSettings | None = None, services: Services | None = None) -> TrimEngine:
+        services = services or Services()
         return cls(context_length=services.context_length, settings=settings, originals=Originals.from_services(services))
 
     @property

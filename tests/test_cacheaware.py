@@ -63,8 +63,11 @@ def test_settings_come_from_the_config_section_and_services() -> None:
     cfg = Config.from_dict({"cacheaware": {"keep_recent": 4, "batch": 5}})
     eng = CacheAwareEngine.from_config(cfg.cacheaware, Services(context_length=64_000))
     assert eng.settings.keep_recent == 4 and eng.context_length == 64_000 and eng.originals is None
-    legacy = CacheAwareEngine.from_config(cfg, context_length=32_000, store=SqliteStore(":memory:"))
-    assert legacy.settings.batch == 5 and legacy.context_length == 32_000 and legacy.originals is not None
+    built = EngineRegistry(entry_points=False).create("cacheaware", cfg, context_length=32_000, store=SqliteStore(":memory:"))
+    assert isinstance(built, CacheAwareEngine)
+    assert built.settings.batch == 5 and built.context_length == 32_000 and built.originals is not None
+    with pytest.raises(TypeError, match="settings must be a CacheAwareConfig, not Config"):
+        CacheAwareEngine.from_config(cfg, Services(context_length=32_000))  # type: ignore[arg-type]
     with pytest.raises(Exception, match="keep_recent"):
         Config.from_dict({"cacheaware": {"keep_recent": -1}})
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from ctxengine.config import Config
+from ctxengine.engine import Services
 from ctxengine.engines.compressor import SUMMARY_PREFIX, ContextCompressor
 from ctxengine.errors import SummarizerAuthError, SummarizerError
 from ctxengine.messages import Message, content_text, is_summary, validate
@@ -438,7 +439,7 @@ def test_from_config_reads_compression_and_auxiliary() -> None:
             "auxiliary": {"compression": {"provider": "custom", "model": "qwen2.5", "base_url": "http://127.0.0.1:9/v1", "context_length": 32_000}},
         }
     )
-    e = ContextCompressor.from_config(cfg, context_length=100_000)
+    e = ContextCompressor.from_config(cfg.compressor, Services(context_length=100_000, config=cfg))
     assert (e.threshold_tokens, e.tail_token_budget, e.protect_last_n, e.backoff_turns) == (60_000, 18_000, 7, 5)
     assert isinstance(e.summarizer, LlmSummarizer)
     assert e.summarizer.context_length == 32_000

@@ -49,3 +49,14 @@ def test_the_example_builds_from_settings_and_services() -> None:
     out = eng.compress(msgs)
     assert out[2]["content"].startswith("[ctxengine:cut ref=") and out[-1] == msgs[-1]
     assert eng.retrievable("/srv/app/f0_200.py")
+
+
+def test_the_example_registers_like_any_engine() -> None:
+    from ctxengine.registry import EngineRegistry
+
+    mod = _example()
+    reg = EngineRegistry(entry_points=False)
+    reg.register_engine_class("trim", mod.TrimEngine, "docs example")
+    eng = reg.create("trim", context_length=6000, store=SqliteStore(":memory:"))
+    assert isinstance(eng, mod.TrimEngine) and eng.context_length == 6000 and eng.originals is not None
+    assert eng.settings == mod.TrimSettings()  # no trim: section in a config file: the model's defaults

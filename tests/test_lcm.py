@@ -11,6 +11,7 @@ import pytest
 
 from ctxengine.bench.replay import replay_session
 from ctxengine.config import Config
+from ctxengine.engine import Services
 from ctxengine.engines.kit import parse_header
 from ctxengine.engines.lcm import NODE_RE, LcmEngine, digest
 from ctxengine.errors import ConfigError, SummarizerError
@@ -47,7 +48,7 @@ def _engine(store: SqliteStore, **kw: Any) -> LcmEngine:
 
 def test_needs_an_injected_store() -> None:
     with pytest.raises(ConfigError, match="session store"):
-        LcmEngine.from_config(Config(), 100_000)
+        LcmEngine.from_config(Config().lcm, Services(context_length=100_000))
     with pytest.raises(ConfigError, match="session store"):
         EngineRegistry(entry_points=False).create("lcm", Config())
 

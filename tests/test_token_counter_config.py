@@ -43,10 +43,10 @@ def test_the_registry_passes_the_configured_counter(name: str) -> None:
     assert isinstance(_counter(default), EstimateCounter)
 
 
-@pytest.mark.parametrize("cls", [RulesEngine, CacheAwareEngine, LcmEngine])
-def test_from_config_with_services_uses_the_configured_counter(cls: type) -> None:
+@pytest.mark.parametrize(("name", "cls"), [("rules", RulesEngine), ("cacheaware", CacheAwareEngine), ("lcm", LcmEngine)])
+def test_from_config_with_services_uses_the_configured_counter(name: str, cls: type) -> None:
     services = Services(store=SqliteStore(":memory:"), config=EXACT)
-    engine = cls.from_config(getattr(EXACT, cls.config_section), services)
+    engine = cls.from_config(getattr(EXACT, name), services)  # the section named after the engine
     assert isinstance(_counter(engine), ExactCounter)
     assert services.counter is None  # the caller's services are not mutated
 

@@ -4,7 +4,7 @@ Keys and defaults follow the seed system so its users can bring their file::
 
     context:
       engine: compressor            # compressor | rules | lcm | a plugin's name
-    compression:                    # the compressor engine (seed 000/003 defaults)
+    compressor:                     # the compressor engine (seed 000/003 defaults; older name: compression)
       enabled: true
       threshold: 0.50               # fire at 50 % of the context window
       target_ratio: 0.20            # tail budget = threshold_tokens × target_ratio
@@ -24,13 +24,17 @@ Keys and defaults follow the seed system so its users can bring their file::
       default_context_length: 128000  # the window of a model not in the table (proxy --context-length)
     models:                         # per model, or per glob (proxy --model-window MODEL=TOKENS)
       "qwen*": {context_length: 32768}
-    compaction:                     # the rules engine (seed 004 defaults)
+    rules:                          # the rules engine (seed 004 defaults; older name: compaction)
       trigger_threshold: 0.60
       protect_last_n_turns: 5
       max_tool_output_chars: 500
       keep_tool_summary: true
       drop_system_after_turn: 1
       collapse_consecutive_assistant: true
+
+An engine's section is named after the engine (``compressor``, ``rules``, ``lcm``,
+``cacheaware``); the seeds' names ``compression`` and ``compaction`` are accepted for the first
+two (:data:`SECTION_ALIASES`), and giving both spellings with different keys is an error.
 
 API keys are never read from the file: they come from the environment
 (``CTXENGINE_API_KEY``, or the provider's own variable such as ``OPENAI_API_KEY``,
@@ -51,6 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ctxengine.errors import ConfigError
 
 __all__ = [
+    "SECTION_ALIASES",
     "TOKEN_COUNTERS",
     "AuxiliaryConfig",
     "CacheAwareConfig",
@@ -67,6 +72,7 @@ __all__ = [
     "SummarizerConfig",
     "api_key_from_env",
     "load_config",
+    "with_section_names",
 ]
 
 
@@ -277,12 +283,12 @@ class Config(_Section):
     """The whole configuration. Every section has the seeds' defaults."""
 
     context: ContextConfig = Field(default_factory=ContextConfig)
-    compression: CompressionConfig = Field(default_factory=CompressionConfig)
+    compressor: CompressionConfig = Field(default_factory=CompressionConfig)
     auxiliary: AuxiliaryConfig = Field(default_factory=AuxiliaryConfig)
     prompt_caching: PromptCachingConfig = Field(default_factory=PromptCachingConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     models: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    compaction: CompactionConfig = Field(default_factory=CompactionConfig)
+    rules: CompactionConfig = Field(default_factory=CompactionConfig)
     lcm: LcmConfig = Field(default_factory=LcmConfig)
     cacheaware: CacheAwareConfig = Field(default_factory=CacheAwareConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
@@ -290,6 +296,21 @@ class Config(_Section):
     plugins: PluginsConfig = Field(default_factory=PluginsConfig)
     redaction: RedactionConfig = Field(default_factory=RedactionConfig)
     source: str | None = Field(None, exclude=True, description="File the config was read from.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_section_names(cls, data: Any) -> Any:
+        return with_section_names(data) if isinstance(data, Mapping) else data
+
+    @property
+    def compression(self) -> CompressionConfig:
+        """The ``compressor`` section under its older (seed) name."""
+        return self.compressor
+
+    @property
+    def compaction(self) -> CompactionConfig:
+        """The ``rules`` section under its older (seed 004) name."""
+        return self.rules
 
     @field_validator("models", mode="before")
     @classmethod
@@ -338,10 +359,11 @@ class Config(_Section):
         """Validate a config mapping; errors name the key and the source."""
         data = dict(data or {})
         _reject_secrets(data, source, ())
+        given = {new: old for old, new in SECTION_ALIASES.items() if old in data}
         try:
             cfg = cls.model_validate(data)
         except ValidationError as exc:
-            raise ConfigError(_explain(exc, source)) from exc
+            raise ConfigError(_explain(exc, source, given)) from exc
         cfg.source = source
         return cfg
 
@@ -353,11 +375,40 @@ class Config(_Section):
         ``provider`` and ``base_url``. The result is validated like a loaded file.
         """
         data = self.model_dump()
-        for name, values in sections.items():
+        try:
+            merged = with_section_names(sections)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        for old, new in SECTION_ALIASES.items():
+            if old in sections and new not in sections:  # errors name the section as written
+                data[old], merged[old] = data.pop(new), merged.pop(new)
+        for name, values in merged.items():
             if name not in data or not isinstance(data[name], dict):
                 raise ConfigError(f"unknown config section {name!r}")
             _merge(data[name], values)
         return Config.from_dict(data, self.source or "<config>")
+
+
+SECTION_ALIASES: dict[str, str] = {"compression": "compressor", "compaction": "rules"}
+"""Older names of engine sections (old -> engine name), accepted wherever a config is read."""
+
+
+def with_section_names(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` with each older section name (:data:`SECTION_ALIASES`) replaced by the engine's
+    name; a section given under both names must be the same (``ValueError`` otherwise)."""
+    out = dict(data)
+    for old, new in SECTION_ALIASES.items():
+        if old not in out:
+            continue
+        value = out.pop(old)
+        if new in out and _plain(out[new]) != _plain(value):
+            raise ValueError(f"'{old}' is the older name of the '{new}' section and both are given, with different keys: keep one")
+        out.setdefault(new, value)
+    return out
+
+
+def _plain(value: Any) -> Any:
+    return value.model_dump() if isinstance(value, BaseModel) else value
 
 
 def _merge(into: dict[str, Any], values: Mapping[str, Any]) -> None:
@@ -381,10 +432,15 @@ def _reject_secrets(data: Mapping[str, Any], source: str, path: tuple[str, ...])
             _reject_secrets(val, source, (*path, str(key)))
 
 
-def _explain(exc: ValidationError, source: str) -> str:
+def _explain(exc: ValidationError, source: str, given: Mapping[str, str] | None = None) -> str:
+    """One line per error; ``given`` maps a section to the older name the file used for it, so
+    an error names the key as written."""
     parts = []
     for err in exc.errors():
-        loc = ".".join(str(x) for x in err["loc"])
+        path = [str(x) for x in err["loc"]]
+        if path and given and path[0] in given:
+            path[0] = given[path[0]]
+        loc = ".".join(path)
         if err["type"] == "extra_forbidden":
             parts.append(f"unknown key '{loc}'")
         elif err["type"] == "value_error":

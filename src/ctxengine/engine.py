@@ -44,7 +44,15 @@ if TYPE_CHECKING:
     from ctxengine.recall import Recall
     from ctxengine.storage import RecallStore, SessionRecorder
 
-__all__ = ["CompactionReport", "ContextEngine", "Services", "Usage", "normalize_usage"]
+__all__ = [
+    "CompactionReport",
+    "ContextEngine",
+    "Services",
+    "Usage",
+    "accepted_keywords",
+    "keyword_names",
+    "normalize_usage",
+]
 
 
 @dataclass(slots=True)
@@ -212,6 +220,25 @@ class CompactionReport:
         return d
 
 
+def keyword_names(func: Any) -> frozenset[str] | None:
+    """The keyword arguments ``func`` accepts by name; ``None`` when it takes ``**kwargs`` (or
+    cannot be inspected). The one place an engine's call shape is read: the registry adapts an
+    engine once, where it is registered, with it."""
+    try:
+        params = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
+def accepted_keywords(func: Any, offered: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of ``offered`` that ``func`` accepts by name (all of it for ``**kwargs``)."""
+    names = keyword_names(func)
+    return dict(offered) if names is None else {k: v for k, v in offered.items() if k in names}
+
+
 class ContextEngine(ABC):
     """Base class of every context engine (the seed's contract, kept name for name).
 
@@ -236,8 +263,8 @@ class ContextEngine(ABC):
     #: The engine's settings model (a pydantic model class), or ``None`` for engines without
     #: settings. ``from_config`` receives an instance validated from the config.
     Settings: ClassVar[type[BaseModel] | None] = None
-    #: The config section holding this engine's settings (``compression`` for the compressor,
-    #: ``compaction`` for rules …); ``None`` means the engine's registered name.
+    #: The config section holding this engine's settings; ``None`` (every built-in) means the
+    #: section named after the engine's registered name (``compressor:``, ``rules:`` …).
     config_section: ClassVar[str | None] = None
 
     def __init__(
@@ -278,30 +305,26 @@ class ContextEngine(ABC):
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
-    def from_config(cls, *args: Any, **kwargs: Any) -> ContextEngine:
-        """``from_config(settings, services)``: build an engine for one session from its
-        validated ``settings`` (an instance of :attr:`Settings`, or ``None``) and the session's
-        :class:`Services`. The host calls this once per session; never share an instance.
+    def from_config(cls, settings: Any = None, services: Services | None = None) -> ContextEngine:
+        """Build an engine for one session from its validated ``settings`` (an instance of
+        :attr:`Settings`, or ``None``) and the session's :class:`Services`. The host calls this
+        once per session; never share an instance.
 
         Default: ``cls(**kwargs)`` where ``kwargs`` are the settings' fields and the services
         (``context_length``, ``store``, ``counter`` …) that ``__init__`` accepts by name, so a
-        simple engine needs no override. (Declared with ``*args, **kwargs`` so that engines
-        written against the seed's ``from_config(config, context_length, **services)`` keep
-        type-checking; :func:`ctxengine.registry.builds_from_settings` tells the two apart.)
+        simple engine needs no override. Engines of other shapes (the seed's
+        ``from_config(config, context_length, **services)``, a plain constructor) are adapted
+        once, where they are registered (:mod:`ctxengine.registry`).
         """
-        settings: BaseModel | None = kwargs.pop("settings", args[0] if args else None)
-        services: Services = kwargs.pop("services", args[1] if len(args) > 1 else Services())
+        services = Services() if services is None else services
         if not isinstance(services, Services):
             raise TypeError(
                 f"from_config(settings, services): services must be a Services, not {type(services).__name__}"
             )
-        params = inspect.signature(cls.__init__).parameters
-        takes_all = any(p.kind is p.VAR_KEYWORD for p in params.values())
         offered: dict[str, Any] = services.as_kwargs()
         if settings is not None:
-            offered.update(settings.model_dump())
-        init_kwargs = {k: v for k, v in offered.items() if takes_all or k in params}
-        return cls(**init_kwargs)
+            offered.update(settings.model_dump() if isinstance(settings, BaseModel) else dict(settings))
+        return cls(**accepted_keywords(cls.__init__, offered))
 
     def retrievable(self, text: str) -> bool:
         """True when ``text``, missing from the context, can be given back verbatim by this

@@ -11,10 +11,10 @@ the trigger and the calling convention are written once:
   copy (the caller's data is never touched, whatever the engine does), the call runs under a
   deadline on a worker thread (a late result is discarded), anything it raises — ``SystemExit``
   included — becomes :class:`~ctxengine.errors.EngineError` naming the engine and where it
-  comes from, and an engine that edits the copy it was given is reported (rule 2). The
-  signature is inspected once per engine class: seed-era engines whose ``compress`` takes no
-  ``focus_topic`` are called without it (a ``TypeError`` raised inside ``compress`` is the
-  engine's failure, never a cue to retry);
+  comes from, and an engine that edits the copy it was given is reported (rule 2). Seed-era
+  engines whose ``compress`` takes no ``focus_topic`` are called without it (the registry reads
+  that once per engine class: :func:`ctxengine.registry.compress_takes_focus`; a ``TypeError``
+  raised inside ``compress`` is the engine's failure, never a cue to retry);
 * :func:`check_output` — what ``compress`` returned keeps the contract's rules 1 and 5;
 * :func:`replay` — a recorded session as an agent loop: before each recorded assistant message
   the working context goes through ``prepare`` (a manager's, usually); the recorded assistant
@@ -24,9 +24,7 @@ the trigger and the calling convention are written once:
 from __future__ import annotations
 
 import copy
-import functools
 import hashlib
-import inspect
 import json
 import threading
 import time
@@ -38,6 +36,7 @@ from typing import Any
 from ctxengine.engine import ContextEngine
 from ctxengine.errors import EngineError
 from ctxengine.messages import Message, content_text, is_summary, validate
+from ctxengine.registry import compress_takes_focus
 
 __all__ = [
     "CompressOutcome",
@@ -81,15 +80,6 @@ def should_compact(engine: ContextEngine, tokens: int, messages: list[Message]) 
         ) from exc
 
 
-@functools.cache
-def _takes_focus(cls: type) -> bool:
-    try:
-        params = inspect.signature(getattr(cls, "compress")).parameters  # noqa: B009
-    except (TypeError, ValueError):
-        return True
-    return "focus_topic" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
 _WORKERS: weakref.WeakKeyDictionary[ContextEngine, threading.Thread] = weakref.WeakKeyDictionary()
 """The worker of each engine's last compress that ran past its deadline."""
 
@@ -131,7 +121,7 @@ def run_compress(
     given: list[Message] = copy.deepcopy(list(messages)) if copy_input else messages  # type: ignore[assignment]
     before = fingerprint(given) if copy_input else ""
     kwargs: dict[str, Any] = {"current_tokens": tokens}
-    if focus_topic is not None and _takes_focus(type(engine)):
+    if focus_topic is not None and compress_takes_focus(type(engine)):
         kwargs["focus_topic"] = focus_topic
     box: dict[str, Any] = {}
 

@@ -9,7 +9,7 @@ Resolution order for ``context.engine: NAME`` (seed 003):
    whose ``register(ctx)`` calls ``ctx.register_context_engine(engine)`` (or, for code that
    never ships as a package, :func:`EngineRegistry.register_plugin` in-process); entry points
    in ``ctxengine.engines`` may also point straight at an engine class;
-3. the built-ins: ``compressor``, ``rules``, ``lcm``.
+3. the built-ins: ``compressor``, ``rules``, ``lcm``, ``cacheaware``.
 
 Only one engine is active at a time and plugins are never auto-activated: registering makes an
 engine *selectable*, the config selects it. The default name ``compressor`` always means the
@@ -18,9 +18,16 @@ the default; it is reported as a problem. A second plugin registering a context 
 rejected with a warning. A broken plugin is reported with its path and error and does not take
 the others down. An unknown name raises :class:`ConfigError` listing the known ones.
 
-Engines are built per session (:meth:`EngineRegistry.create`, called by the manager for each
-new session): ``from_config(settings, services)`` with the engine's settings validated by its
-``Settings`` model from its config section and the session's
+Every engine — built-in, plugin class, plugin directory — is one :class:`Registration`: a name,
+where it comes from, and the engine class (the built-ins as ``module:Class``, one line each in
+:data:`ctxengine.engines.BUILTINS`, imported on first use). Its construction shape is read once,
+where it is registered (:func:`adapt`): the contract's ``from_config(settings, services)``, the
+seed's ``from_config(config, context_length, **services)``, or a plain constructor
+(``cls(context_length=...)``, as Hermes builds engines). Engines are built per session
+(:meth:`EngineRegistry.create`, called by the manager for each new session) with their
+settings validated by their ``Settings`` model from the config section named after the engine
+(``compressor:``, ``rules:`` …; the seeds' ``compression:`` / ``compaction:`` are aliases, see
+:data:`ctxengine.config.SECTION_ALIASES`) and the session's
 :class:`~ctxengine.engine.Services`; an engine a plugin registered as an instance is copied for
 each session, never shared. Whatever a plugin does while being imported or built — raise, or
 call ``sys.exit`` — becomes :class:`~ctxengine.errors.EngineStartError` naming it.
@@ -31,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -38,7 +46,7 @@ import logging
 import sys
 import warnings
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -47,7 +55,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from ctxengine.config import Config
-from ctxengine.engine import ContextEngine, Services
+from ctxengine.engine import ContextEngine, Services, keyword_names
+from ctxengine.engines import BUILTINS
 from ctxengine.errors import ConfigError, EngineStartError, PluginError
 from ctxengine.tokens import get_counter
 
@@ -57,7 +66,10 @@ __all__ = [
     "EngineRegistry",
     "PluginContext",
     "PluginProblem",
+    "Registration",
+    "adapt",
     "builds_from_settings",
+    "compress_takes_focus",
     "create_engine",
     "default_registry",
     "settings_for",
@@ -65,12 +77,8 @@ __all__ = [
 
 log = logging.getLogger("ctxengine.registry")
 
-BUILTIN_ENGINES: dict[str, str] = {
-    "compressor": "ctxengine.engines.compressor:ContextCompressor",
-    "rules": "ctxengine.engines.rules:RulesEngine",
-    "lcm": "ctxengine.engines.lcm:LcmEngine",
-    "cacheaware": "ctxengine.engines.cacheaware:CacheAwareEngine",
-}
+BUILTIN_ENGINES: dict[str, str] = BUILTINS
+"""The built-in engines (name -> ``module:Class``), one line each in :mod:`ctxengine.engines`."""
 
 DEFAULT_ENGINE = "compressor"
 """The engine used when ``context.engine`` is not set; always the built-in, never a plugin."""
@@ -102,6 +110,18 @@ class PluginContext:
         self._registry._accept_plugin_engine(engine, self.source)
 
 
+# -- the one adapter: every engine shape becomes build(settings, services) ------------------------
+Builder = Callable[[BaseModel | None, Services], Any]
+"""How a registered engine is built for one session: ``build(settings, services)``."""
+
+_SEED_SERVICES = ("store", "counter", "summarizer", "recall", "reach")
+"""The services a seed-style ``from_config(config, context_length, **services)`` may receive."""
+
+_NAMED_ONLY = frozenset({"reach"})
+"""Services newer than the seed: passed to a seed-style ``from_config`` only when it names them
+(one taking ``**services`` may hand them on to a constructor that refuses unknown keywords)."""
+
+
 def builds_from_settings(factory: Any) -> bool:
     """True when ``factory`` builds with ``from_config(settings, services)`` (the ABC's
     default, or an override with those parameters); False for the seed's
@@ -117,15 +137,48 @@ def builds_from_settings(factory: Any) -> bool:
         return False
     names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if not names and any(p.kind is p.VAR_POSITIONAL for p in params):
-        return True  # ``from_config(*args, **kwargs)`` like the ABC: takes both conventions
+        return True  # ``from_config(*args, **kwargs)``: takes (settings, services) positionally
     return names[:2] == ["settings", "services"]
+
+
+def adapt(factory: Any) -> Builder:
+    """``build(settings, services)`` for ``factory``, its shape read once, where it is registered.
+
+    The shapes: ``from_config(settings, services)`` (the contract); the seed's
+    ``from_config(config, context_length, **services)`` (the whole config, the window and the
+    services it names); a plain constructor (``cls(context_length=...)`` when it takes the
+    window, else ``cls()``), as Hermes builds its engines.
+    """
+    fc: Any = getattr(factory, "from_config", None)
+    if builds_from_settings(factory):
+        return lambda settings, services: fc(settings, services)
+    if callable(fc):
+        names = keyword_names(fc)
+
+        def seed(settings: BaseModel | None, services: Services) -> Any:
+            offered = {k: getattr(services, k) for k in _SEED_SERVICES if getattr(services, k) is not None}
+            kw = {k: v for k, v in offered.items() if (k in names if names is not None else k not in _NAMED_ONLY)}
+            return fc(services.config, context_length=services.context_length, **kw)
+
+        return seed
+    names = keyword_names(factory)
+    if names is None or "context_length" in names:
+        return lambda settings, services: factory(context_length=services.context_length)
+    return lambda settings, services: factory()
+
+
+@functools.cache
+def compress_takes_focus(cls: type) -> bool:
+    """True when ``cls.compress`` accepts ``focus_topic`` (the seed's engines may not)."""
+    names = keyword_names(getattr(cls, "compress", None))
+    return names is None or "focus_topic" in names
 
 
 def settings_for(factory: Any, config: Config, name: str) -> BaseModel | None:
     """The engine's settings, validated by its :attr:`ContextEngine.Settings` model from the
-    config section it names (``config_section``, default the engine's name); ``None`` for an
-    engine without a settings model. A config's ``engine_settings(name)`` hook, when it has
-    one, supplies the raw section."""
+    config section named after the engine (``config_section`` when an engine names another);
+    ``None`` for an engine without a settings model. A config's ``engine_settings(name)`` hook,
+    when it has one, supplies the raw section."""
     model = getattr(factory, "Settings", None)
     if model is None:
         return None
@@ -144,22 +197,40 @@ def settings_for(factory: Any, config: Config, name: str) -> BaseModel | None:
         raise ConfigError(f"engine {name!r}: invalid settings in {section!r}: {exc}") from exc
 
 
-def _instantiate(factory: Any, config: Config, name: str, services: Services, legacy: dict[str, Any]) -> ContextEngine:
-    """Build an engine from a class or callable: ``from_config(settings, services)``, the
-    seed's ``from_config(config, context_length, **services)``, or ``cls(context_length=...)``."""
-    if builds_from_settings(factory):
-        engine = factory.from_config(settings_for(factory, config, name), services)
-    elif callable(getattr(factory, "from_config", None)):
-        engine = factory.from_config(config, context_length=services.context_length, **_accepted_services(factory, legacy))
-    else:
-        params = inspect.signature(factory).parameters
-        kwargs: dict[str, Any] = {}
-        if "context_length" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            kwargs["context_length"] = services.context_length
-        engine = factory(**kwargs)
-    if not isinstance(engine, ContextEngine):
-        raise PluginError(f"{factory!r} produced a {type(engine).__name__}, not a ContextEngine")
-    return engine
+@dataclass(slots=True)
+class Registration:
+    """One selectable engine: its name, where it comes from, and how it is built.
+
+    ``target`` is the engine class (or any callable returning an engine), or ``"module:attr"``
+    imported on first use (the built-ins). Its shape is adapted once (:func:`adapt`).
+    """
+
+    name: str
+    target: Any
+    source: str = "built-in"
+    _factory: Any = field(default=None, init=False, repr=False)
+    _build: Builder | None = field(default=None, init=False, repr=False)
+
+    def factory(self) -> Any:
+        if self._factory is None:
+            target = self.target
+            if isinstance(target, str):
+                modname, _, attr = target.partition(":")
+                try:
+                    target = getattr(importlib.import_module(modname), attr)
+                except (ImportError, AttributeError) as exc:
+                    raise ConfigError(f"built-in engine {self.name!r} is not available: {exc}") from exc
+            self._factory = target
+        return self._factory
+
+    def build(self, config: Config, services: Services) -> ContextEngine:
+        factory = self.factory()
+        if self._build is None:
+            self._build = adapt(factory)
+        engine = self._build(settings_for(factory, config, self.name), services)
+        if not isinstance(engine, ContextEngine):
+            raise PluginError(f"{factory!r} produced a {type(engine).__name__}, not a ContextEngine")
+        return engine
 
 
 def _mark_source(engine: ContextEngine, source: str | None) -> None:
@@ -173,9 +244,10 @@ class EngineRegistry:
     """Knows every selectable engine and builds the configured one."""
 
     def __init__(self, *, plugin_dirs: Iterable[str | Path] = (), entry_points: bool = True) -> None:
-        self._builtins: dict[str, Any] = dict(BUILTIN_ENGINES)
         self._plugin_engine: tuple[ContextEngine, str] | None = None
-        self._engine_classes: dict[str, tuple[Any, str]] = {}
+        self._engines: dict[str, Registration] = {}
+        for name, target in BUILTIN_ENGINES.items():  # the built-ins: registered like plugins
+            self._engines[name] = Registration(name, target)
         self.problems: list[PluginProblem] = []
         self._plugin_dirs = [Path(d) for d in plugin_dirs]
         self._entry_points_loaded = not entry_points
@@ -193,10 +265,11 @@ class EngineRegistry:
         if name == DEFAULT_ENGINE:
             self._problem(source, PluginError(f"the engine name {name!r} is reserved for the built-in default"))
             return
-        if name in self._engine_classes:
-            warnings.warn(f"context engine {name!r} from {source} rejected: already registered by {self._engine_classes[name][1]}", stacklevel=2)
+        known = self._engines.get(name)
+        if known is not None and known.source != "built-in":
+            warnings.warn(f"context engine {name!r} from {source} rejected: already registered by {known.source}", stacklevel=2)
             return
-        self._engine_classes[name] = (factory, source)
+        self._engines[name] = Registration(name, factory, source)  # a plugin class beats a built-in
 
     def _accept_plugin_engine(self, engine: ContextEngine, source: str) -> None:
         if not isinstance(engine, ContextEngine):
@@ -300,7 +373,7 @@ class EngineRegistry:
     def names(self) -> list[str]:
         """Every selectable engine name (plugin directories, registered plugins, built-ins)."""
         self._load_entry_points()
-        names = set(self._builtins) | set(self._engine_classes) | set(self._dir_plugin_names())
+        names = set(self._engines) | set(self._dir_plugin_names())
         if self._plugin_engine is not None:
             names.add(self._plugin_engine[0].name)
         return sorted(names)
@@ -308,9 +381,7 @@ class EngineRegistry:
     def describe(self) -> list[dict[str, str]]:
         """One row per engine: name and where it comes from (for ``ctxengine engines``)."""
         self._load_entry_points()
-        rows: dict[str, str] = {n: "built-in" for n in self._builtins}
-        for n, (_, src) in self._engine_classes.items():
-            rows[n] = src
+        rows: dict[str, str] = {n: r.source for n, r in self._engines.items()}
         if self._plugin_engine is not None:
             rows[self._plugin_engine[0].name] = self._plugin_engine[1]
         for n in self._dir_plugin_names():
@@ -326,63 +397,41 @@ class EngineRegistry:
         *,
         context_length: int | None = None,
         services: Services | None = None,
-        **legacy: Any,
+        **given: Any,
     ) -> ContextEngine:
         """Build a fresh engine ``name`` for one session, following the resolution order.
 
-        ``services`` (a :class:`~ctxengine.engine.Services`) go to ``from_config(settings,
-        services)``; the keyword services of the seed era (``store=``, ``summarizer=``,
-        ``counter=``) are still accepted and passed to engines whose ``from_config`` takes them.
+        Every engine is built by ``build(settings, services)`` (:func:`adapt` turned its shape
+        into that once): its settings validated from the config section named after it, the
+        session's ``services`` (a :class:`~ctxengine.engine.Services`; keyword services such as
+        ``store=`` or ``summarizer=`` are accepted too and replace the ones in ``services``).
         An engine a plugin registered as an instance is copied for each call, so no two
         sessions share one. Whatever goes wrong while importing or building a plugin —
         ``SystemExit`` included — is an :class:`~ctxengine.errors.EngineStartError` naming it.
         """
         config = config or Config()
         n = context_length or (services.context_length if services is not None else None) or config.model.context_length or config.model.default_context_length
-        if services is None:
-            known = {k: legacy[k] for k in ("store", "recall", "counter", "summarizer", "session_id", "model") if k in legacy}
-            services = Services(context_length=n, config=config, **known)
-        elif services.context_length != n:
-            services = dataclasses.replace(services, context_length=n)
-        if services.config is None:
-            services = dataclasses.replace(services, config=config)
-        if services.counter is None:  # context.token_counter reaches every engine
-            services = dataclasses.replace(services, counter=get_counter(config.context.token_counter))
-        for key in ("store", "counter", "summarizer", "recall", "reach"):
-            value = getattr(services, key)
-            if value is not None and key not in legacy:
-                legacy[key] = value
-        source = "built-in"
+        services = _session_services(services, given, config, n)
         # the default is always the built-in: plugins are never auto-activated (seed 003)
         factory = None if name == DEFAULT_ENGINE else self._dir_plugin(name)
         if factory is not None:
-            source = f"plugin directory context_engine/{name}"
+            reg = Registration(name, factory, f"plugin directory context_engine/{name}")
         else:
             self._load_entry_points()
             if self._plugin_engine is not None and self._plugin_engine[0].name == name:
                 return self._copy_plugin_engine(name, config, n, context_length is not None)
-            if name in self._engine_classes:
-                factory, source = self._engine_classes[name]
-            elif name in self._builtins:
-                target = self._builtins[name]
-                if isinstance(target, str):
-                    modname, _, attr = target.partition(":")
-                    try:
-                        factory = getattr(importlib.import_module(modname), attr)
-                    except (ImportError, AttributeError) as exc:
-                        raise ConfigError(f"built-in engine {name!r} is not available: {exc}") from exc
-                else:
-                    factory = target
-        if factory is None:
-            raise ConfigError(f"unknown context engine {name!r}; known engines: {', '.join(self.names())}")
+            found = self._engines.get(name)
+            if found is None:
+                raise ConfigError(f"unknown context engine {name!r}; known engines: {', '.join(self.names())}")
+            reg = found
         try:
-            engine = _instantiate(factory, config, name, services, legacy)
+            engine = reg.build(config, services)
         except (ConfigError, PluginError):
             raise
         except (Exception, SystemExit) as exc:  # a plugin's sys.exit() must not end the host
-            where = "" if source == "built-in" else f" (from {source})"
+            where = "" if reg.source == "built-in" else f" (from {reg.source})"
             raise EngineStartError(f"engine {name!r}{where} failed to start: {type(exc).__name__}: {exc}") from exc
-        _mark_source(engine, source)
+        _mark_source(engine, reg.source)
         return engine
 
     def _copy_plugin_engine(self, name: str, config: Config, n: int, resize: bool) -> ContextEngine:
@@ -401,6 +450,22 @@ class EngineRegistry:
         return engine
 
 
+def _session_services(services: Services | None, given: dict[str, Any], config: Config, n: int) -> Services:
+    """The services an engine is built with: ``services`` (or the defaults), the keyword
+    services ``given`` on top, the window ``n``, the config, and the configured counter."""
+    fields = set(Services.__slots__)
+    unknown = sorted(set(given) - fields)
+    if unknown:
+        raise TypeError(f"unknown service(s) {', '.join(unknown)}; services are {', '.join(sorted(fields))}")
+    out = dataclasses.replace(services if services is not None else Services(), **given)
+    out.context_length = n
+    if out.config is None:
+        out.config = config
+    if out.counter is None:  # context.token_counter reaches every engine
+        out.counter = get_counter(config.context.token_counter)
+    return out
+
+
 def _dist_where(ep: metadata.EntryPoint) -> str:
     """`` of <distribution> <version> at <path>`` for an entry point, so a broken plugin can be
     found on disk; empty when the metadata does not say."""
@@ -412,21 +477,6 @@ def _dist_where(ep: metadata.EntryPoint) -> str:
     except Exception:  # pragma: no cover - exotic distribution finders
         where = "?"
     return f" of {dist.metadata['Name']} {dist.version} at {where}"
-
-
-_NAMED_ONLY = frozenset({"reach"})
-"""Services newer than the seed: passed to a seed-style ``from_config`` only when it names them
-(one taking ``**services`` may hand them on to a constructor that refuses unknown keywords)."""
-
-
-def _accepted_services(factory: Any, services: dict[str, Any]) -> dict[str, Any]:
-    target = getattr(factory, "from_config", None)
-    if not callable(target):
-        return {}
-    params = inspect.signature(target).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return {k: v for k, v in services.items() if k not in _NAMED_ONLY or k in params}
-    return {k: v for k, v in services.items() if k in params}
 
 
 _DEFAULT: EngineRegistry | None = None

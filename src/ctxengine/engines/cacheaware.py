@@ -37,9 +37,9 @@ from typing import Any, ClassVar
 from ctxengine.boundaries import group_spans
 from ctxengine.config import CacheAwareConfig
 from ctxengine.cost import compaction_break_even
-from ctxengine.engine import CompactionReport, ContextEngine
+from ctxengine.engine import CompactionReport, ContextEngine, Services
 from ctxengine.engines.kit import call_of, cut_output, header, is_marked
-from ctxengine.engines.kit.build import settings_and_services, with_overrides
+from ctxengine.engines.kit.build import checked, session_counter, with_overrides
 from ctxengine.engines.kit.digest import digest
 from ctxengine.engines.kit.originals import Originals, Refs
 from ctxengine.engines.kit.pacing import Pacing, first_change, giant_outputs
@@ -60,7 +60,6 @@ class CacheAwareEngine(ContextEngine):
 
     deterministic = True
     Settings: ClassVar[type[CacheAwareConfig]] = CacheAwareConfig
-    config_section: ClassVar[str | None] = "cacheaware"
 
     def __init__(
         self,
@@ -83,15 +82,14 @@ class CacheAwareEngine(ContextEngine):
         self._stable_ratio = 1.0
 
     @classmethod
-    def from_config(cls, *args: Any, **kwargs: Any) -> CacheAwareEngine:
-        """``from_config(settings, services)`` (or the seed's ``(config, context_length,
-        **services)``): settings from ``cacheaware:``, originals in ``services.store``."""
-        settings, services = settings_and_services(CacheAwareConfig, "cacheaware", args, kwargs)
+    def from_config(cls, settings: CacheAwareConfig | None = None, services: Services | None = None) -> CacheAwareEngine:
+        """Settings from the ``cacheaware:`` section, originals in ``services.store``."""
+        settings, services = checked(CacheAwareConfig, settings, services)
         return cls(
             context_length=services.context_length,
             settings=settings,
             originals=Originals.from_services(services),
-            counter=services.counter,
+            counter=session_counter(services),
         )
 
     @property

@@ -55,10 +55,11 @@ from __future__ import annotations
 import logging
 import time
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar
 
 from ctxengine.boundaries import sanitize_tool_pairs
-from ctxengine.engine import CompactionReport
+from ctxengine.config import CompressionConfig
+from ctxengine.engine import CompactionReport, Services
 from ctxengine.engines.compressor_compat import (
     check_keywords,
     hermes_summarizer,
@@ -66,7 +67,7 @@ from ctxengine.engines.compressor_compat import (
     target_ratio_for,
     window_for,
 )
-from ctxengine.engines.kit.build import configured_summarizer
+from ctxengine.engines.kit.build import checked, configured_summarizer, session_counter
 from ctxengine.engines.kit.cutpolicy import (
     BATCH,
     BATCH_TOKENS,
@@ -93,10 +94,7 @@ from ctxengine.summarize.assembly import (
 from ctxengine.summarize.base import Summarizer
 from ctxengine.summarize.extractive import ExtractiveSummarizer
 from ctxengine.summarize.fold import fold_span, max_summary_tokens, summary_budget
-from ctxengine.tokens import EstimateCounter, TokenCounter, get_counter
-
-if TYPE_CHECKING:
-    from ctxengine.config import Config
+from ctxengine.tokens import EstimateCounter, TokenCounter
 
 __all__ = ["CUTS_SUFFICED", "HARD_LIMIT_RATIO", "SUMMARY_END", "SUMMARY_PREFIX", "ContextCompressor"]
 
@@ -122,6 +120,9 @@ class ContextCompressor(SummaryTrigger):
     :class:`~ctxengine.summarize.extractive.ExtractiveSummarizer`, so the engine works with no
     LLM and no API key. ``counter`` counts tokens (the fast estimate by default).
     """
+
+    Settings: ClassVar[type[CompressionConfig]] = CompressionConfig
+    """The ``compressor:`` section (``compression:`` in the seeds)."""
 
     def __init__(
         self,
@@ -252,30 +253,19 @@ class ContextCompressor(SummaryTrigger):
             self.threshold_tokens = int((self.context_length - self.max_tokens) * self.threshold_ratio)
 
     @classmethod
-    def from_config(
-        cls,
-        config: Config,
-        context_length: int,
-        *,
-        summarizer: Summarizer | None = None,
-        store: Any = None,
-        reach: RecallReach | None = None,
-        **services: Any,
-    ) -> ContextCompressor:
-        """Build from ``config.compression`` and ``config.auxiliary.compression``.
+    def from_config(cls, settings: CompressionConfig | None = None, services: Services | None = None) -> ContextCompressor:
+        """Build from the ``compressor:`` section (``compression:`` in the seeds) and the
+        session's :class:`~ctxengine.engine.Services`.
 
-        With no ``summarizer`` given and ``auxiliary.compression.model`` null, summaries are
-        extractive (no LLM). ``store`` is accepted for the registry's uniform call: the session
-        store records the originals; ``recall`` (a :class:`ctxengine.recall.Recall`), when given,
-        also answers :meth:`retrievable`; ``reach`` (the session's
-        :class:`~ctxengine.engines.kit.records.RecallReach`) says whether the recall tools reach
-        the model, so the summary never names a tool the model cannot call.
+        The summarizer is ``services.summarizer``, else the one ``auxiliary.compression.model``
+        configures, else extractive (no LLM). The session store records the originals;
+        ``services.recall`` (a :class:`ctxengine.recall.Recall`), when given, also answers
+        :meth:`retrievable`; ``services.reach`` says whether the recall tools reach the model,
+        so the summary never names a tool the model cannot call.
         """
-        c = config.compression
-        summarizer = configured_summarizer(config, summarizer)
-        counter = services.get("counter")
+        c, services = checked(CompressionConfig, settings, services)
         return cls(
-            context_length=context_length,
+            context_length=services.context_length,
             threshold=c.threshold,
             target_ratio=c.target_ratio,
             protect_last_n=c.protect_last_n,
@@ -283,10 +273,10 @@ class ContextCompressor(SummaryTrigger):
             user_quote_budget_tokens=c.user_quote_budget_tokens,
             backoff_turns=c.backoff_turns,
             enabled=c.enabled,
-            summarizer=summarizer,
-            counter=counter if isinstance(counter, TokenCounter) else get_counter(config.context.token_counter),
-            recall=services.get("recall"),
-            reach=reach,
+            summarizer=configured_summarizer(services.config, services.summarizer),
+            counter=session_counter(services),
+            recall=services.recall,
+            reach=services.reach,
             quiet_mode=True,
         )
 

@@ -48,9 +48,9 @@ from typing import Any, ClassVar, cast
 
 from ctxengine.boundaries import group_spans
 from ctxengine.config import LcmConfig
-from ctxengine.engine import CompactionReport, ContextEngine
+from ctxengine.engine import CompactionReport, ContextEngine, Services
 from ctxengine.engines.kit import cut_output
-from ctxengine.engines.kit.build import configured_summarizer, settings_and_services
+from ctxengine.engines.kit.build import checked, configured_summarizer, session_counter
 from ctxengine.engines.kit.digest import digest
 from ctxengine.engines.kit.nodes import NodeStore, node_text_header
 from ctxengine.engines.kit.originals import node_id
@@ -102,7 +102,6 @@ class LcmEngine(ContextEngine):
 
     threshold_ratio = 0.75
     Settings: ClassVar[type[LcmConfig]] = LcmConfig
-    config_section: ClassVar[str | None] = "lcm"
 
     def __init__(
         self,
@@ -148,19 +147,18 @@ class LcmEngine(ContextEngine):
         self._recall: Recall | None = None
 
     @classmethod
-    def from_config(cls, *args: Any, **kwargs: Any) -> LcmEngine:
-        """``from_config(settings, services)`` (or the seed's ``(config, context_length,
-        **services)``): the ``lcm:`` section; the store is ``services.store`` (required: engines
-        never open one), the summarizer ``services.summarizer`` or the configured
-        ``auxiliary.compression`` model."""
-        settings, services = settings_and_services(LcmConfig, "lcm", args, kwargs)
+    def from_config(cls, settings: LcmConfig | None = None, services: Services | None = None) -> LcmEngine:
+        """The ``lcm:`` section; the store is ``services.store`` (required: engines never open
+        one), the summarizer ``services.summarizer`` or the configured ``auxiliary.compression``
+        model."""
+        settings, services = checked(LcmConfig, settings, services)
         if services.store is None:
             raise ConfigError(
                 "the lcm engine needs a session store: build it through ContextManager or pass "
                 "store=ctxengine.store.open_store(config.store) (store.enabled must not be false)"
             )
         summarizer = configured_summarizer(services.config, services.summarizer)
-        return cls(store=cast(LcmStore, services.store), context_length=services.context_length, summarizer=summarizer, counter=services.counter, session_id=services.session_id, **settings.model_dump())
+        return cls(store=cast(LcmStore, services.store), context_length=services.context_length, summarizer=summarizer, counter=session_counter(services), session_id=services.session_id, **settings.model_dump())
 
     @property
     def name(self) -> str:

@@ -49,7 +49,7 @@ from typing import Any, ClassVar
 
 from ctxengine.boundaries import group_spans
 from ctxengine.config import CompactionConfig
-from ctxengine.engine import CompactionReport, ContextEngine
+from ctxengine.engine import CompactionReport, ContextEngine, Services
 from ctxengine.engines.kit import (
     LINE_CHARS,
     MARK,
@@ -62,7 +62,7 @@ from ctxengine.engines.kit import (
     split_facts_block,
     unseen,
 )
-from ctxengine.engines.kit.build import settings_and_services, with_overrides
+from ctxengine.engines.kit.build import checked, session_counter, with_overrides
 from ctxengine.engines.kit.calls import call_preview, elide_args
 from ctxengine.engines.kit.originals import Originals, Refs
 from ctxengine.engines.kit.pacing import Pacing, settled_end
@@ -82,7 +82,7 @@ from ctxengine.tokens import EstimateCounter, TokenCounter, estimate
 __all__ = ["MARK", "RulesEngine", "RulesSettings"]
 
 RulesSettings = CompactionConfig
-"""The engine's settings model: seed 004's ``compaction:`` block."""
+"""The engine's settings model: the ``rules:`` section (seed 004's ``compaction:`` block)."""
 
 _FAILURE_RE = re.compile(
     r"(?i)\b(?:errors?|exception|traceback|failed|failure|fatal|panic)\b"
@@ -104,7 +104,6 @@ class RulesEngine(ContextEngine):
 
     deterministic = True
     Settings: ClassVar[type[CompactionConfig]] = CompactionConfig
-    config_section: ClassVar[str | None] = "compaction"
 
     def __init__(
         self,
@@ -125,15 +124,14 @@ class RulesEngine(ContextEngine):
         self._index: dict[str, frozenset[str]] = {}
 
     @classmethod
-    def from_config(cls, *args: Any, **kwargs: Any) -> RulesEngine:
-        """``from_config(settings, services)`` (or the seed's ``(config, context_length,
-        **services)``): the ``compaction:`` block, originals in ``services.store``."""
-        settings, services = settings_and_services(CompactionConfig, "compaction", args, kwargs)
+    def from_config(cls, settings: CompactionConfig | None = None, services: Services | None = None) -> RulesEngine:
+        """The ``rules:`` section (``compaction:`` in seed 004), originals in ``services.store``."""
+        settings, services = checked(CompactionConfig, settings, services)
         return cls(
             context_length=services.context_length,
             settings=settings,
             originals=Originals.from_services(services),
-            counter=services.counter,
+            counter=session_counter(services),
         )
 
     def tokens_of(self, message: Mapping[str, Any]) -> int:

@@ -1,10 +1,13 @@
 """Building an engine for one session: its validated settings and the session's services.
 
-``from_config(settings, services)`` is the contract (:class:`~ctxengine.engine.ContextEngine`);
-hosts written against the seed call ``from_config(config, context_length, **services)``.
-:func:`settings_and_services` accepts both, so each engine declares one pydantic settings model
-(its ``Settings``, the section of :class:`~ctxengine.config.Config` named ``config_section``)
-and reads nothing else.
+``from_config(settings, services)`` is the contract (:class:`~ctxengine.engine.ContextEngine`):
+each engine declares one pydantic settings model (its ``Settings``, the config section named
+after the engine) and reads nothing else. The registry adapts engines of other shapes once,
+where they are registered (:func:`ctxengine.registry.adapt`). :func:`session_counter` and
+:func:`configured_summarizer` read the two services an engine takes from the whole config.
+:func:`settings_and_services` serves engines written for an older page of the docs, whose
+``from_config(*args, **kwargs)`` accepted both ``(settings, services)`` and
+``(config, context_length, **services)``.
 """
 
 from __future__ import annotations
@@ -18,12 +21,12 @@ from pydantic import BaseModel
 from ctxengine.engine import Services
 from ctxengine.errors import ConfigError
 from ctxengine.summarize.base import Summarizer
-from ctxengine.tokens import get_counter
+from ctxengine.tokens import TokenCounter, get_counter
 
 if TYPE_CHECKING:
     from ctxengine.config import Config
 
-__all__ = ["configured_summarizer", "settings_and_services", "with_overrides"]
+__all__ = ["checked", "configured_summarizer", "session_counter", "settings_and_services", "with_overrides"]
 
 S = TypeVar("S", bound=BaseModel)
 
@@ -69,6 +72,39 @@ def settings_and_services(
         # context.token_counter reaches the engine (``exact`` counts with o200k)
         services = dataclasses.replace(services, counter=get_counter(cfg.context.token_counter))
     return settings, services
+
+
+def checked(model: type[S], settings: S | Mapping[str, Any] | None, services: Services | None) -> tuple[S, Services]:
+    """The arguments of ``from_config(settings, services)``, checked: ``settings`` an instance
+    of the engine's ``model`` (a mapping of its fields is validated; ``None``: the defaults),
+    ``services`` a :class:`Services` (``None``: the defaults). Anything else — a whole config,
+    a window — is a ``TypeError`` saying how to build the engine instead."""
+    if services is None:
+        services = Services()
+    elif not isinstance(services, Services):
+        raise TypeError(f"from_config(settings, services): services must be a Services, not {type(services).__name__}")
+    if settings is None:
+        return model(), services
+    if isinstance(settings, model):
+        return settings, services
+    if isinstance(settings, Mapping):
+        try:
+            return model.model_validate(dict(settings)), services
+        except ValueError as exc:
+            raise ConfigError(f"{model.__name__}: {exc}") from exc
+    raise TypeError(
+        f"from_config(settings, services): settings must be a {model.__name__}, not {type(settings).__name__}; "
+        "to build an engine from a whole config use ctxengine.create_engine(config, name=...) or EngineRegistry.create"
+    )
+
+
+def session_counter(services: Services) -> TokenCounter | None:
+    """``services.counter``, else the counter ``context.token_counter`` of ``services.config``
+    names, else ``None`` (the engine's default, the fast estimate)."""
+    if services.counter is not None:
+        return services.counter
+    cfg = services.config
+    return get_counter(cfg.context.token_counter) if cfg is not None and hasattr(cfg, "context") else None
 
 
 def with_overrides(model: type[S], settings: S | None, overrides: Mapping[str, Any]) -> S:

@@ -40,8 +40,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ctxengine.config import Config, load_config
+from ctxengine.config import SECTION_ALIASES, Config, load_config
 from ctxengine.engine import ContextEngine as CtxEngine
+from ctxengine.engine import Services
 from ctxengine.errors import ConfigError
 from ctxengine.manager import default_store
 from ctxengine.messages import Message, content_text, is_summary, validate
@@ -82,7 +83,8 @@ def settings_from_hermes_config(hermes_config: Mapping[str, Any] | None) -> Herm
 
     Keys: ``engine`` (the ctxengine engine: ``compressor``, ``rules``, ``lcm``, ``cacheaware`` or
     a plugin), ``config_file`` (a ctxengine config.yaml; default ``$CTXENGINE_CONFIG`` or the
-    defaults), and any ctxengine config section (``compression``, ``store``, ``auxiliary`` …)
+    defaults), and any ctxengine config section (``compressor`` or its older name
+    ``compression``, ``store``, ``auxiliary`` …)
     overriding that file. Unknown keys raise :class:`~ctxengine.errors.ConfigError` naming them.
     """
     section: Any = (hermes_config or {}).get(SECTION) or {}
@@ -95,7 +97,7 @@ def settings_from_hermes_config(hermes_config: Mapping[str, Any] | None) -> Herm
     config_file = data.pop("config_file", None)
     config = load_config(Path(str(config_file)).expanduser() if config_file else None)
     if data:
-        unknown = [k for k in data if k not in Config.model_fields or k == "source"]
+        unknown = [k for k in data if (k not in Config.model_fields and k not in SECTION_ALIASES) or k == "source"]
         if unknown:
             raise ConfigError(f"Hermes config.yaml: unknown key(s) in '{SECTION}': {', '.join(sorted(unknown))}")
         config = config.with_overrides(**{k: v for k, v in data.items()})
@@ -233,10 +235,8 @@ class HermesAdapter:
     def _build(self, context_length: int) -> CtxEngine:
         s = self.settings
         registry = self._registry or EngineRegistry(plugin_dirs=s.config.plugins.dirs, entry_points=s.config.plugins.entry_points)
-        services: dict[str, Any] = {}
-        if self.store is not None:
-            services["store"] = self.store
-        return registry.create(s.engine_name, s.config, context_length=context_length, **services)
+        services = Services(context_length=context_length, store=self.store, config=s.config)
+        return registry.create(s.engine_name, s.config, context_length=context_length, services=services)
 
     def _sync(self) -> None:
         inner = self._inner
