@@ -22,7 +22,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ctxengine.manager import ContextManager
+from ctxengine.kernel.engines import EngineHost
 from ctxengine.messages import Message
 from ctxengine.proxy.apis import ANTHROPIC, OPENAI
 from ctxengine.proxy.base import is_local as _is_local
@@ -171,16 +171,16 @@ def test_a_turn_that_compacts_is_planned_in_a_worker_thread(stub: StubServer, tm
     """Compaction may call a summarizer for seconds: never on the event loop."""
     loop_threads: set[int] = set()
     compacting_threads: set[int] = set()
-    real = ContextManager._compress
+    real = EngineHost.compress
 
-    def spy(self: ContextManager, *args: Any, **kwargs: Any) -> Any:
+    def spy(self: EngineHost, *args: Any, **kwargs: Any) -> Any:
         compacting_threads.add(threading.get_ident())
         return real(self, *args, **kwargs)
 
     stub.responder = lambda req: StubReply.ok("ack " + "z" * 40)
     cfg = make_config(stub, tmp_path, context={"engine": "compressor"}, model={"context_length": 6000})
     with pytest.MonkeyPatch.context() as mp, caplog.at_level(logging.DEBUG, logger="ctxengine.proxy"):
-        mp.setattr(ContextManager, "_compress", spy)
+        mp.setattr(EngineHost, "compress", spy)
         with ProxyServer(cfg) as p:
             assert p._thread is not None
             loop_threads.add(p._thread.ident or 0)
