@@ -680,5 +680,5 @@ class SessionHistory:
     def _prune_tokens(self, keep: Sequence[Mapping[str, Any]]) -> None:
         ids = {id(m) for m in keep}
         # the items copied at once: an engine's compress that ran past its deadline may still
-        # be counting through this memo on its worker thread (the manager's _SessionEstimate)
+        # be counting through this memo on its worker thread (ctxengine.kernel.counting.SessionEstimate)
         self._tokens = {k: v for k, v in list(self._tokens.items()) if k in ids}
