@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+from pathlib import Path
 from typing import Any
 
 from ctxengine.config import Config
@@ -178,3 +179,20 @@ def test_an_engine_with_its_own_recall_tools_is_not_offered_a_second_set() -> No
     )
     mgr.prepare(_history())
     assert _names(mgr.tools([])) == ["lcm_grep"]
+
+
+def test_flushing_a_session_that_lost_text_indexes_its_identifiers(tmp_path: Path) -> None:
+    """The identifier index is built after the response (flush_records), not by the next search."""
+    store = SqliteStore(tmp_path / "s.db")
+    mgr = ContextManager(Config(), model="gpt-4o", context_length=8_000, store=store)
+    msgs: list[Message] = [{"role": "system", "content": "agent"}, {"role": "user", "content": "fix it"}]
+    for k in range(8):
+        msgs += [
+            {"role": "assistant", "content": None, "tool_calls": [{"id": f"c{k}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": f"c{k}", "content": f"/srv/app/module{k}/handler{k}.py\n" + "line of output\n" * 300},
+        ]
+        mgr.prepare(list(msgs), session_id="s", defer_record=True)
+        mgr.flush_records("s")
+    assert mgr.status("s")["compactions"] + mgr.status("s")["window_cuts"] >= 1
+    assert store.unindexed_texts("s", limit=10) == []
+    store.close()

@@ -4,6 +4,7 @@ resumed from the store's record, and ended (seed 002's lifecycle hooks)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 
@@ -16,6 +17,8 @@ from ctxengine.kernel.state import SessionState
 from ctxengine.messages import Message
 from ctxengine.recall import Recall
 from ctxengine.storage import RecallStore
+
+log = logging.getLogger("ctxengine.manager")
 
 __all__ = ["SessionTable"]
 
@@ -121,3 +124,11 @@ class SessionTable:
         for s in targets:
             with s.lock:
                 Recorder.flush(s)
+                if s.lost and s.recall is not None:
+                    # the session lost text: index the identifiers of what was recorded now,
+                    # after the response, rather than in the next ctx_grep (whose first call on a
+                    # long session would index thousands of messages)
+                    try:
+                        s.recall.index_identifiers()
+                    except Exception as exc:  # best effort: ctx_grep indexes what is left
+                        log.warning("session %s: indexing its identifiers failed: %s: %s", s.id, type(exc).__name__, exc)
