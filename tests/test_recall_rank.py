@@ -138,3 +138,19 @@ def test_the_identifier_index_is_built_once_and_answers_from_the_store() -> None
     store.append_messages("s", [{"role": "user", "content": "see /new/place/Late.java"}])
     assert _grep(recall, query="Late.java")["results"][0]["snippet"] == "/new/place/Late.java"
     store.close()
+
+
+def test_the_probe_tells_apart_facts_no_single_query_can_single_out() -> None:
+    """Seven paths ending with the same file name: one query for the name cannot put each in
+    the first five results. They count as removed facts, and not among the distinctive ones."""
+    listing = [f"/sys/devices/tty/ttyS{k}/power/runtime_status" for k in range(7)]
+    unique = "/srv/app/handlers/payment_gateway.py"
+
+    def grep(q: str) -> str:  # an ideal search: every removed line that holds the query, in order
+        hits = [line for line in [*listing, unique] if q in line]
+        return json.dumps({"results": [{"text": h} for h in hits]})
+
+    distinct: dict[str, list[int]] = {}
+    total, found, _misses = probe_recall(grep, {"paths": [*listing, unique]}, distinct=distinct)
+    assert total == {"paths": 8} and found == {"paths": 6}  # the 6th and 7th listing paths miss
+    assert distinct == {"paths": [1, 1]}  # only the unique file's query is distinctive

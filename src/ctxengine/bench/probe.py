@@ -24,6 +24,13 @@ fact's kind (:func:`realistic_query`):
 A removed fact is a fact of what the agent saw that is not verbatim in the last request. It is
 *recalled* when it appears verbatim in the text of one of the first :data:`TOP` results of that
 one ``ctx_grep`` call (a call fact: its command line, as written or JSON-escaped).
+
+Some facts cannot be told apart by such a query: the same query stands for more than :data:`TOP`
+different removed facts of the kind (``runtime_status`` for each of the hundreds of paths of a
+``/sys`` listing that end with it; ``JacksonException`` for every method signature that throws
+it). No ranking puts each of them in the first five results of that one query; an agent narrows
+its search instead. The probe counts them as any other fact, and also reports the share among the
+facts whose query is *distinctive* (shared by at most :data:`TOP` removed facts of the kind).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -143,21 +151,29 @@ def probe_recall(
     grep: Callable[[str], str],
     removed: Mapping[str, Sequence[str]],
     stats: dict[str, list[float]] | None = None,
+    distinct: dict[str, list[int]] | None = None,
 ) -> tuple[dict[str, int], dict[str, int], dict[str, list[dict[str, Any]]]]:
     """Ask ``grep`` (one ``ctx_grep`` call: query → JSON answer) once per removed fact.
 
     Returns ``(total, recalled, misses)`` by kind; ``misses`` holds up to ten
     ``{"fact", "query"}`` per kind. ``stats``, when given, receives each call's time
-    (``"ms"``) and answer size in characters (``"chars"``)."""
+    (``"ms"``) and answer size in characters (``"chars"``); ``distinct``, when given,
+    ``[total, recalled]`` by kind over the facts whose query is distinctive (see the module
+    docstring)."""
     total: dict[str, int] = {}
     found: dict[str, int] = {}
     misses: dict[str, list[dict[str, Any]]] = {}
     for kind, facts in removed.items():
+        queries = {fact: realistic_query(kind, fact) for fact in dict.fromkeys(facts)}
+        share = Counter(q for q in queries.values() if q is not None)
         for fact in facts:
-            q = realistic_query(kind, fact)
+            q = queries[fact]
             if q is None:
                 continue
             total[kind] = total.get(kind, 0) + 1
+            counted = distinct.setdefault(kind, [0, 0]) if distinct is not None and share[q] <= TOP else None
+            if counted is not None:
+                counted[0] += 1
             t0 = time.perf_counter()
             answer = grep(q)
             if stats is not None:
@@ -167,6 +183,8 @@ def probe_recall(
             forms = _forms(kind, fact)
             if any(f in t for t in texts for f in forms):
                 found[kind] = found.get(kind, 0) + 1
+                if counted is not None:
+                    counted[1] += 1
             elif len(misses.setdefault(kind, [])) < MISSES_KEPT:
                 misses[kind].append({"fact": fact[:300], "query": q})
     return total, found, misses

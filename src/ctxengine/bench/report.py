@@ -109,8 +109,10 @@ def format_table(result: BenchResult) -> str:
         if sum(total.values()):
             kinds = ", ".join(f"{k} {_pct(t.search_recall(k))}" for k in total if total[k])
             d = t.to_dict()
+            share, n = t.distinct_recall()
             searched.append(
                 f"{result.label(name)} {_pct(t.search_recall())} of {sum(total.values())} ({kinds};"
+                f" distinctive queries {_pct(share)} of {n};"
                 f" p50 {d['search_p50_ms']:.1f} ms, largest answer {d['search_answer_max_tokens']:,} tokens)"
             )
     if searched:

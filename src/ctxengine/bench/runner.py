@@ -169,6 +169,9 @@ class SessionRun:
     """Removed facts one realistic ``ctx_grep`` returned in its first TOP results
     (:mod:`ctxengine.bench.probe`)."""
     search_misses: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    search_distinct: dict[str, list[int]] = field(default_factory=dict)
+    """``[removed, recalled]`` by kind over the facts whose realistic query is distinctive
+    (shared by at most TOP removed facts of the kind; :mod:`ctxengine.bench.probe`)."""
     search_ms: list[float] = field(default_factory=list)
     """Time of each probe search (ms)."""
     search_answer_tokens: list[int] = field(default_factory=list)
@@ -219,6 +222,7 @@ class SessionRun:
             "removed_total": self.removed_total,
             "search_recalled": self.search_recalled,
             "search_misses": self.search_misses,
+            "search_distinct": self.search_distinct,
             "search_p50_ms": round(percentile(self.search_ms, 50), 3),
             "search_answer_max_tokens": max(self.search_answer_tokens, default=0),
             "anthropic": self.anthropic.to_dict(per_call=per_call) if self.anthropic else None,
@@ -358,7 +362,7 @@ def run_session(
             return answer
 
         stats: dict[str, list[float]] = {}
-        run.removed_total, run.search_recalled, run.search_misses = probe_recall(grep_kept, removed, stats)
+        run.removed_total, run.search_recalled, run.search_misses = probe_recall(grep_kept, removed, stats, run.search_distinct)
         run.search_ms = stats.get("ms", [])
         largest = sorted(answers, key=len, reverse=True)[:10]
         run.search_answer_tokens = [exact.exact_message({"role": "tool", "content": a}) for a in largest]
@@ -446,6 +450,13 @@ class EngineTotals:
         total = {k: sum(r.removed_total.get(k, 0) for r in self.runs) for k in PROBE_KINDS}
         found = {k: sum(r.search_recalled.get(k, 0) for r in self.runs) for k in PROBE_KINDS}
         return total, found
+
+    def distinct_recall(self) -> tuple[float, int]:
+        """Share of the removed facts with a distinctive query that one search brings back, and
+        how many such facts there were (see :mod:`ctxengine.bench.probe`)."""
+        n = sum(v[0] for r in self.runs for v in r.search_distinct.values())
+        found = sum(v[1] for r in self.runs for v in r.search_distinct.values())
+        return (1.0 if n == 0 else found / n), n
 
     def search_recall(self, kind: str | None = None) -> float:
         """Share of removed facts one realistic ``ctx_grep`` brings back in its first TOP results."""
