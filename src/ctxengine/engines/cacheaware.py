@@ -218,7 +218,9 @@ class CacheAwareEngine(ContextEngine):
         t0 = time.perf_counter()
         s = self.settings
         before = sum(self._tokens(m) for m in messages)
-        over = before >= self.threshold_tokens
+        # the host's count (tool definitions included; a forced compaction is judged at the
+        # threshold) and a manual compaction with a topic count as reaching the threshold
+        over = max(before, int(current_tokens or 0)) >= self.threshold_tokens or focus_topic is not None
         giant, waiting = self._plan(messages)
         ids = Refs(self.originals, messages)
         plan: dict[int, tuple[int, Message]] = {}  # start -> (end, replacement)

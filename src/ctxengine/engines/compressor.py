@@ -55,10 +55,11 @@ from __future__ import annotations
 import logging
 import time
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from ctxengine.boundaries import sanitize_tool_pairs
 from ctxengine.engine import CompactionReport
+from ctxengine.engines.cacheaware import CacheAwareEngine
 from ctxengine.engines.compressor_compat import (
     check_keywords,
     hermes_summarizer,
@@ -66,6 +67,7 @@ from ctxengine.engines.compressor_compat import (
     target_ratio_for,
     window_for,
 )
+from ctxengine.engines.compressor_modes import DigestMode, digest_policy, resolve_mode
 from ctxengine.engines.kit.build import configured_summarizer
 from ctxengine.engines.kit.cutpolicy import (
     BATCH,
@@ -115,13 +117,17 @@ MAX_CONSECUTIVE = 3
 """Compaction never runs on more calls in a row than this unless the window requires it."""
 
 
-class ContextCompressor(SummaryTrigger):
-    """The default engine (see the module docstring).
+class SummaryCompressor(SummaryTrigger):
+    """The summarizing path of the default engine (see the module docstring); the engine is
+    :class:`ContextCompressor`, which adds the digest mode.
 
     ``summarizer`` writes summaries; ``None`` uses the deterministic
     :class:`~ctxengine.summarize.extractive.ExtractiveSummarizer`, so the engine works with no
     LLM and no API key. ``counter`` counts tokens (the fast estimate by default).
     """
+
+    _digests: CacheAwareEngine | None = None
+    """The digest policy (digest mode: :class:`~ctxengine.engines.compressor_modes.DigestMode`)."""
 
     def __init__(
         self,
@@ -159,6 +165,7 @@ class ContextCompressor(SummaryTrigger):
         cut_before_summary: bool = True,
         recall: Any = None,
         reach: RecallReach | None = None,
+        mode: str = "summary",
         **services: Any,
     ) -> None:
         """Keywords as in the seed's config (``threshold``, ``target_ratio`` …) or as Hermes
@@ -174,6 +181,10 @@ class ContextCompressor(SummaryTrigger):
         ``cut_before_summary``: at the threshold, first cut every older whole output; when that
         lands at or under ``0.75 × threshold`` no summary is written (a cheaper rewrite; measured
         on the long sessions 0.50x -> 0.48x of no compaction, at 32K 1.05x -> 1.02x).
+
+        ``mode``: ``summary`` (the default of a direct construction, as Hermes' compressor),
+        ``digest`` (the cheapest policy under prompt caching, what a config without a
+        summarizer gets) or ``auto`` (summary when a summarizer is given).
 
         Unknown keywords are refused (``TypeError``) except the host services (``store``,
         ``session_id`` …), which are accepted and unused.
@@ -231,6 +242,10 @@ class ContextCompressor(SummaryTrigger):
         self._header = _prompt("summary_header.md")
         self._recallable: set[str] = set()
         self._summaries = 0
+        if resolve_mode(mode, summarizer=summarizer) == "digest":
+            self._use_digests(
+                digest_policy(None, window, store=services.get("store"), counter=self.counter, reach=self.reach, session_id=services.get("session_id"))
+            )
         if not self.quiet_mode:
             log.info(
                 "compressor: context_length=%d threshold=%d (%.0f%%) tail budget=%d summarizer=%s",
@@ -244,6 +259,13 @@ class ContextCompressor(SummaryTrigger):
     @property
     def name(self) -> str:
         return "compressor"
+
+    def _use_digests(self, policy: CacheAwareEngine) -> None:
+        """Compact with ``policy`` from now on (digest mode); the engine's threshold is the
+        policy's (what a host judges a forced compaction by)."""
+        self._digests = policy
+        self.threshold_ratio = policy.threshold_ratio
+        self.threshold_tokens = policy.threshold_tokens
 
     def _apply_reserve(self) -> None:
         """Hermes' ``max_tokens``: the reply's room comes out of the window the threshold is
@@ -261,11 +283,13 @@ class ContextCompressor(SummaryTrigger):
         store: Any = None,
         reach: RecallReach | None = None,
         **services: Any,
-    ) -> ContextCompressor:
+    ) -> Self:
         """Build from ``config.compression`` and ``config.auxiliary.compression``.
 
         With no ``summarizer`` given and ``auxiliary.compression.model`` null, summaries are
-        extractive (no LLM). ``store`` is accepted for the registry's uniform call: the session
+        extractive (no LLM). ``compression.mode`` (default ``auto``) picks digests when no
+        summarizer is configured, summaries otherwise
+        (:mod:`ctxengine.engines.compressor_modes`). ``store`` is accepted for the registry's uniform call: the session
         store records the originals; ``recall`` (a :class:`ctxengine.recall.Recall`), when given,
         also answers :meth:`retrievable`; ``reach`` (the session's
         :class:`~ctxengine.engines.kit.records.RecallReach`) says whether the recall tools reach
@@ -274,7 +298,7 @@ class ContextCompressor(SummaryTrigger):
         c = config.compression
         summarizer = configured_summarizer(config, summarizer)
         counter = services.get("counter")
-        return cls(
+        engine = cls(
             context_length=context_length,
             threshold=c.threshold,
             target_ratio=c.target_ratio,
@@ -289,6 +313,18 @@ class ContextCompressor(SummaryTrigger):
             reach=reach,
             quiet_mode=True,
         )
+        if resolve_mode(c.mode, summarizer=summarizer) == "digest":
+            engine._use_digests(digest_policy(
+                config,
+                engine.context_length,
+                store=store,
+                counter=engine.counter,
+                reach=engine.reach,
+                session_id=services.get("session_id"),
+                # a threshold other than the default says where old turns fold
+                threshold=c.threshold if c.threshold != type(c).model_fields["threshold"].default else None,
+            ))
+        return engine
 
     # -- budgets ---------------------------------------------------------------------------------
     @property
@@ -520,3 +556,9 @@ class ContextCompressor(SummaryTrigger):
         if self.compression_count == 0 and self._frozen is None and head and head[0].get("role") == "system":
             head[0] = with_note(head[0], self._note)
         return place_summary(head, f"{self._header}\n\n{summary}\n{SUMMARY_END}", pulled, tail)
+
+
+class ContextCompressor(DigestMode, SummaryCompressor):
+    """The default engine: built from a config with no summarizer it compacts with digests
+    (``compression.mode``, :mod:`ctxengine.engines.compressor_modes`), else with summaries
+    (:class:`SummaryCompressor`, the module docstring)."""
