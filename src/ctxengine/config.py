@@ -17,7 +17,7 @@ Keys and defaults follow the seed system so its users can bring their file::
         model: null                 # null: no LLM, the extractive summarizer
         base_url: null              # any OpenAI-compatible endpoint
     prompt_caching:
-      cache_ttl: 5m                 # 5m | 1h
+      cache_ttl: 5m                 # 5m | 1h | auto (1h once a person paces the session)
       strategy: auto                # auto (planner: measured cheapest) | planner | system_and_3
     model:
       default: null                 # the model of ContextManager.from_config
@@ -152,7 +152,10 @@ class AuxiliaryConfig(_Section):
 
 class PromptCachingConfig(_Section):
     enabled: bool | Literal["auto"] = "auto"
-    cache_ttl: Literal["5m", "1h"] | None = None
+    cache_ttl: Literal["5m", "1h", "auto"] | None = Field(
+        None,
+        description="TTL of the cache markers: 5m, 1h, or auto (1h once a person paces the session, a pause over a minute between requests; 5m while it is machine-paced). Default: model.cache_ttl, else 5m.",
+    )
     strategy: Literal["auto", "system_and_3", "planner"] = Field(
         "auto",
         description="Where cache breakpoints go: auto (the placement measured cheapest for the provider: planner), planner, or the seed's system_and_3.",
@@ -334,7 +337,7 @@ class Config(_Section):
         return self
 
     @property
-    def cache_ttl(self) -> Literal["5m", "1h"]:
+    def cache_ttl(self) -> Literal["5m", "1h", "auto"]:
         """``prompt_caching.cache_ttl``, else the older ``model.cache_ttl``, else ``5m``."""
         return self.prompt_caching.cache_ttl or self.model.cache_ttl or "5m"
 

@@ -58,6 +58,7 @@ import importlib
 import json
 import logging
 import threading
+import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -65,6 +66,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ctxengine.caching import (
+    CachePace,
     CachingStatus,
     Placement,
     apply_breakpoints,
@@ -242,6 +244,7 @@ class _Session:
     window_cuts: int = 0
     fallback_reason: str | None = None
     history: SessionHistory = field(default_factory=SessionHistory)
+    pace: CachePace = field(default_factory=CachePace)  # cache_ttl: auto (caching.CachePace)
     pending: Callable[[], list[str] | None] | None = None  # a turn's deferred recording (prepare(defer_record=True))
     tally: WindowTally = field(default_factory=WindowTally)  # the window cap's running sums
     # what the last prepared request carries besides its messages (tool definitions): the
@@ -1211,7 +1214,9 @@ class ContextManager:
         indices = self.breakpoints(messages, session_id=session_id)
         if not self.caching.enabled:
             return list(messages)
-        ttl = self.caching.cache_ttl
+        pace = self._session(session_id).pace
+        ttl = pace.ttl("auto" if self.caching.auto_ttl else self.caching.cache_ttl)
+        pace.observe(time.monotonic(), ttl)
         native = self.caching.native_anthropic
         return apply_breakpoints(messages, indices, cache_ttl=ttl, native_anthropic=native, share_unmarked=True)
 
@@ -1228,6 +1233,7 @@ class ContextManager:
             s.cache_read_tokens += u.cache_read_tokens
             s.cache_write_tokens += u.cache_write_tokens
             s.prompt_tokens_total += u.prompt_tokens
+            s.pace.wrote(u.cache_write_tokens, u.prompt_tokens)
 
     def counters(self, session_id: str | None = None) -> dict[str, int]:
         """The session's turn counters (``turns``, ``compactions``, ``last_tokens``): what

@@ -91,7 +91,8 @@ def format_table(result: BenchResult) -> str:
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     title = (
-        f"{len(result.sessions)} session(s), window {result.context_length:,} tokens, placement {result.placement}; "
+        f"{len(result.sessions)} session(s), window {result.context_length:,} tokens, placement {result.placement}, "
+        f"cache TTL {result.cache_ttl}" + (f", {result.pause:g} s pause between tasks" if result.pause else "") + "; "
         f"input cost priced as {result.anthropic_model} (Anthropic cache) and {result.openai_model} (OpenAI cache); "
         f"facts kept = verbatim in the last request or retrievable from the engine; {result.elapsed_s:.1f} s"
     )

@@ -21,9 +21,11 @@ mode is ``digest``; a :class:`~ctxengine.engines.compressor.ContextCompressor` b
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from ctxengine.engines.cacheaware import CacheAwareEngine
+from ctxengine.engines.kit.originals import Originals
 from ctxengine.errors import ConfigError
 from ctxengine.messages import Message
 
@@ -66,10 +68,14 @@ def digest_policy(
     settings = config.cacheaware if config is not None else CacheAwareConfig()
     if threshold is not None:
         settings = settings.model_copy(update={"fold_ratio": float(threshold), "fold_target": min(settings.fold_target, float(threshold) * 0.7)})
-    services: dict[str, Any] = {"store": store, "counter": counter, "reach": reach}
-    if session_id:
-        services["session_id"] = session_id
-    return CacheAwareEngine.from_config(settings, context_length=context_length, **{k: v for k, v in services.items() if v is not None})
+    originals = Originals(store, session_id or "default", counter=counter, reach=reach) if store is not None else None
+    return CacheAwareEngine(
+        context_length=context_length,
+        settings=settings,
+        originals=originals,
+        counter=counter,
+        cache_ttl=config.cache_ttl if config is not None else "5m",
+    )
 
 
 class DigestMode:
@@ -83,6 +89,16 @@ class DigestMode:
     last_report: Any
     threshold_ratio: float
     threshold_tokens: int
+
+    @property
+    def clock(self) -> Callable[[], float] | None:
+        """The digest policy's clock (seconds; a replay sets its simulated one), else None."""
+        return self._digests.clock if self._digests is not None else None
+
+    @clock.setter
+    def clock(self, value: Callable[[], float]) -> None:
+        if self._digests is not None:
+            self._digests.clock = value
 
     @property
     def mode(self) -> Mode:
