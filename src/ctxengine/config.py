@@ -206,11 +206,12 @@ class LcmConfig(_Section):
 
 
 class CacheAwareConfig(_Section):
-    """The ``cacheaware`` engine (``cacheaware:``); defaults measured on the long sessions of
-    ../shared/data (DESIGN §3.8): the last 3 tool exchanges stay whole, older ones are folded
-    in batches of 8 into digests of actions and facts."""
+    """The ``cacheaware`` engine (``cacheaware:``) and the compressor's digest mode; defaults
+    measured on the long sessions and the 32K single runs of ../shared/data (DESIGN §3.8): the
+    last 2 tool exchanges stay whole, older ones are folded in batches of 8 into digests of
+    actions and facts, down to 25 % of the window when the context passes 55 %."""
 
-    keep_recent: int = Field(3, ge=0, description="Tool exchanges at the end kept whole (the agent is still using them).")
+    keep_recent: int = Field(2, ge=0, description="Tool exchanges at the end kept whole (the agent is still using them).")
     batch: int = Field(8, ge=1, description="Compact once this many older whole outputs wait…")
     batch_tokens: int = Field(6000, ge=0, description="…or once they hold this many tokens.")
     cut_min_tokens: int = Field(120, ge=0, description="Outputs shorter than this are never cut.")
@@ -223,7 +224,7 @@ class CacheAwareConfig(_Section):
     giant_ratio: float = Field(0.08, gt=0.0, le=1.0, description="A new output larger than this share of the window is cut before it is sent.")
     giant_tokens: int = Field(1500, ge=100, description="Size a giant output is cut to.")
     fold_ratio: float = Field(0.55, gt=0.0, le=1.0, description="Fold old turns when the context passes this share of the window…")
-    fold_target: float = Field(0.35, gt=0.0, lt=1.0, description="…down to this share.")
+    fold_target: float = Field(0.25, gt=0.0, lt=1.0, description="…down to this share.")
     fold_run_tokens: int = Field(2000, ge=0, description="When a new user turn begins, fold the previous turn's run if it holds this many tokens (0: off).")
     cost_aware: bool = Field(True, description="Compact a batch only when it pays for its cache rewrite.")
     min_horizon: int = Field(8, ge=1)
