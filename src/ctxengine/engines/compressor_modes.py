@@ -7,7 +7,9 @@
   tool exchanges stay whole, older ones are folded in batches into digests of actions and
   facts, giant outputs are cut before they are sent, the settled prefix is never rewritten.
   Measured on real agent runs it costs about two thirds of the summarizing path on long
-  sessions and less on single runs, with every fact kept (verbatim or retrievable).
+  sessions and less on single runs, with every fact kept (verbatim or retrievable). What
+  digests cannot bring under the threshold (files pasted into user messages, long chats
+  without tools) is then summarized, as in ``summary`` mode: the summary only where it pays.
 * ``summary`` — the structured summary of :mod:`ctxengine.engines.compressor`, written by the
   configured LLM (or the extractive summarizer), updated iteratively.
 * ``auto`` (default) — ``summary`` when a summarizer is configured
@@ -133,6 +135,14 @@ class DigestMode:
         if d.compression_count != count:
             self.compression_count += 1
             self.last_report = d.last_report
+        judged = max(int(current_tokens or 0), sum(d._tokens(m) for m in messages))
+        if judged >= d.threshold_tokens or focus_topic is not None:
+            # at the threshold, what digests cannot fold (pasted files, long chats without
+            # tools) is summarized: the summary pays where nothing else gets under it
+            left = sum(d._tokens(m) for m in out)
+            if left >= d.threshold_tokens or (focus_topic is not None and out is messages):
+                summarized: list[Message] = super().compress(out, max(left, int(current_tokens or 0)) if out is messages else left, focus_topic)  # type: ignore[misc]
+                return summarized
         return out
 
     def retrievable(self, text: str) -> bool:
