@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from ctxengine.bench.baselines import MASK_PLACEHOLDER, MaskingBaseline, NoCompaction
 from ctxengine.bench.compose import compose, compose_sessions
-from ctxengine.bench.report import format_table, write_chart, write_json
+from ctxengine.bench.report import cost_and_facts, format_table, ranked, write_chart, write_json
 from ctxengine.bench.runner import engine_retrievable, run_bench
 from ctxengine.cli.main import cli
 from ctxengine.engine import ContextEngine
@@ -192,15 +192,26 @@ def test_the_default_configuration_runs_beside_the_baselines_with_a_summary_line
     assert all(r.engine == "default" for r in default.runs)
     table = format_table(result)
     summary = table.splitlines()[-1]
-    assert summary.startswith("summary: ")
+    assert summary.startswith("summary, cheapest first: ")
     for name in ("default (compressor, planner)", "mask10", "compressor"):
         assert name in summary
-    t = result.engines["mask10"]
-    ratio = t.anthropic_cost / result.engines["none"].anthropic_cost
-    assert f"mask10 {ratio:.2f}× none, {t.over_window} over-window, {100 * t.retention():.1f}% facts" in summary
+    t, none = result.engines["mask10"], result.engines["none"]
+    ratio, openai = t.anthropic_cost / none.anthropic_cost, t.openai_cost / none.openai_cost
+    rank = ranked(result).index("mask10") + 1
+    assert f"{rank}. mask10 {ratio:.2f}× none (OpenAI {openai:.2f}×), {t.invalid_requests} invalid, {t.over_window} over-window, {100 * t.retention():.1f}% facts" in summary
+    # ranked by cost: each configuration's position in the line follows its cost
+    order = ranked(result)
+    costs = [result.engines[n].anthropic_cost for n in order]
+    assert costs == sorted(costs) and "none" not in order
+    positions = [summary.index(f"{k}. {result.label(n)} ") for k, n in enumerate(order, 1)]
+    assert positions == sorted(positions)
     page = tmp_path / "c.html"
     write_chart(result, page)
-    assert "default (compressor, planner)" in page.read_text()
+    text = page.read_text()
+    assert "default (compressor, planner)" in text and "against facts kept" in text
+    # one point per configuration, the no-compaction baseline at 1.00×
+    assert text.count("<circle") == len(result.engines)
+    assert next((a, round(b, 6), c) for a, b, c in cost_and_facts(result) if a == "none") == ("none", 1.0, 1.0)
     # the same configuration under two names runs once
     same = run_bench(sessions[:1], ["default", "compressor"], context_length=16_000, placement="planner")
     assert same.engines["default"].anthropic_cost == same.engines["compressor"].anthropic_cost

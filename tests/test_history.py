@@ -42,7 +42,8 @@ def _head(tag: str = "") -> list[Message]:
 
 
 def _mgr(store: Any = None, window: int = WINDOW) -> ContextManager:
-    return ContextManager(Config(), model="claude-sonnet-4.5", provider="anthropic", context_length=window, store=store)
+    # the summarizing path compacts at a known threshold: what these history tests need
+    return ContextManager(Config.from_dict({"compression": {"mode": "summary"}}), model="claude-sonnet-4.5", provider="anthropic", context_length=window, store=store)
 
 
 def _texts(msgs: list[Message]) -> str:

@@ -476,7 +476,8 @@ def test_the_session_shared_estimate_memo_changes_no_decision() -> None:
 def test_prepare_compact_compacts_now_whatever_the_trigger_says() -> None:
     from ctxengine.config import Config
 
-    mgr = ContextManager(Config(), model="gpt-4o", store=None)
+    # the summarizing path: digests (the default) fold these finished turns on their own
+    mgr = ContextManager(Config.from_dict({"compression": {"mode": "summary"}}), model="gpt-4o", store=None)
     msgs: list[dict[str, Any]] = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "fix the build"}]
     for i in range(12):
         call = {"id": f"c{i}", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}

@@ -63,7 +63,7 @@ def test_deferred_turns_give_the_same_context_and_the_same_record(tmp_path: Path
     summarises too), which write the pending turn before the engine runs."""
     msgs = _session(trajectories)
     sync, s_store, s_mgr = _replay(tmp_path, msgs, defer=False, window=window)
-    assert s_mgr.status(SESSION)["compactions"] >= 2
+    assert s_mgr.status(SESSION)["compactions"] >= (2 if window < 100_000 else 1)  # digests fold in batches: fewer at 1M
     for flush_each in (True, False):  # flushed by the caller, or by the next turn
         where = tmp_path / f"flush_each_{flush_each}"
         where.mkdir()
@@ -211,7 +211,7 @@ def test_the_cheap_turn_first_gives_the_same_contexts_and_record(tmp_path: Path,
     assert outs == sync
     assert store.history(SESSION) == s_store.history(SESSION)
     assert store.originals(SESSION) == s_store.originals(SESSION)
-    assert mgr.status(SESSION)["compactions"] == s_mgr.status(SESSION)["compactions"] >= 2
+    assert mgr.status(SESSION)["compactions"] == s_mgr.status(SESSION)["compactions"] >= (2 if window < 100_000 else 1)  # digests fold in batches
     assert "a deferred store write is pending" in reasons  # the turns not flushed in between
     assert len(reasons) < len(outs)  # most turns were cheap
     if window == 16_000:

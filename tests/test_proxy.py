@@ -397,7 +397,8 @@ def test_a_long_replayed_session_compacts_and_recalls(stub: StubServer, tmp_path
 def test_recall_through_the_manager_after_compaction(stub: StubServer, tmp_path: Path) -> None:
     """The kernel's store-backed ``ctx_grep`` (offered once the context lost text) is added by
     the proxy, answered by the manager, and never seen by the client."""
-    cfg = make_config(stub, tmp_path, context={"engine": "compressor"}, model={"context_length": 6000})
+    # the summarizing path: it compacts this chat at a known point (digests fold tool exchanges)
+    cfg = make_config(stub, tmp_path, context={"engine": "compressor"}, compression={"mode": "summary"}, model={"context_length": 6000})
     secret = "sha 9f3c2e1 failed: tests/test_io.py::test_roundtrip"
     grep_results: list[str] = []
 
@@ -447,7 +448,8 @@ def test_recall_through_the_manager_after_compaction(stub: StubServer, tmp_path:
 
 
 def test_idle_sessions_end_and_a_returning_client_resumes_from_the_store(stub: StubServer, tmp_path: Path) -> None:
-    cfg = make_config(stub, tmp_path, context={"engine": "compressor"}, model={"context_length": 6000}, proxy={"session_idle_seconds": 0.3})
+    # the summarizing path: it compacts this chat at a known point (digests fold tool exchanges)
+    cfg = make_config(stub, tmp_path, context={"engine": "compressor"}, compression={"mode": "summary"}, model={"context_length": 6000}, proxy={"session_idle_seconds": 0.3})
     stub.responder = lambda req: StubReply.ok("ack " + "z" * 40)
     with ProxyServer(cfg) as p:
         c = oai(p, default_headers={SESSION_HEADER: "idle"})

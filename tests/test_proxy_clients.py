@@ -37,7 +37,8 @@ def _agent_turns(c: openai.OpenAI, msgs: list[Any], turns: int, model: str, star
 
 
 def test_switching_model_mid_conversation_continues_the_working_context(stub: StubServer, tmp_path: Path) -> None:
-    cfg = make_config(stub, tmp_path, context={"engine": "compressor"}, model={"context_length": 6000})
+    # the summarizing path: its compactions come at known points (digests fold more often)
+    cfg = make_config(stub, tmp_path, context={"engine": "compressor"}, compression={"mode": "summary"}, model={"context_length": 6000})
     stub.responder = lambda req: StubReply.ok("ack " + "z" * 40)
     with ProxyServer(cfg) as p:
         c = openai.OpenAI(base_url=p.openai_base_url, api_key=KEY, max_retries=0, default_headers={SESSION_HEADER: "switch"})
@@ -166,7 +167,8 @@ def test_a_context_length_rejection_is_learnt_compacted_and_retried_unseen(stub:
         return StubReply.ok("ack")
 
     stub.responder = responder
-    cfg = make_config(stub, tmp_path, context={"engine": "compressor"})
+    # the summarizing path lets the context reach the upstream's window (digests stay under it)
+    cfg = make_config(stub, tmp_path, context={"engine": "compressor"}, compression={"mode": "summary"})
     with ProxyServer(cfg) as p:
         c = openai.OpenAI(base_url=p.openai_base_url, api_key=KEY, max_retries=0, default_headers={SESSION_HEADER: f"local-{stream}"})
         msgs: list[Any] = [{"role": "system", "content": "You are a careful agent."}, {"role": "user", "content": "fix the failing build"}]

@@ -178,7 +178,8 @@ def test_a_turn_that_compacts_is_planned_in_a_worker_thread(stub: StubServer, tm
         return real(self, *args, **kwargs)
 
     stub.responder = lambda req: StubReply.ok("ack " + "z" * 40)
-    cfg = make_config(stub, tmp_path, context={"engine": "compressor"}, model={"context_length": 6000})
+    # the summarizing path: it compacts a chat of user turns (digests fold tool exchanges)
+    cfg = make_config(stub, tmp_path, context={"engine": "compressor"}, compression={"mode": "summary"}, model={"context_length": 6000})
     with pytest.MonkeyPatch.context() as mp, caplog.at_level(logging.DEBUG, logger="ctxengine.proxy"):
         mp.setattr(EngineHost, "compress", spy)
         with ProxyServer(cfg) as p:

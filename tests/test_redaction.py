@@ -147,7 +147,7 @@ def test_a_custom_summarizers_error_text_is_redacted_in_status_and_logs(tmp_path
         def summarize(self, span: Any, **kw: Any) -> str:
             raise RuntimeError(f"upstream said: invalid key {KEY} for http://me:pw123456@h/v1")
 
-    cfg = Config.from_dict({"store": {"path": str(tmp_path / "s.db")}})
+    cfg = Config.from_dict({"store": {"path": str(tmp_path / "s.db")}, "compression": {"mode": "summary"}})
     ctx = ContextManager.from_config(cfg, model="gpt-4o", context_length=4_000)
     ctx._session(None).engine.summarizer = Leaky()  # type: ignore[attr-defined]
     caplog.set_level(logging.WARNING)  # no filter installed: the text is redacted at the source

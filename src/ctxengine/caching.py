@@ -27,6 +27,7 @@ drops unknown keys there.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from ctxengine.tokens import estimate_message_tokens
 __all__ = [
     "LOOKBACK_BLOCKS",
     "MAX_BREAKPOINTS",
+    "CachePace",
     "CachingStatus",
     "Placement",
     "apply_anthropic_cache_control",
@@ -288,11 +290,14 @@ class CachingStatus:
     reason: str
     cache_ttl: str = "5m"
     native_anthropic: bool = False
+    auto_ttl: bool = False
+    """``cache_ttl: auto``: each session's TTL follows its pace (:class:`CachePace`);
+    ``cache_ttl`` is then the TTL of a session not yet seen pausing."""
 
     @property
     def line(self) -> str:
         if self.enabled:
-            return f"Prompt caching: ENABLED ({self.reason}, {self.cache_ttl} TTL)"
+            return f"Prompt caching: ENABLED ({self.reason}, {'auto' if self.auto_ttl else self.cache_ttl} TTL)"
         return f"Prompt caching: disabled ({self.reason})"
 
     def __str__(self) -> str:
@@ -331,9 +336,12 @@ def caching_status(
 ) -> CachingStatus:
     """Whether ``cache_control`` markers should be sent for ``model`` through ``provider``.
 
-    ``auto`` (the seed's behaviour): on for Claude models on native Anthropic or OpenRouter,
+    ``cache_ttl`` is ``5m``, ``1h`` or ``auto`` (:class:`CachePace`). ``enabled`` ``auto``
+    (the seed's behaviour): on for Claude models on native Anthropic or OpenRouter,
     off otherwise (other providers ignore or reject the markers). ``True``/``False`` force it.
     """
+    if cache_ttl == "auto":
+        return dataclasses.replace(caching_status(model, provider, cache_ttl="5m", enabled=enabled), auto_ttl=True)
     cache_marker(cache_ttl)  # validates the TTL
     prov = (provider or infer_provider(model)).lower()
     claude = "claude" in model.lower() or _profile(model).anthropic_cache
@@ -348,3 +356,64 @@ def caching_status(
     if prov not in _PROVIDER_LABELS:
         return CachingStatus(False, f"provider {prov!r} does not support cache_control", cache_ttl, native)
     return CachingStatus(True, label, cache_ttl, native)
+
+
+TTL_SECONDS = {"5m": 300.0, "1h": 3600.0}
+"""How long a cache entry lives after its last write or read, by TTL (as in
+:data:`ctxengine.cost.TTL_SECONDS`, which this layer may not import)."""
+ANTHROPIC_WRITE_5M, ANTHROPIC_WRITE_1H, ANTHROPIC_READ_PRICE = 1.25, 2.0, 0.1
+"""Anthropic's cache write (by TTL) and read price multipliers (as in :mod:`ctxengine.cost`)."""
+
+
+
+@dataclass(slots=True)
+class CachePace:
+    """How one session is paced, and what it means for its prompt cache.
+
+    ``cache_ttl: auto`` picks the TTL from it (:meth:`ttl`): ``1h`` once a person's pauses
+    (longer than five minutes, shorter than an hour) have cost more in prefixes written again
+    than the hour's dearer writes (2× instead of 1.25×) would have cost on everything written
+    so far; ``5m`` otherwise, so a machine-paced session (every request within seconds) keeps
+    the cheaper writes. The session tells it each request (:meth:`observe`) and what the
+    provider wrote (:meth:`wrote`). :meth:`cold` says whether the cache has expired since the
+    last request (a rewrite of the settled prefix then costs nothing more: it is written anyway).
+    """
+
+    last: float | None = None
+    """Time of the last request (seconds, the caller's clock)."""
+    ttl_used: str = "5m"
+    """The TTL of the last request's markers (what decides whether its entries still live)."""
+    prompt_tokens: int = 0
+    """Prompt tokens of the last request (the prefix a pause puts at risk)."""
+    lost: float = 0.0
+    """Input-price tokens the pauses between five minutes and an hour cost with the 5m TTL
+    (each: the last prefix written again at 1.25× instead of read at 0.1×)."""
+    premium: float = 0.0
+    """Input-price tokens the hour TTL would have added on the writes so far (0.75× each; the
+    writes a pause caused are not counted: the hour would not have made them)."""
+    paused: bool = False
+    """The last request came after a pause the hour TTL would have bridged."""
+
+    def observe(self, now: float, ttl: str) -> None:
+        """A request is sent at ``now`` with markers of ``ttl``."""
+        self.paused = self.last is not None and TTL_SECONDS["5m"] < now - self.last <= TTL_SECONDS["1h"]
+        if self.paused:
+            self.lost += self.prompt_tokens * (ANTHROPIC_WRITE_5M - ANTHROPIC_READ_PRICE)
+        self.last = float(now)
+        self.ttl_used = ttl
+
+    def wrote(self, write_tokens: int, prompt_tokens: int) -> None:
+        """The provider's answer to the last request: tokens written to the cache, prompt size."""
+        if not self.paused:
+            self.premium += max(0, int(write_tokens)) * (ANTHROPIC_WRITE_1H - ANTHROPIC_WRITE_5M)
+        self.prompt_tokens = max(0, int(prompt_tokens))
+
+    def ttl(self, configured: str) -> str:
+        """The TTL to mark this request with: ``configured`` unless it is ``auto``."""
+        if configured != "auto":
+            return configured
+        return "1h" if self.lost > self.premium else "5m"
+
+    def cold(self, now: float) -> bool:
+        """True when the entries of the last request have expired by ``now``."""
+        return self.last is not None and now - self.last > TTL_SECONDS.get(self.ttl_used, 300.0)

@@ -10,13 +10,14 @@ Keys and defaults follow the seed system so its users can bring their file::
       target_ratio: 0.20            # tail budget = threshold_tokens × target_ratio
       protect_last_n: 20            # never fewer recent messages kept verbatim
       summary_model: null           # older alias of auxiliary.compression.model
+      mode: auto                    # auto (summary when a model is set, else digest) | digest | summary
     auxiliary:
       compression:                  # the summarizer model (seed 003)
         provider: auto              # auto | openai | openrouter | anthropic | custom …
         model: null                 # null: no LLM, the extractive summarizer
         base_url: null              # any OpenAI-compatible endpoint
     prompt_caching:
-      cache_ttl: 5m                 # 5m | 1h
+      cache_ttl: 5m                 # 5m | 1h | auto (1h once a person paces the session)
       strategy: auto                # auto (planner: measured cheapest) | planner | system_and_3
     model:
       default: null                 # the model of ContextManager.from_config
@@ -126,6 +127,10 @@ class CompressionConfig(_Section):
     protect_last_n: int = Field(20, ge=1)
     protect_first_n: int = Field(3, ge=1)
     summary_model: str | None = None
+    mode: Literal["auto", "digest", "summary"] = Field(
+        "auto",
+        description="How the compressor compacts: digest (older tool exchanges folded in batches into digests, the cheapest under prompt caching; settings in cacheaware:), summary (the structured summary), auto (summary when a summarizer model is configured, else digest).",
+    )
     user_quote_budget_tokens: int = Field(20_000, ge=0, description="Older user messages quoted in the summary, most recent first: at most this many tokens and half the summary's budget; a message over 120 tokens is quoted by its first words and the names of the files it pastes (the rest, and the messages that do not fit, stay retrievable).")
     backoff_turns: int = Field(3, ge=0, description="Turns to wait after a compression that could not get below the threshold.")
 
@@ -153,7 +158,10 @@ class AuxiliaryConfig(_Section):
 
 class PromptCachingConfig(_Section):
     enabled: bool | Literal["auto"] = "auto"
-    cache_ttl: Literal["5m", "1h"] | None = None
+    cache_ttl: Literal["5m", "1h", "auto"] | None = Field(
+        None,
+        description="TTL of the cache markers: 5m, 1h, or auto (1h once a person paces the session, a pause over a minute between requests; 5m while it is machine-paced). Default: model.cache_ttl, else 5m.",
+    )
     strategy: Literal["auto", "system_and_3", "planner"] = Field(
         "auto",
         description="Where cache breakpoints go: auto (the placement measured cheapest for the provider: planner), planner, or the seed's system_and_3.",
@@ -204,11 +212,12 @@ class LcmConfig(_Section):
 
 
 class CacheAwareConfig(_Section):
-    """The ``cacheaware`` engine (``cacheaware:``); defaults measured on the long sessions of
-    ../shared/data (DESIGN §3.8): the last 3 tool exchanges stay whole, older ones are folded
-    in batches of 8 into digests of actions and facts."""
+    """The ``cacheaware`` engine (``cacheaware:``) and the compressor's digest mode; defaults
+    measured on the long sessions and the 32K single runs of ../shared/data (DESIGN §3.8): the
+    last 2 tool exchanges stay whole, older ones are folded in batches of 8 into digests of
+    actions and facts, down to 25 % of the window when the context passes 55 %."""
 
-    keep_recent: int = Field(3, ge=0, description="Tool exchanges at the end kept whole (the agent is still using them).")
+    keep_recent: int = Field(2, ge=0, description="Tool exchanges at the end kept whole (the agent is still using them).")
     batch: int = Field(8, ge=1, description="Compact once this many older whole outputs wait…")
     batch_tokens: int = Field(6000, ge=0, description="…or once they hold this many tokens.")
     cut_min_tokens: int = Field(120, ge=0, description="Outputs shorter than this are never cut.")
@@ -221,7 +230,7 @@ class CacheAwareConfig(_Section):
     giant_ratio: float = Field(0.08, gt=0.0, le=1.0, description="A new output larger than this share of the window is cut before it is sent.")
     giant_tokens: int = Field(1500, ge=100, description="Size a giant output is cut to.")
     fold_ratio: float = Field(0.55, gt=0.0, le=1.0, description="Fold old turns when the context passes this share of the window…")
-    fold_target: float = Field(0.35, gt=0.0, lt=1.0, description="…down to this share.")
+    fold_target: float = Field(0.25, gt=0.0, lt=1.0, description="…down to this share.")
     fold_run_tokens: int = Field(2000, ge=0, description="When a new user turn begins, fold the previous turn's run if it holds this many tokens (0: off).")
     cost_aware: bool = Field(True, description="Compact a batch only when it pays for its cache rewrite.")
     min_horizon: int = Field(8, ge=1)
@@ -350,7 +359,7 @@ class Config(_Section):
         return self
 
     @property
-    def cache_ttl(self) -> Literal["5m", "1h"]:
+    def cache_ttl(self) -> Literal["5m", "1h", "auto"]:
         """``prompt_caching.cache_ttl``, else the older ``model.cache_ttl``, else ``5m``."""
         return self.prompt_caching.cache_ttl or self.model.cache_ttl or "5m"
 

@@ -263,9 +263,14 @@ class AnthropicCache:
         *,
         tokens: Sequence[int] | None = None,
         now: float | None = None,
+        ttl: Literal["5m", "1h"] | None = None,
     ) -> CallCost:
         """Bill one request. ``breakpoints`` are message indices carrying ``cache_control``
-        (read from the messages when omitted)."""
+        (read from the messages when omitted); ``ttl`` the TTL of this request's markers
+        (default: the cache's ``ttl``; ``cache_ttl: auto`` changes it during a session)."""
+        ttl = ttl or self.ttl
+        if ttl not in ANTHROPIC_WRITE:
+            raise ValueError(f"ttl must be '5m' or '1h', not {ttl!r}")
         t = self._clock.tick(now)
         toks = _tokens(messages, tokens)
         total = sum(toks)
@@ -295,13 +300,13 @@ class AnthropicCache:
         last = cacheable[-1] if cacheable else -1
         write = prefix[last] - read if last > hit else 0
         uncached = total - read - write
-        expiry = t + TTL_SECONDS[self.ttl]
+        expiry = t + TTL_SECONDS[ttl]
         if hit >= 0:
             self._entries[keys[hit]] = expiry
         for bp in cacheable:
             self._entries[keys[bp]] = expiry
         price = self.input_price / 1e6
-        cost = price * (read * ANTHROPIC_READ + write * ANTHROPIC_WRITE[self.ttl] + uncached)
+        cost = price * (read * ANTHROPIC_READ + write * ANTHROPIC_WRITE[ttl] + uncached)
         cc = CallCost(self._n, total, read, write, uncached, cost, price * total)
         self._n += 1
         return cc

@@ -450,7 +450,7 @@ class ContextManager:
             s = self._session(session_id)
             with s.lock:
                 messages = self._cap.fit_request(s, messages)
-        return self._cache.mark(messages, self.breakpoints(messages, session_id=session_id))
+        return self._cache.mark(messages, self.breakpoints(messages, session_id=session_id), self._session(session_id).pace)
 
     def update_from_response(self, usage: Any, *, session_id: str | None = None) -> None:
         """Record a response's usage (OpenAI or Anthropic shape, dict or SDK object): the engine

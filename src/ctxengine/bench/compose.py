@@ -4,7 +4,9 @@ A gateway agent often does task after task in one session; that is where windows
 compaction decides cost. :func:`compose_sessions` builds such sessions from single-task
 trajectories: the first task's system prompt once, then every task's own messages in order
 (each later task starts with its own user message), with tool-call ids renamed where a later
-task reuses one, so every id stays unique. The input messages are never edited.
+task reuses one, so every id stays unique. The input messages are never edited. The index of
+each later task's first message is kept (``meta["task_starts"]``: where ``ctxengine bench
+--pause`` puts a person's pause).
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ def compose(sessions: Sequence[Session], session_id: str | None = None) -> Sessi
         raise ValueError("compose needs at least one session")
     out: list[Message] = []
     used: set[str] = set()
+    starts: list[int] = []
     for k, s in enumerate(sessions):
         msgs = s.messages
         start = 0
         if k > 0:
             while start < len(msgs) and msgs[start].get("role") in ("system", "developer"):
                 start += 1
+            starts.append(len(out))
         rename: dict[str, str] = {}
         for m in msgs[start:]:
             if m.get("role") == "assistant" and tool_calls(m):
@@ -57,7 +61,7 @@ def compose(sessions: Sequence[Session], session_id: str | None = None) -> Sessi
             else:
                 out.append(m)
     sid = session_id or "+".join(s.id for s in sessions)
-    return Session(sid, out, list(sessions[0].tools), {"composed_of": [s.id for s in sessions]})
+    return Session(sid, out, list(sessions[0].tools), {"composed_of": [s.id for s in sessions], "task_starts": starts})
 
 
 def compose_sessions(sessions: Sequence[Session], n: int) -> list[Session]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctxengine.config import Config
+from ctxengine.cost import DEFAULT_SECONDS_PER_CALL
 from ctxengine.engine import ContextEngine
 from ctxengine.facts import FACT_KINDS, extract_facts, retention
 from ctxengine.loop import replay
@@ -28,7 +29,7 @@ from ctxengine.manager import ContextManager
 from ctxengine.messages import Message, validate
 from ctxengine.tokens import EstimateCounter, TokenCounter, estimate_message_tokens
 
-__all__ = ["ReplayResult", "percentile", "replay_session", "seen_messages"]
+__all__ = ["ReplayResult", "SimClock", "percentile", "replay_session", "seen_messages"]
 
 RequestHook = Callable[[int, list[Message], int], None]
 
@@ -184,3 +185,23 @@ def seen_messages(messages: Sequence[Message]) -> list[Message]:
     msgs = list(messages)
     last = max((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), default=len(msgs))
     return msgs[:last]
+
+
+class SimClock:
+    """A replay's clock: :data:`DEFAULT_SECONDS_PER_CALL` per call, ``pause`` more once a
+    message of ``starts`` (a later task's first message) has been appended."""
+
+    def __init__(self, pause: float, starts: set[int]) -> None:
+        self.t = 0.0
+        self.pause = float(pause)
+        self.starts = starts
+        self.paused = 0
+
+    def now(self) -> float:
+        return self.t
+
+    def advance(self, appended: Sequence[Message]) -> None:
+        self.t += DEFAULT_SECONDS_PER_CALL
+        if self.pause > 0 and any(id(m) in self.starts for m in appended):
+            self.t += self.pause
+            self.paused += 1

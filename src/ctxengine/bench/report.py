@@ -1,8 +1,9 @@
 """Showing a benchmark: a terminal table, JSON, and a chart (PNG or self-contained HTML).
 
-The chart has two panels: context tokens per call for each engine on the longest session,
-with a marker at every compaction and the window as a line; and the Anthropic- and
-OpenAI-priced input cost of each engine over all sessions. PNG needs matplotlib (imported
+The chart has three panels: context tokens per call for each engine on the longest session,
+with a marker at every compaction and the window as a line; the Anthropic- and OpenAI-priced
+input cost of each engine over all sessions; and cost (relative to no compaction) against the
+share of facts kept, one point per configuration, baselines and Hermes' compressor included. PNG needs matplotlib (imported
 only here, with the Agg backend); HTML is inline SVG with no script and no external asset.
 """
 
@@ -19,7 +20,7 @@ from ctxengine.bench.runner import DEFAULT, BenchResult, EngineTotals
 from ctxengine.errors import InputError
 from ctxengine.facts import FACT_KINDS
 
-__all__ = ["format_table", "summary_line", "write_chart", "write_json"]
+__all__ = ["cost_and_facts", "format_table", "ranked", "summary_line", "write_chart", "write_json"]
 
 _KIND_LABEL = {"users": "user", "paths": "path", "urls": "url", "tools": "tool", "errors": "err"}
 
@@ -90,7 +91,8 @@ def format_table(result: BenchResult) -> str:
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     title = (
-        f"{len(result.sessions)} session(s), window {result.context_length:,} tokens, placement {result.placement}; "
+        f"{len(result.sessions)} session(s), window {result.context_length:,} tokens, placement {result.placement}, "
+        f"cache TTL {result.cache_ttl}" + (f", {result.pause:g} s pause between tasks" if result.pause else "") + "; "
         f"input cost priced as {result.anthropic_model} (Anthropic cache) and {result.openai_model} (OpenAI cache); "
         f"facts kept = verbatim in the last request or retrievable from the engine; {result.elapsed_s:.1f} s"
     )
@@ -120,17 +122,37 @@ def format_table(result: BenchResult) -> str:
     return title + "\n" + "\n".join(lines) + "\n" + summary_line(result)
 
 
+def ranked(result: BenchResult) -> list[str]:
+    """The configurations other than ``none``, cheapest first (Anthropic-priced input cost,
+    then OpenAI-priced; ties keep the order they ran in)."""
+    names = [n for n in result.engines if n != "none"]
+    return sorted(names, key=lambda n: (result.engines[n].anthropic_cost, result.engines[n].openai_cost))
+
+
 def summary_line(result: BenchResult) -> str:
-    """One line: each engine's Anthropic-priced cost vs no compaction, over-window requests and
-    fact retention (``default`` is the manager's defaults)."""
+    """One line ranking the configurations by cost, cheapest first: each one's Anthropic-priced
+    cost vs no compaction (and OpenAI-priced), invalid and over-window requests and fact
+    retention (``default`` is the manager's defaults)."""
     base = result.engines.get("none")
     parts = []
-    for name, t in result.engines.items():
-        if name == "none":
-            continue
+    for rank, name in enumerate(ranked(result), 1):
+        t = result.engines[name]
         ratio = _ratio(t, base, "anthropic_cost").replace("-", "?")
-        parts.append(f"{result.label(name)} {ratio} none, {t.over_window} over-window, {_pct(t.retention())} facts")
-    return "summary: " + ("; ".join(parts) if parts else "only the no-compaction baseline ran")
+        openai = _ratio(t, base, "openai_cost").replace("-", "?")
+        parts.append(
+            f"{rank}. {result.label(name)} {ratio} none (OpenAI {openai}), {t.invalid_requests} invalid, "
+            f"{t.over_window} over-window, {_pct(t.retention())} facts"
+        )
+    return "summary, cheapest first: " + ("; ".join(parts) if parts else "only the no-compaction baseline ran")
+
+
+def cost_and_facts(result: BenchResult) -> list[tuple[str, float, float]]:
+    """(label, Anthropic-priced cost relative to no compaction, share of facts kept) of every
+    configuration that ran, the baselines (``none``, ``hermes``) included; cost is absolute USD
+    when ``none`` did not run."""
+    base = result.engines.get("none")
+    scale = base.anthropic_cost if base is not None and base.anthropic_cost > 0 else 1.0
+    return [(result.label(n), t.anthropic_cost / scale, t.retention()) for n, t in result.engines.items()]
 
 
 def write_json(result: BenchResult, path: str | Path, *, per_call: bool = True) -> None:
@@ -177,7 +199,7 @@ def _png(result: BenchResult, path: Path) -> None:
     except ImportError as exc:
         raise InputError("a PNG chart needs matplotlib (pip install matplotlib), or use --chart OUT.html") from exc
     longest, series = _longest(result)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5), gridspec_kw={"width_ratios": [2, 1]})
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(19, 5), gridspec_kw={"width_ratios": [2, 1, 1]})
     for name, (toks, comps) in series.items():
         (line,) = ax1.plot(range(len(toks)), toks, label=name, linewidth=1.2)
         ax1.scatter(comps, [toks[c] for c in comps if c < len(toks)], marker="v", s=18, color=line.get_color())
@@ -195,6 +217,12 @@ def _png(result: BenchResult, path: Path) -> None:
     ax2.set_ylabel("input cost, USD")
     ax2.set_title("input cost per engine (all sessions)")
     ax2.legend(fontsize=8)
+    for label, cost, kept in cost_and_facts(result):
+        ax3.scatter([cost], [100 * kept], s=30)
+        ax3.annotate(label, (cost, 100 * kept), fontsize=7, xytext=(4, 4), textcoords="offset points")
+    ax3.set_xlabel("input cost (Anthropic cache), × no compaction")
+    ax3.set_ylabel("facts kept, %")
+    ax3.set_title("cost against facts kept (lower right is better)")
     fig.tight_layout()
     try:
         fig.savefig(path, dpi=110)
@@ -268,6 +296,35 @@ def _svg_bars(result: BenchResult, width: int = 820, height: int = 300) -> str:
     return "".join(parts)
 
 
+def _svg_scatter(result: BenchResult, width: int = 820, height: int = 340) -> str:
+    """Cost against facts kept, one labelled point per configuration."""
+    points = cost_and_facts(result)
+    pad_l, pad_b, pad_t, pad_r = 70, 45, 30, 160
+    w, h = width - pad_l - pad_r, height - pad_t - pad_b
+    xmax = max([1e-9, *(c for _, c, _ in points)]) * 1.1
+    ymin = min([1.0, *(k for _, _, k in points)])
+    ymin = max(0.0, ymin - 0.05)
+
+    def y(v: float) -> float:
+        return pad_t + h * (1 - (v - ymin) / max(1e-9, 1.0 - ymin))
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="11">']
+    parts.append(f'<text x="{pad_l}" y="18" font-size="13">cost (Anthropic cache, × no compaction) against facts kept — lower right is better</text>')
+    parts.append(f'<line x1="{pad_l}" y1="{pad_t + h}" x2="{pad_l + w}" y2="{pad_t + h}" stroke="#333"/>')
+    parts.append(f'<line x1="{pad_l}" y1="{pad_t}" x2="{pad_l}" y2="{pad_t + h}" stroke="#333"/>')
+    for k in range(5):
+        xv, yv = xmax * k / 4, ymin + (1.0 - ymin) * k / 4
+        parts.append(f'<text x="{pad_l + w * k / 4:.1f}" y="{pad_t + h + 16}" text-anchor="middle">{xv:.2f}×</text>')
+        parts.append(f'<text x="{pad_l - 6}" y="{y(yv) + 4:.1f}" text-anchor="end">{100 * yv:.0f}%</text>')
+    for n, (label, cost, kept) in enumerate(points):
+        color = _COLORS[n % len(_COLORS)]
+        cx, cy = pad_l + w * cost / xmax, y(kept)
+        parts.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="5" fill="{color}"/>')
+        parts.append(f'<text x="{cx + 7:.1f}" y="{cy - 6 - 11 * (n % 3):.1f}">{html.escape(label)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
 def _html(result: BenchResult) -> str:
     table = html.escape(format_table(result))
     data: dict[str, Any] = result.to_dict(per_call=False)["engines"]
@@ -276,7 +333,7 @@ def _html(result: BenchResult) -> str:
         "<style>body{font-family:sans-serif;margin:24px}pre{font-size:12px;background:#f6f6f6;padding:12px;overflow-x:auto}</style>"
         "</head><body><h1>ctxengine bench</h1>"
         f"<p>{html.escape(summary_line(result))}</p>"
-        f"{_svg_lines(result)}<br>{_svg_bars(result)}<pre>{table}</pre>"
+        f"{_svg_lines(result)}<br>{_svg_bars(result)}<br>{_svg_scatter(result)}<pre>{table}</pre>"
         f"<details><summary>totals (JSON)</summary><pre>{html.escape(json.dumps(data, indent=2))}</pre></details>"
         "</body></html>"
     )

@@ -30,8 +30,8 @@ from typing import Any, Literal
 
 from ctxengine.bench.baselines import HermesBaseline, MaskingBaseline, NoCompaction
 from ctxengine.bench.probe import PROBE_KINDS, TOP, probe_recall
-from ctxengine.bench.replay import percentile, seen_messages
-from ctxengine.caching import default_placement
+from ctxengine.bench.replay import SimClock, percentile, seen_messages
+from ctxengine.caching import CachePace, default_placement
 from ctxengine.config import Config
 from ctxengine.cost import AnthropicCache, CostReport, OpenAICache, PrefixHasher
 from ctxengine.engine import ContextEngine
@@ -253,12 +253,16 @@ def run_session(
     session_id: str | None = None,
     facts: Facts | None = None,
     store: Any = None,
+    pause: float = 0.0,
 ) -> SessionRun:
     """Replay one session through one engine (see the module docstring). ``session_id`` is the
     id the engine sees (defaults to the session's own); ``facts`` are the session's facts when
     already known (:func:`session_facts`), so several engines do not extract them again;
     ``store`` is the session store the manager records originals in and recall reads (default:
-    a fresh in-memory SQLite store for this session)."""
+    a fresh in-memory SQLite store for this session). Time is simulated: a call every
+    :data:`~ctxengine.cost.DEFAULT_SECONDS_PER_CALL` seconds, and ``pause`` seconds more before
+    each later task of a composed session (a person paced it); caches expire by that clock and
+    the engine sees it (``cache_ttl: auto`` follows it too)."""
     t_start = time.perf_counter()
     cfg = config.with_overrides(prompt_caching={"enabled": True, "strategy": placement})
     own_store = store is None
@@ -278,10 +282,15 @@ def run_session(
     engine = mgr.engine(sid)
     run = SessionRun(session.id, engine_name, context_length)
     hasher = PrefixHasher()
+    ttl_setting = cfg.cache_ttl
+    pace = CachePace()
+    clock = SimClock(pause, {id(session.messages[i]) for i in session.meta.get("task_starts", ()) if 0 <= i < len(session.messages)})
+    if hasattr(engine, "clock"):
+        engine.clock = clock.now
     anth = AnthropicCache(
         input_price=anthropic_model.input,
         min_cache_tokens=anthropic_model.min_cache_tokens,
-        ttl=cfg.cache_ttl,
+        ttl="1h" if ttl_setting == "1h" else "5m",
         hasher=hasher,
     )
     oai = OpenAICache(input_price=openai_model.input, cached_discount=openai_model.openai_cached_discount, hasher=hasher)
@@ -311,10 +320,13 @@ def run_session(
         if tokens > context_length:
             run.over_window += 1
         bps = mgr.breakpoints(working, session_id=sid, tokens=toks)
-        billed = anth.call(working, bps, tokens=toks)
+        ttl: Literal["5m", "1h"] = "1h" if pace.ttl(ttl_setting) == "1h" else "5m"
+        billed = anth.call(working, bps, tokens=toks, now=clock.t, ttl=ttl)
+        pace.observe(clock.t, ttl)
+        pace.wrote(billed.write_tokens, tokens)
         assert run.anthropic is not None and run.openai is not None
         run.anthropic.calls.append(billed)
-        run.openai.calls.append(oai.call(working, tokens=toks))
+        run.openai.calls.append(oai.call(working, tokens=toks, now=clock.t))
         run.request_tokens.append(tokens)
         run.calls += 1
         completion = exact.exact_message(appended[0]) if appended else 0
@@ -327,6 +339,7 @@ def run_session(
             "cache_creation_input_tokens": billed.write_tokens,
         }
         mgr.update_from_response(usage, session_id=sid)
+        clock.advance(appended)
 
     try:
         last_request, working = replay(session.messages, prepare, after)
@@ -532,6 +545,8 @@ class BenchResult:
     elapsed_s: float = 0.0
     labels: dict[str, str] = field(default_factory=dict)
     """Display names (``default`` → ``default (compressor, planner)``)."""
+    cache_ttl: str = "5m"
+    pause: float = 0.0
 
     def label(self, name: str) -> str:
         return self.labels.get(name, name)
@@ -541,6 +556,8 @@ class BenchResult:
         return {
             "context_length": self.context_length,
             "placement": self.placement,
+            "cache_ttl": self.cache_ttl,
+            "pause_s": self.pause,
             "labels": dict(self.labels),
             "anthropic_model": self.anthropic_model,
             "openai_model": self.openai_model,
@@ -568,9 +585,11 @@ def run_bench(
     placement: Placement = "system_and_3",
     registry: EngineRegistry | None = None,
     progress: Callable[[str], None] | None = None,
+    pause: float = 0.0,
 ) -> BenchResult:
     """Replay every session through every engine; the ``none`` baseline is always included so
-    costs can be given relative to it."""
+    costs can be given relative to it. ``pause``: seconds a person pauses between the tasks of
+    a composed session (:func:`run_session`)."""
     cfg = config or Config()
     names = list(dict.fromkeys(["none", *engines]))
     amodel = _profile(anthropic_model, cfg.models)
@@ -583,7 +602,7 @@ def run_bench(
         store = default_store(cfg.with_overrides(store={"enabled": True, "backend": "sqlite", "path": str(Path(tmp) / "bench.db")}))
         services: dict[str, Any] = {"store": store} if store is not None else {}
         try:
-            return _run(sessions, names, cfg, context_length, amodel, omodel, placement, registry, services, progress)
+            return _run(sessions, names, cfg, context_length, amodel, omodel, placement, registry, services, progress, pause)
         finally:
             close = getattr(store, "close", None)
             if callable(close):
@@ -601,6 +620,7 @@ def _run(
     registry: EngineRegistry | None,
     services: dict[str, Any],
     progress: Callable[[str], None] | None,
+    pause: float = 0.0,
 ) -> BenchResult:
     # each name runs as (engine, placement); ``default`` is the manager's defaults
     plan: dict[str, tuple[str, Placement]] = {}
@@ -609,7 +629,7 @@ def _run(
     factories = {e: make_engine_factory(e, cfg, context_length, registry, **services) for e in dict.fromkeys(e for e, _ in plan.values())}
     t0 = time.perf_counter()
     facts = [session_facts(s) for s in sessions]
-    result = BenchResult(context_length, placement, amodel.name, omodel.name, [s.id for s in sessions], {})
+    result = BenchResult(context_length, placement, amodel.name, omodel.name, [s.id for s in sessions], {}, cache_ttl=cfg.cache_ttl, pause=pause)
     result.engines = {n: EngineTotals(n) for n in names}
     # a configuration listed under two names (``default`` and its engine) runs once
     runs_as: dict[str, str] = {}
@@ -637,6 +657,7 @@ def _run(
                 placement=where,
                 session_id=f"bench:{n}:{s.id}",
                 facts=f,
+                pause=pause,
             )
             result.engines[n].runs.append(run)
     for n in names:

@@ -40,6 +40,8 @@ DEFAULT_ENGINES = ("default", "mask10", "rules", "compressor", "lcm", "cacheawar
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write every measurement as JSON.")
 @click.option("--chart", "chart_out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write a chart: OUT.png or OUT.html.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N sessions (after composing).")
+@click.option("--pause", type=click.FloatRange(min=0), default=0.0, show_default=True, help="Seconds a person pauses between the tasks of a composed session (--compose): caches past their TTL go cold.")
+@click.option("--cache-ttl", type=click.Choice(["5m", "1h", "auto"]), default=None, help="TTL of the cache markers for every engine (prompt_caching.cache_ttl; auto: 1h once a person paces the session). Default: the config's.")
 def bench(
     files: tuple[Path, ...],
     data_dir: Path | None,
@@ -53,6 +55,8 @@ def bench(
     json_out: Path | None,
     chart_out: Path | None,
     limit: int | None,
+    pause: float,
+    cache_ttl: str | None,
 ) -> None:
     """Replay the sessions in FILE... (or in the *.jsonl files of a data folder) through engines
     in a simulated agent loop and report input cost with and without prompt caching, peak
@@ -63,6 +67,8 @@ def bench(
     from ctxengine.bench.runner import run_bench
 
     config = load_config(config_path)
+    if cache_ttl is not None:
+        config = config.with_overrides(prompt_caching={"cache_ttl": cache_ttl})
     sessions: list[Session] = []
     for f in _inputs(files, data_dir):
         sessions.extend(compose_sessions(read_sessions(f), compose_n))
@@ -83,6 +89,7 @@ def bench(
         openai_model=openai_model,
         placement=default_placement() if placement == "auto" else "planner" if placement == "planner" else "system_and_3",
         progress=lambda line: click.echo(line, err=True),
+        pause=pause,
     )
     click.echo(format_table(result))
     if json_out is not None:

@@ -20,6 +20,10 @@ that policy, built on the shared kit (:mod:`ctxengine.engines.kit`):
 5. **Never touch the settled prefix again**, and never thrash (:class:`~.kit.pacing.Pacing`):
    a compaction freeing less than ``min_gain`` of the threshold is not done, and at most one
    prefix rewrite happens per ``rewrite_every`` turns unless the window requires it.
+6. **Unless the cache is cold.** When more than the cache TTL has passed since the last
+   request (a person paused; ``cache_ttl``, ``auto`` included, as the host marks requests:
+   :class:`~ctxengine.caching.CachePace`), the whole prompt is written again anyway: the
+   waiting older exchanges are folded then, whatever the batch size and pacing say.
 
 With a session store (``Services.store``) the originals of everything removed are recorded
 and each record's marker names a node (``ref=``) that ``ctx_expand`` returns verbatim; records
@@ -31,15 +35,17 @@ fact is listed in context.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from ctxengine.boundaries import group_spans
+from ctxengine.caching import CachePace
 from ctxengine.config import CacheAwareConfig
 from ctxengine.cost import compaction_break_even
 from ctxengine.engine import CompactionReport, ContextEngine, Services
 from ctxengine.engines.kit import call_of, cut_output, header, is_marked
 from ctxengine.engines.kit.build import checked, session_counter, with_overrides
+from ctxengine.engines.kit.cutpolicy import GIANT_TOKENS
 from ctxengine.engines.kit.digest import digest
 from ctxengine.engines.kit.originals import Originals, Refs
 from ctxengine.engines.kit.pacing import Pacing, first_change, giant_outputs
@@ -69,9 +75,17 @@ class CacheAwareEngine(ContextEngine):
         settings: CacheAwareConfig | None = None,
         originals: Originals | None = None,
         counter: TokenCounter | None = None,
+        cache_ttl: str = "5m",
+        clock: Callable[[], float] = time.monotonic,
         **overrides: Any,
     ) -> None:
+        """``cache_ttl`` is the TTL the host marks requests with (``5m``, ``1h`` or ``auto``),
+        ``clock`` the time in seconds (a replay's simulated clock): together they say when the
+        cache is cold (item 6 of the module docstring)."""
         self.settings = s = with_overrides(CacheAwareConfig, settings, overrides)
+        self.cache_ttl = cache_ttl
+        self.clock = clock
+        self.cache_pace = CachePace()
         self.counter: TokenCounter = counter or EstimateCounter()  # context.token_counter
         self.threshold_ratio = s.fold_ratio
         super().__init__(context_length=context_length, threshold=threshold)
@@ -90,6 +104,7 @@ class CacheAwareEngine(ContextEngine):
             settings=settings,
             originals=Originals.from_services(services),
             counter=session_counter(services),
+            cache_ttl=str(getattr(services.config, "cache_ttl", "5m")),
         )
 
     @property
@@ -114,6 +129,8 @@ class CacheAwareEngine(ContextEngine):
     def update_from_response(self, usage: Any) -> None:
         u = self._record_usage(usage)
         self.pacing.tick()
+        self.cache_pace.observe(self.clock(), self.cache_pace.ttl(self.cache_ttl))
+        self.cache_pace.wrote(u.cache_write_tokens, u.prompt_tokens)
         if self._expected_stable is not None and (u.cache_read_tokens or u.cache_write_tokens):
             # the first response after a compaction says how much of the prefix we kept was
             # really read from cache: later batches are weighed with what the provider delivers
@@ -127,15 +144,20 @@ class CacheAwareEngine(ContextEngine):
 
     def should_compress_preflight(self, messages: list[Message]) -> bool:
         giant, waiting = self._plan(messages)
-        if giant:
+        if giant or (waiting and self.cold()):
             return True
         return self.pacing.may_rewrite() and (self._batch_due(messages, waiting) or self._finished_run(messages) is not None)
 
     def on_session_reset(self) -> None:
         super().on_session_reset()
         self.pacing.reset()
+        self.cache_pace = CachePace()
         self._expected_stable = None
         self._stable_ratio = 1.0
+
+    def cold(self) -> bool:
+        """True when the cache has expired since the last request: a rewrite costs nothing more."""
+        return self.cache_pace.cold(self.clock())
 
     def retrievable(self, text: str) -> bool:
         """True when the store-backed recall returns ``text`` verbatim (needs a store)."""
@@ -151,7 +173,9 @@ class CacheAwareEngine(ContextEngine):
     def _plan(self, messages: Sequence[Message]) -> tuple[list[int], list[int]]:
         """(giant outputs in the protected tail, whole outputs waiting before it)."""
         tail = self._tail_start(messages)
-        limit = self.settings.giant_ratio * self.context_length
+        # an ordinary file read (a few thousand tokens) is not giant in a small window: the model
+        # sees it whole for its turns (as the compressor's cut policy rules: kit.cutpolicy)
+        limit = max(self.settings.giant_ratio * self.context_length, min(GIANT_TOKENS, self.context_length // 2))
         giant = [i for i in range(tail, len(messages)) if self._cuttable(messages[i]) and self._tokens(messages[i]) > limit]
         waiting = [i for i in range(tail) if self._cuttable(messages[i])]
         return giant, waiting
@@ -216,14 +240,17 @@ class CacheAwareEngine(ContextEngine):
         t0 = time.perf_counter()
         s = self.settings
         before = sum(self._tokens(m) for m in messages)
-        over = before >= self.threshold_tokens
+        # the host's count (tool definitions included; a forced compaction is judged at the
+        # threshold) and a manual compaction with a topic count as reaching the threshold
+        over = max(before, int(current_tokens or 0)) >= self.threshold_tokens or focus_topic is not None
         giant, waiting = self._plan(messages)
         ids = Refs(self.originals, messages)
         plan: dict[int, tuple[int, Message]] = {}  # start -> (end, replacement)
         notes: list[str] = []
         for i in giant:
             plan[i] = (i + 1, self._cut(messages, i, s.giant_tokens, ids))
-        batch = (over or self.pacing.may_rewrite()) and self._batch_due(messages, waiting)
+        cold = bool(waiting) and self.cold()
+        batch = cold or ((over or self.pacing.may_rewrite()) and self._batch_due(messages, waiting))
         if batch and s.fold_batches:
             self._fold(messages, self._runs(messages), plan, ids, -1)
             notes.append("folded a batch of older exchanges into digests")
@@ -250,7 +277,7 @@ class CacheAwareEngine(ContextEngine):
                     notes.append(f"cut the protected output at message {i} to get under the threshold")
             out = _apply(messages, plan)
             tokens = sum(self._tokens(m) for m in out)
-        required = over or bool(giant)
+        required = over or bool(giant) or cold
         if not plan or (not required and not self.pacing.worth(before, tokens, self.threshold_tokens)):
             return list(messages)
         ids.commit({content_text(new.get("content")) for _, new in plan.values()})

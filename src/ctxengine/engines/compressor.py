@@ -55,11 +55,12 @@ from __future__ import annotations
 import logging
 import time
 from importlib import resources
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from ctxengine.boundaries import sanitize_tool_pairs
 from ctxengine.config import CompressionConfig
 from ctxengine.engine import CompactionReport, Services
+from ctxengine.engines.cacheaware import CacheAwareEngine
 from ctxengine.engines.compressor_compat import (
     check_keywords,
     hermes_summarizer,
@@ -67,6 +68,7 @@ from ctxengine.engines.compressor_compat import (
     target_ratio_for,
     window_for,
 )
+from ctxengine.engines.compressor_modes import DigestMode, digest_policy, resolve_mode
 from ctxengine.engines.kit.build import checked, configured_summarizer, session_counter
 from ctxengine.engines.kit.cutpolicy import (
     BATCH,
@@ -113,8 +115,9 @@ MAX_CONSECUTIVE = 3
 """Compaction never runs on more calls in a row than this unless the window requires it."""
 
 
-class ContextCompressor(SummaryTrigger):
-    """The default engine (see the module docstring).
+class SummaryCompressor(SummaryTrigger):
+    """The summarizing path of the default engine (see the module docstring); the engine is
+    :class:`ContextCompressor`, which adds the digest mode.
 
     ``summarizer`` writes summaries; ``None`` uses the deterministic
     :class:`~ctxengine.summarize.extractive.ExtractiveSummarizer`, so the engine works with no
@@ -123,6 +126,8 @@ class ContextCompressor(SummaryTrigger):
 
     Settings: ClassVar[type[CompressionConfig]] = CompressionConfig
     """The ``compressor:`` section (``compression:`` in the seeds)."""
+    _digests: CacheAwareEngine | None = None
+    """The digest policy (digest mode: :class:`~ctxengine.engines.compressor_modes.DigestMode`)."""
 
     def __init__(
         self,
@@ -160,6 +165,7 @@ class ContextCompressor(SummaryTrigger):
         cut_before_summary: bool = True,
         recall: Any = None,
         reach: RecallReach | None = None,
+        mode: str = "summary",
         **services: Any,
     ) -> None:
         """Keywords as in the seed's config (``threshold``, ``target_ratio`` …) or as Hermes
@@ -175,6 +181,10 @@ class ContextCompressor(SummaryTrigger):
         ``cut_before_summary``: at the threshold, first cut every older whole output; when that
         lands at or under ``0.75 × threshold`` no summary is written (a cheaper rewrite; measured
         on the long sessions 0.50x -> 0.48x of no compaction, at 32K 1.05x -> 1.02x).
+
+        ``mode``: ``summary`` (the default of a direct construction, as Hermes' compressor),
+        ``digest`` (the cheapest policy under prompt caching, what a config without a
+        summarizer gets) or ``auto`` (summary when a summarizer is given).
 
         Unknown keywords are refused (``TypeError``) except the host services (``store``,
         ``session_id`` …), which are accepted and unused.
@@ -232,6 +242,10 @@ class ContextCompressor(SummaryTrigger):
         self._header = _prompt("summary_header.md")
         self._recallable: set[str] = set()
         self._summaries = 0
+        if resolve_mode(mode, summarizer=summarizer) == "digest":
+            self._use_digests(
+                digest_policy(None, window, store=services.get("store"), counter=self.counter, reach=self.reach, session_id=services.get("session_id"))
+            )
         if not self.quiet_mode:
             log.info(
                 "compressor: context_length=%d threshold=%d (%.0f%%) tail budget=%d summarizer=%s",
@@ -246,6 +260,13 @@ class ContextCompressor(SummaryTrigger):
     def name(self) -> str:
         return "compressor"
 
+    def _use_digests(self, policy: CacheAwareEngine) -> None:
+        """Compact with ``policy`` from now on (digest mode); the engine's threshold is the
+        policy's (what a host judges a forced compaction by)."""
+        self._digests = policy
+        self.threshold_ratio = policy.threshold_ratio
+        self.threshold_tokens = policy.threshold_tokens
+
     def _apply_reserve(self) -> None:
         """Hermes' ``max_tokens``: the reply's room comes out of the window the threshold is
         taken of."""
@@ -253,18 +274,21 @@ class ContextCompressor(SummaryTrigger):
             self.threshold_tokens = int((self.context_length - self.max_tokens) * self.threshold_ratio)
 
     @classmethod
-    def from_config(cls, settings: CompressionConfig | None = None, services: Services | None = None) -> ContextCompressor:
+    def from_config(cls, settings: CompressionConfig | None = None, services: Services | None = None) -> Self:
         """Build from the ``compressor:`` section (``compression:`` in the seeds) and the
         session's :class:`~ctxengine.engine.Services`.
 
         The summarizer is ``services.summarizer``, else the one ``auxiliary.compression.model``
-        configures, else extractive (no LLM). The session store records the originals;
+        configures, else extractive (no LLM). ``compression.mode`` (default ``auto``) picks
+        digests when no summarizer is configured, summaries otherwise
+        (:mod:`ctxengine.engines.compressor_modes`). The session store records the originals;
         ``services.recall`` (a :class:`ctxengine.recall.Recall`), when given, also answers
         :meth:`retrievable`; ``services.reach`` says whether the recall tools reach the model,
         so the summary never names a tool the model cannot call.
         """
         c, services = checked(CompressionConfig, settings, services)
-        return cls(
+        summarizer = configured_summarizer(services.config, services.summarizer)
+        engine = cls(
             context_length=services.context_length,
             threshold=c.threshold,
             target_ratio=c.target_ratio,
@@ -273,12 +297,24 @@ class ContextCompressor(SummaryTrigger):
             user_quote_budget_tokens=c.user_quote_budget_tokens,
             backoff_turns=c.backoff_turns,
             enabled=c.enabled,
-            summarizer=configured_summarizer(services.config, services.summarizer),
+            summarizer=summarizer,
             counter=session_counter(services),
             recall=services.recall,
             reach=services.reach,
             quiet_mode=True,
         )
+        if resolve_mode(c.mode, summarizer=summarizer) == "digest":
+            engine._use_digests(digest_policy(
+                services.config,
+                engine.context_length,
+                store=services.store,
+                counter=engine.counter,
+                reach=engine.reach,
+                session_id=services.session_id,
+                # a threshold other than the default says where old turns fold
+                threshold=c.threshold if c.threshold != type(c).model_fields["threshold"].default else None,
+            ))
+        return engine
 
     # -- budgets ---------------------------------------------------------------------------------
     @property
@@ -517,3 +553,9 @@ class ContextCompressor(SummaryTrigger):
         if self.compression_count == 0 and self._frozen is None and head and head[0].get("role") == "system":
             head[0] = with_note(head[0], self._note)
         return place_summary(head, f"{self._header}\n\n{summary}\n{SUMMARY_END}", pulled, tail)
+
+
+class ContextCompressor(DigestMode, SummaryCompressor):
+    """The default engine: built from a config with no summarizer it compacts with digests
+    (``compression.mode``, :mod:`ctxengine.engines.compressor_modes`), else with summaries
+    (:class:`SummaryCompressor`, the module docstring)."""

@@ -3,9 +3,11 @@ configured placement (the planner, or the system prompt and the last three messa
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from ctxengine.caching import (
+    CachePace,
     CachingStatus,
     Placement,
     apply_breakpoints,
@@ -49,8 +51,14 @@ class CachePlan:
             )
         return system_and_3_breakpoints(messages)
 
-    def mark(self, messages: Sequence[Message], indices: list[int]) -> list[Message]:
-        """``messages`` with ``cache_control`` at ``indices`` (the marked ones copies)."""
+    def mark(self, messages: Sequence[Message], indices: list[int], pace: CachePace | None = None) -> list[Message]:
+        """``messages`` with ``cache_control`` at ``indices`` (the marked ones copies); with
+        ``cache_ttl: auto`` the TTL is the session's ``pace``'s choice (and the request is
+        observed by it)."""
         if not self.caching.enabled:
             return list(messages)
-        return apply_breakpoints(messages, indices, cache_ttl=self.caching.cache_ttl, native_anthropic=self.caching.native_anthropic, share_unmarked=True)
+        ttl = self.caching.cache_ttl
+        if pace is not None:
+            ttl = pace.ttl("auto" if self.caching.auto_ttl else ttl)
+            pace.observe(time.monotonic(), ttl)
+        return apply_breakpoints(messages, indices, cache_ttl=ttl, native_anthropic=self.caching.native_anthropic, share_unmarked=True)

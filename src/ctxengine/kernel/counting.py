@@ -89,3 +89,4 @@ class Counting:
         s.cache_read_tokens += u.cache_read_tokens
         s.cache_write_tokens += u.cache_write_tokens
         s.prompt_tokens_total += u.prompt_tokens
+        s.pace.wrote(u.cache_write_tokens, u.prompt_tokens)

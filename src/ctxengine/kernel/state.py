@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ctxengine.caching import CachePace
 from ctxengine.engine import ContextEngine
 from ctxengine.engines.kit.records import RecallReach
 from ctxengine.errors import CtxEngineError
@@ -108,6 +109,7 @@ class SessionState:
     history: SessionHistory = field(default_factory=SessionHistory)
     pending: Callable[[], list[str] | None] | None = None  # a turn's deferred recording (prepare(defer_record=True))
     tally: WindowTally = field(default_factory=WindowTally)  # the window cap's running sums
+    pace: CachePace = field(default_factory=CachePace)  # cache_ttl: auto (caching.CachePace)
     # what the last prepared request carries besides its messages (tool definitions): the
     # decisions' count and the window cap's (o200k); update_from_response takes the first out
     # of the provider's prompt tokens, which include it
