@@ -61,7 +61,10 @@ def main(argv: list[str] | None = None) -> None:
     """``python -m ctxengine.testing.strict_upstream --port 9000 --log requests.jsonl DIR``."""
     import argparse
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p = argparse.ArgumentParser(
+        prog="python -m ctxengine.testing.strict_upstream",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
     p.add_argument("root", type=Path)
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--window", type=int, default=32_000)

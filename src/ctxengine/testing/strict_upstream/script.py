@@ -23,7 +23,7 @@ _SHELL_NAMES = (
 RECALL_TOOL = "ctx_grep"
 
 
-def _tool_names(api: str, tools: list[Any]) -> list[tuple[str, dict[str, Any], str]]:
+def tool_names(api: str, tools: list[Any]) -> list[tuple[str, dict[str, Any], str]]:
     """(name, parameters schema, kind) of each declared tool."""
     out: list[tuple[str, dict[str, Any], str]] = []
     for t in tools or []:
@@ -50,7 +50,7 @@ def pick_tool_call(
     """A call of one of the client's own tools that reads file ``i``, or None. ``slow`` > 0
     prefers a shell tool and sleeps that long before reading (a benchmark restarts the proxy
     meanwhile)."""
-    declared = _tool_names(api, tools)
+    declared = tool_names(api, tools)
     by_lower = {name.lower(): (name, schema, kind) for name, schema, kind in declared}
     path = str(task.path(i))
     prefix = f"sleep {slow:g}; " if slow else ""
@@ -107,13 +107,13 @@ def _call_from(
     return None
 
 
-_SUMMARY_ASK = re.compile(
+SUMMARY_ASK = re.compile(
     r"CONTEXT CHECKPOINT COMPACTION|create a detailed summary of the conversation|handoff summary",
     re.I,
 )
 
 
-def _last_user_text(items: list[Any]) -> str:
+def last_user_text(items: list[Any]) -> str:
     for it in reversed(items):
         if isinstance(it, dict) and it.get("role") == "user":
             c = it.get("content")
@@ -123,7 +123,7 @@ def _last_user_text(items: list[Any]) -> str:
     return ""
 
 
-def _has_task(text: str) -> bool:
+def has_task(text: str) -> bool:
     return "BENCH-TASK" in text
 
 

@@ -16,17 +16,17 @@ from typing import Any
 
 from .handler import RequestHandler
 from .script import (
-    _SUMMARY_ASK,
     RECALL_TOOL,
-    _has_task,
-    _last_user_text,
-    _tool_names,
+    SUMMARY_ASK,
+    has_task,
     last_result,
+    last_user_text,
     pick_tool_call,
+    tool_names,
 )
 from .stats import new_stats
-from .task import _MARKER, Reply, Task, _code
-from .tokens import _encoding
+from .task import MARKER, Reply, Task, file_code
+from .tokens import encoding
 from .validate import Rejection, validate_chat, validate_messages, validate_responses
 
 
@@ -91,7 +91,7 @@ class StrictUpstream:
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
-        _encoding()
+        encoding()
         return self
 
     def stop(self) -> None:
@@ -141,12 +141,12 @@ class StrictUpstream:
             + json.dumps(body.get("system") or "")
             + str(body.get("instructions") or "")
         )
-        if not _has_task(whole):
+        if not has_task(whole):
             return Reply(text="OK.")
         last = last_result(api, conv_items)
-        names = {n for n, _s, _k in _tool_names(api, tools)}
-        found = {int(n): c for n, c in _MARKER.findall(whole)}
-        if _SUMMARY_ASK.search(_last_user_text(conv_items)):
+        names = {n for n, _s, _k in tool_names(api, tools)}
+        found = {int(n): c for n, c in MARKER.findall(whole)}
+        if SUMMARY_ASK.search(last_user_text(conv_items)):
             # the client's own compaction (Codex, Claude Code /compact): a summary of the progress
             with self._lock:
                 self.stats["client_compactions"] += 1
@@ -156,7 +156,7 @@ class StrictUpstream:
             )
         if last is not None and last[0] == "recall":
             with self._lock:
-                if _code(1) in last[1]:
+                if file_code(1) in last[1]:
                     self.stats["recall_answered"] += 1
             return self._final()
         # the step is the highest file whose marker the conversation holds: the proxy or the
@@ -188,13 +188,13 @@ class StrictUpstream:
     def _final(self) -> Reply:
         with self._lock:
             self.stats["finished"] = True
-        lines = [f"MARKER part{i:02d} = {_code(i)}" for i in range(1, self.task.steps + 1)]
+        lines = [f"MARKER part{i:02d} = {file_code(i)}" for i in range(1, self.task.steps + 1)]
         return Reply(text="TASK DONE\n" + "\n".join(lines))
 
     def _plain(self, items: list[Any], api: str) -> Reply:
         """A reply without tools (aider): ask for the next file not yet in the conversation."""
         text = json.dumps(items, ensure_ascii=False)
-        found = {int(n) for n, _c in _MARKER.findall(text)}
+        found = {int(n) for n, _c in MARKER.findall(text)}
         for i in range(1, self.task.steps + 1):
             if i not in found:
                 with self._lock:

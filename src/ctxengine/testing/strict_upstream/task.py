@@ -36,10 +36,11 @@ _WORDS = [
     "yankee",
     "zulu",
 ]
-_MARKER = re.compile(r"MARKER part(\d+) = ([A-Z0-9]+)")
+MARKER = re.compile(r"MARKER part(\d+) = ([A-Z0-9]+)")
 
 
-def _code(i: int) -> str:
+def file_code(i: int) -> str:
+    """The code written on the MARKER line of file ``i``."""
     return hashlib.sha256(f"part{i}".encode()).hexdigest()[:10].upper()
 
 
@@ -67,13 +68,13 @@ class Task:
         return self.root / self.name(i)
 
     def code(self, i: int) -> str:
-        return _code(i)
+        return file_code(i)
 
     def write(self) -> None:
         """Write the task's files (about 4.3 characters per o200k token of this text)."""
         self.root.mkdir(parents=True, exist_ok=True)
         for i in range(1, self.steps + 1):
-            lines = [f"MARKER part{i:02d} = {_code(i)}"]
+            lines = [f"MARKER part{i:02d} = {file_code(i)}"]
             n = 0
             while n < self.file_tokens:
                 words = [_WORDS[(i * 7 + n + k * 3) % len(_WORDS)] for k in range(12)]

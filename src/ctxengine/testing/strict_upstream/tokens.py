@@ -9,7 +9,8 @@ from typing import Any
 _ENC: Any = None
 
 
-def _encoding() -> Any:
+def encoding() -> Any:
+    """The o200k encoding, loaded once."""
     global _ENC
     if _ENC is None:
         from ctxengine.tokens import _load_encoding
@@ -49,7 +50,7 @@ def _strings(value: Any) -> Iterator[str]:
 
 def count_request_tokens(body: dict[str, Any]) -> int:
     """o200k tokens of a request: system/instructions, messages/input and tool definitions."""
-    enc = _encoding()
+    enc = encoding()
     parts: list[str] = []
     items: list[Any] = []
     for key in ("system", "instructions"):
