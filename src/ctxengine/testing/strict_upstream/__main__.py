@@ -1,0 +1,5 @@
+"""``python -m ctxengine.testing.strict_upstream``."""
+
+from . import main
+
+main()
