@@ -199,6 +199,18 @@ class ContextManager:
         self._host.strict = value
 
     @property
+    def contain_engine_errors(self) -> bool:
+        """Whether an engine's failure (it raised, missed its deadline, or broke rule 1 or 5)
+        is contained even when :attr:`strict`: the turn goes on with the messages the engine was
+        given, and the window cap holds the window (the proxy sets it: what goes upstream is
+        then never over the window because an engine failed)."""
+        return self._host.contain
+
+    @contain_engine_errors.setter
+    def contain_engine_errors(self, value: bool) -> None:
+        self._host.contain = value
+
+    @property
     def cap_window(self) -> bool:
         return self._cap.enabled
 
@@ -356,6 +368,14 @@ class ContextManager:
             return False
 
     # -- the turn ---------------------------------------------------------------------------
+    def fit_window(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None) -> list[Message]:
+        """``messages`` held under the window by the window cap alone, ``tools`` counted as the
+        provider counts them: no engine, no session, nothing recorded (the originals of what is
+        cut are not kept). The last resort of a caller whose turn failed (the proxy's fail-open
+        path); raises :class:`~ctxengine.errors.ContextWindowError` when even the anchors overflow."""
+        reserve = self._tool_counts.count(tools)[1] if tools else 0
+        return self.window.fit(messages, reserve=reserve, recall=False).messages
+
     def count_tokens(self, messages: Sequence[Message], *, session_id: str | None = None) -> int:
         """Tokens of ``messages`` as the decisions see them: the last real prompt tokens plus a
         count of the messages added since (long texts counted exactly), or a count of all."""

@@ -29,7 +29,9 @@ log = logging.getLogger("ctxengine.manager")  # the kernel logs under the manage
 
 class EngineHost:
     """Builds and runs the sessions' engines. ``engine_factory`` (tests, benchmarks) replaces
-    the registry lookup; ``strict=False`` logs an engine's failure instead of raising."""
+    the registry lookup; ``strict=False`` logs an engine's failure instead of raising, and so
+    does ``contain=True`` for the engine's failures alone (the proxy: a failed or rejected
+    compaction leaves the messages as they were and the window cap holds the window)."""
 
     def __init__(
         self,
@@ -41,6 +43,7 @@ class EngineHost:
         registry: EngineRegistry | None = None,
         engine_factory: Callable[[], ContextEngine] | None = None,
         strict: bool = True,
+        contain: bool = False,
     ) -> None:
         self.config = config
         self.window = window
@@ -49,6 +52,7 @@ class EngineHost:
         self._registry = registry
         self.engine_factory = engine_factory
         self.strict = strict
+        self.contain = contain
 
     # -- building ---------------------------------------------------------------------------
     def services(self, sid: str, history: SessionHistory | None = None, reach: RecallReach | None = None) -> Services:
@@ -150,7 +154,7 @@ class EngineHost:
         except EngineError as exc:
             if self.fallback(s, str(exc)):
                 return should_compact(s.engine, tokens, msgs)
-            if self.strict:
+            if self.strict and not self.contain:
                 raise
             s.engine_errors += 1
             log.warning("%s", exc)
@@ -168,7 +172,7 @@ class EngineHost:
         except EngineError as exc:
             if self.fallback(s, str(exc)):
                 return self.compress(s, msgs, tokens, focus_topic, trigger)
-            if self.strict:
+            if self.strict and not self.contain:
                 raise
             s.engine_errors += 1
             log.warning("%s", exc)

@@ -28,8 +28,11 @@ Per chat request (``POST /v1/chat/completions``, ``POST /v1/messages``, ``POST /
    local store, the turn is written (:meth:`Proxy._settle_later`); the session's next request
    waits for that.
 
-**Fail open**: any internal error in steps 2–4 or 6 sends the client's original request
-unchanged and logs why (``ctxengine_proxy_fail_open_total`` counts them). Every other path
+**Fail open**: an engine that fails or whose output is rejected leaves the turn's messages as
+they were, and the window cap still holds the window. Any other internal error in steps 2–4
+sends the client's request held under the window by the window cap alone (unchanged when it
+fits, or when even that fails), and in step 6 the request as planned; either way it logs why
+(``ctxengine_proxy_fail_open_total`` counts them). Every other path
 under ``/v1/`` is forwarded unchanged (``/v1/models`` …): to the Anthropic upstream when the
 request carries ``x-api-key`` or ``anthropic-version``, else to the OpenAI upstream;
 ``/v1/responses/compact`` is answered by the session's engine and
@@ -387,9 +390,9 @@ class Proxy(Relaying):
                     plan.planned = f"worker: {quick}"
                     t_back = time.perf_counter()
                     plan.stages += [("plan_queue", plan.started - t_queue), ("plan", plan.finished - plan.started), ("plan_return", t_back - plan.finished)]
-        except Exception as exc:  # fail open: the client's request goes upstream unchanged
+        except Exception as exc:  # fail open: the client's request, held under the window
             self._fail_open(api, plan, "prepare", exc)
-            plan = Plan(api, plan.session, body, raw)
+            plan = await anyio.to_thread.run_sync(self._plan_capped, api, plan.session, body, raw)
         # the metrics are updated once the response is out (_settle_later), off this path
         plan.stages += [("read", t_read - t0), ("parse", t_parse - t_read)]
         plan.added = time.perf_counter() - t0

@@ -173,6 +173,7 @@ class ProxyBase:
                     warnings.simplefilter("ignore", UnknownModelWarning)
                     mgr = ContextManager(self.config, model=model, provider=provider, store=self.store, context_length=window.tokens)
                 mgr.set_context_length(window.tokens, source=window.source)
+                mgr.contain_engine_errors = True  # a failed compaction: the window cap holds the window
                 self._managers[key] = mgr
             return mgr
 

@@ -215,6 +215,28 @@ class Planning(Settling):
         s.last_out = (len(client), client[-1] if client else None, sent.body)
         return plan
 
+    def _plan_capped(self, api: Api, session: str, body: Mapping[str, Any], raw: bytes) -> Plan:
+        """The plan of a request whose planning failed (fail open): the client's conversation
+        held under the window by the window cap alone (:meth:`ContextManager.fit_window`), so
+        what goes upstream is never over the window because context management failed; the
+        client's request unchanged when it fits, or when even this fails (logged). The
+        session's own state is not touched: its next request is planned as usual."""
+        plain = Plan(api, session, body, raw)
+        try:
+            mgr = self.manager(api, str(body["model"]))
+            scratch = ProxySession(api.name, session)  # the session's own state stays as it was
+            msgs, conv = api.read(body, scratch)
+            tools = body.get("tools")
+            fitted = mgr.fit_window(msgs, tools if isinstance(tools, list) else None)
+            if _same(fitted, msgs):
+                return plain
+            sent = outgoing(api, scratch, body, raw, conv, fitted, True, Marking([], mgr.caching.cache_ttl, mgr.caching.native_anthropic))
+        except Exception as exc:  # the request goes as the client sent it
+            log.warning("the window cap could not hold a failed request; forwarding it unchanged", extra={"fields": {"api": api.name, "session": session, "error": f"{type(exc).__name__}: {exc}"}})
+            return plain
+        log.info("a failed request held under the window", extra={"fields": {"api": api.name, "session": session, "messages_in": len(msgs), "messages_out": len(fitted)}})
+        return Plan(api, session, sent.body, sent.content, request=body, request_raw=raw, context=fitted)
+
     def _engine_tools(self, api: Api, mgr: ContextManager, s: ProxySession, body: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The engine's tools to add: only when enabled and the client sends tools of its own;
         once added for a session they stay (a stable tool list keeps the cache warm)."""
