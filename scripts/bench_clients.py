@@ -65,6 +65,7 @@ CACHE = ROOT / ".bench-clients"
 SLOW_SECONDS = 15.0  # the tool of the restart step runs this long: the proxy's stop + start fits
 PROXY_SRC = SRC  # --proxy-src: run another checkout's proxy (read only: no bytecode written there)
 PROXY_DEBUG = False  # --proxy-debug: the proxy logs at debug level
+PROXY_MODE: str | None = None  # --mode: the proxy's compression.mode (None: its default)
 NPM = CACHE / "npm"
 
 NPM_PACKAGES = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex"}
@@ -235,6 +236,7 @@ class Proxy:
             f"  openai_base_url: {upstream.openai_base_url}\n"
             f"  anthropic_base_url: {upstream.anthropic_base_url}\n"
             "  timeout: 120\n"
+            + (f"compression:\n  mode: {PROXY_MODE}\n" if PROXY_MODE else "")
         )
         self.engine = engine
         self.window = window
@@ -847,6 +849,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=240.0, help="seconds per client run")
     p.add_argument("--engine", help="the proxy's --engine")
     p.add_argument(
+        "--mode",
+        choices=["summary", "digest", "auto"],
+        help="the proxy's compression.mode (default: the proxy's own default)",
+    )
+    p.add_argument(
         "--direct",
         action="store_true",
         help="no proxy: the clients talk to the strict upstream (recording)",
@@ -876,10 +883,11 @@ def main(argv: list[str] | None = None) -> int:
         for c, s in install(clients).items():
             print(f"{c}: {s}")
         return 0
-    global PROXY_SRC, PROXY_DEBUG
+    global PROXY_SRC, PROXY_DEBUG, PROXY_MODE
     if a.proxy_src:
         PROXY_SRC = a.proxy_src.resolve()
     PROXY_DEBUG = a.proxy_debug
+    PROXY_MODE = a.mode
     windows = [int(w) for w in a.window.split(",") if w.strip()]
     if a.keep:
         a.keep.mkdir(parents=True, exist_ok=True)

@@ -45,6 +45,7 @@ from ctxengine.cost import compaction_break_even
 from ctxengine.engine import CompactionReport, ContextEngine, Services
 from ctxengine.engines.kit import call_of, cut_output, header, is_marked
 from ctxengine.engines.kit.build import checked, session_counter, with_overrides
+from ctxengine.engines.kit.cut import harness_header
 from ctxengine.engines.kit.cutpolicy import GIANT_TOKENS
 from ctxengine.engines.kit.digest import digest
 from ctxengine.engines.kit.originals import Originals, Refs
@@ -299,6 +300,9 @@ class CacheAwareEngine(ContextEngine):
             # no store: every fact of the output stays in context
             facts = extract_facts([m])
             budget += sum(estimate(f) + 1 for f in (*facts.paths, *facts.urls, *facts.errors))
+        lead = harness_header(text)
+        if lead is not None:  # a harness's header (Codex's exec output) on top of the body's lines
+            budget += 2 * (estimate(lead) + 1)
         ref = ids.node([i], kind="cut", text=None)
         cut = cut_output(text, budget_tokens=budget, ref=ref, head_lines=self.settings.head_lines, tail_lines=self.settings.tail_lines)
         call = call_of(messages, i)

@@ -11,7 +11,12 @@ A cut keeps, within ``budget_tokens``:
    e.g. Foo.java, IOException, repo.maven.org; ctx_grep a name; …``);
 
 2. the first and last lines of the output (about two head lines per tail line; a line longer
-   than ``line_chars`` keeps its start and says how many characters it lost);
+   than ``line_chars`` keeps its start and says how many characters it lost). An output that
+   opens with a harness's header (``Key: value`` lines through a line that opens the body, as
+   Codex's ``Chunk ID: … / Wall time: … / Process exited with code 0 / Original token count:
+   … / Output:``, and the notes that follow it up to a blank line, e.g. ``Total output lines:
+   189``) keeps that header as one line (:func:`harness_header`), and the head and tail lines
+   are the body's: a cut never ends inside the header, before the output itself begins;
 3. a facts block (:mod:`ctxengine.engines.kit.blocks`) with the paths, URLs and error lines of
    the removed text verbatim, errors first, as far as the budget allows; the marker says how
    many were left out (they stay retrievable from the store through ``ref``).
@@ -23,6 +28,7 @@ Deterministic: the same arguments give the same text.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from ctxengine.engines.kit.blocks import fit_facts, render_facts, search_names, unseen
@@ -30,11 +36,47 @@ from ctxengine.engines.kit.records import GREP_TOOL, header, recall_pointer
 from ctxengine.facts import FactMemo, Facts, error_lines, paths_in, urls_in
 from ctxengine.tokens import TokenCounter, estimate
 
-__all__ = ["LINE_CHARS", "cut_output"]
+__all__ = ["HEADER_MAX_LINES", "LINE_CHARS", "cut_output", "harness_header", "header_lines"]
 
 LINE_CHARS = 240
 """Kept lines longer than this keep their first LINE_CHARS characters: one line can hold a
 whole minified file (the data has 96K-character lines)."""
+
+
+HEADER_MAX_LINES = 10
+"""A leading header longer than this is taken as the output itself."""
+
+_HEADER_LINE = re.compile(r"[A-Z][A-Za-z0-9 _/()-]{0,40}:(?:[ \t].*)?")
+_BODY_OPENS = re.compile(r"[A-Z][A-Za-z0-9 _/()-]{0,40}:")
+_HEADER_CHARS = 160
+
+
+def header_lines(lines: list[str]) -> int:
+    """How many lines of ``lines`` form a harness's leading header: short lines through the
+    line that opens the body (a key with no value, e.g. ``Output:``), then the notes that follow
+    it (``Key: value`` lines) and one blank line after them; 0 when there is none."""
+    opened = 0
+    for i, line in enumerate(lines[:HEADER_MAX_LINES]):
+        bare = line.rstrip()
+        if not opened:
+            if not bare or len(bare) > _HEADER_CHARS:
+                return 0
+            if _BODY_OPENS.fullmatch(bare):
+                opened = i + 1
+        elif not bare:
+            return i + 1
+        elif not _HEADER_LINE.fullmatch(bare):
+            return opened
+    return opened
+
+
+def harness_header(text: str, line_chars: int = 240) -> str | None:
+    """The header a cut of ``text`` keeps (:func:`header_lines`, on one line), or None."""
+    lines = text.split("\n", HEADER_MAX_LINES)
+    n = header_lines(lines)
+    if not n:
+        return None
+    return _cap(" | ".join(x.strip() for x in lines[:n] if x.strip()), line_chars)
 
 
 def _cap(line: str, n: int) -> str:
@@ -110,16 +152,20 @@ def cut_output(
 
     block_all = sum(count(f) + 1 for f in all_facts.all()) + (8 if n_facts else 0)
     line_budget = rest - block_all if block_all <= rest // 2 else rest // 2
-    head, tail = _choose_lines(lines, line_budget, count, head_lines, tail_lines, line_chars)
+    lead, lead_n = _lead(lines, line_budget, count, line_chars)
+    body = lines[lead_n:]
+    nb = len(body)
+    line_budget -= sum(count(x) + 1 for x in lead)
+    head, tail = _choose_lines(body, line_budget, count, head_lines, tail_lines, line_chars)
     while True:
-        kept = [_cap(x, line_chars) for x in lines[:head]]
-        kept_tail = [_cap(x, line_chars) for x in lines[n - tail :]] if tail else []
+        kept = [*lead, *(_cap(x, line_chars) for x in body[:head])]
+        kept_tail = [_cap(x, line_chars) for x in body[nb - tail :]] if tail else []
         kept_text = "\n".join([*kept, *kept_tail])
-        removed = n - head - tail
+        removed = nb - head - tail
         lost = unseen(all_facts, kept_text)
         used = sum(count(x) + 1 for x in kept) + sum(count(x) + 1 for x in kept_tail)
         chosen, unlisted = fit_facts(lost, max(0, rest - used), count=count)
-        out = _assemble(_marker(ref, removed, n, head, total_tokens, unlisted, recall, _left_out(lost, chosen)), kept, kept_tail, chosen)
+        out = _assemble(_marker(ref, removed, n, lead_n + head, total_tokens, unlisted, recall, _left_out(lost, chosen)), kept, kept_tail, chosen)
         if count(out) <= budget_tokens:
             # the per-fact costs are upper bounds: top up with facts the real slack still holds
             for _ in range(3):
@@ -131,12 +177,16 @@ def cut_output(
                     break
                 bigger = chosen.merge(more)
                 left = unlisted - len(more)
-                trial = _assemble(_marker(ref, removed, n, head, total_tokens, left, recall, _left_out(lost, bigger)), kept, kept_tail, bigger)
+                trial = _assemble(_marker(ref, removed, n, lead_n + head, total_tokens, left, recall, _left_out(lost, bigger)), kept, kept_tail, bigger)
                 if count(trial) > budget_tokens:
                     break
                 out, chosen, unlisted = trial, bigger, left
             return out
         if head == 0 and tail == 0 and not len(chosen):
+            if lead:  # the header alone does not fit: the marker and facts without it
+                lead, lead_n = [], 0
+                body, nb = lines, n
+                continue
             return out
         # the sum of parts undercounted the whole (a tokenizer merging across lines): give up
         # a tail line, else a head line, else facts, and measure again
@@ -146,6 +196,18 @@ def cut_output(
             head -= 1
         else:
             rest -= max(1, count(out) - budget_tokens)
+
+
+def _lead(lines: list[str], budget: int, count: Callable[[str], int], line_chars: int) -> tuple[list[str], int]:
+    """The harness header a cut keeps (one line, :func:`header_lines`) and how many lines it
+    stands for; none when there is no header or it would take more than half of ``budget``."""
+    n = header_lines(lines)
+    if not n:
+        return [], 0
+    line = _cap(" | ".join(x.strip() for x in lines[:n] if x.strip()), line_chars)
+    if (count(line) + 1) * 2 > budget:
+        return [], 0
+    return [line], n
 
 
 def _left_out(lost: Facts, chosen: Facts) -> list[str]:

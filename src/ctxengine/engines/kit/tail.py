@@ -127,7 +127,8 @@ def plan_head_tail(
         acc += g
         count += b - a
         start = a
-    last_user = next((i for i in range(n - 1, -1, -1) if msgs[i].get("role") == "user"), None)
+    # the user's latest message, not an engine's user-role digest or summary after it (rule 5)
+    last_user = next((i for i in range(n - 1, -1, -1) if msgs[i].get("role") == "user" and not is_summary(msgs[i])), None)
     # everything after the head fits the tail (or the middle would hold only the latest
     # user message): give the middle the oldest groups back, keeping the last group
     k = 0
