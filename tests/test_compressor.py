@@ -425,15 +425,17 @@ def test_compress_loop_terminates() -> None:
 # -- configuration -----------------------------------------------------------------------------------------
 
 
-def test_from_config_defaults_to_the_extractive_summarizer() -> None:
+def test_from_config_defaults_to_digests_with_the_extractive_summarizer_behind() -> None:
+    """No summarizer configured: the default compacts with digests (folding at 55 % of the
+    window), and the summary it falls back to is the extractive one (no LLM)."""
     e = create_engine(Config(), context_length=200_000)
     assert isinstance(e, ContextCompressor)
-    assert e.mode == "summary"
+    assert e.mode == "digest"
     assert isinstance(e.summarizer, ExtractiveSummarizer)
-    assert e.threshold_tokens == 100_000
-    digest = create_engine(Config.from_dict({"compression": {"mode": "digest"}}), context_length=200_000)
-    assert isinstance(digest, ContextCompressor) and digest.mode == "digest"
-    assert digest.threshold_tokens == 110_000  # digests fold at 55 % of the window
+    assert e.threshold_tokens == 110_000
+    summary = create_engine(Config.from_dict({"compression": {"mode": "summary"}}), context_length=200_000)
+    assert isinstance(summary, ContextCompressor) and summary.mode == "summary"
+    assert summary.threshold_tokens == 100_000
 
 
 def test_from_config_reads_compression_and_auxiliary() -> None:

@@ -1,4 +1,4 @@
-"""The compressor's modes: summaries by default, digests when a config asks for them."""
+"""The compressor's modes: digests by default from a config, summaries when one is asked for."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from ctxengine.registry import EngineRegistry
 from ctxengine.store import SqliteStore
 from ctxengine.summarize.extractive import ExtractiveSummarizer
 
-DIGEST = Config.from_dict({"compression": {"mode": "digest"}})
 
 def _session(groups: int, lines: int = 80) -> list[Message]:
     msgs: list[Message] = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Fix the build."}]
@@ -34,13 +33,11 @@ def _create(cfg: Config, **services: object) -> ContextCompressor:
     return engine
 
 
-def test_the_default_config_summarizes_and_digests_are_one_setting_away() -> None:
-    assert Config().context.engine == "compressor" and Config().compression.mode == "summary"
-    assert _create(Config()).mode == "summary"
-    engine = _create(DIGEST)
+def test_the_default_config_compacts_with_digests() -> None:
+    assert Config().context.engine == "compressor" and Config().compression.mode == "auto"
+    engine = _create(Config())
     assert engine.name == "compressor" and engine.mode == "digest"
     assert engine.get_status()["mode"] == "digest"
-    assert _create(Config.from_dict({"compression": {"mode": "auto"}})).mode == "digest"  # no summarizer configured
 
 
 def test_a_summarizer_or_an_explicit_setting_keeps_summaries() -> None:
@@ -65,7 +62,7 @@ def test_hermes_constructor_still_summarizes() -> None:
 
 def test_digest_mode_folds_older_outputs_and_keeps_recent_ones_whole() -> None:
     store = SqliteStore(":memory:")
-    engine = _create(DIGEST, store=store)
+    engine = _create(Config(), store=store)
     engine.on_session_start("s1")
     msgs = _session(14)
     tokens = sum(engine.counter.count_messages([m]) for m in msgs)
@@ -89,14 +86,14 @@ def test_disabled_digest_mode_never_triggers() -> None:
 
 
 def test_an_explicit_threshold_sets_where_digests_fold() -> None:
-    engine = _create(Config.from_dict({"compression": {"threshold": 0.7, "mode": "digest"}}))
+    engine = _create(Config.from_dict({"compression": {"threshold": 0.7}}))
     assert engine._digests is not None and engine._digests.threshold_tokens == 14_000
-    assert _create(DIGEST)._digests is not None
+    assert _create(Config())._digests is not None
 
 
 def test_a_forced_compaction_compacts_in_digest_mode() -> None:
     """A host's forced compaction (the seed's manual /compress) is judged at the threshold."""
-    engine = _create(DIGEST)
+    engine = _create(Config())
     msgs = _session(10)
     tokens = sum(engine.counter.count_messages([m]) for m in msgs)
     assert tokens < engine.threshold_tokens and not engine.should_compress(tokens)

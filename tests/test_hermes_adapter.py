@@ -122,7 +122,8 @@ def test_status_and_should_compress_with_the_hosts_negative_sentinel(tmp_path: P
 def test_lifecycle_reset_and_model_switch(tmp_path: Path) -> None:
     a = _adapter(tmp_path)
     a.update_model("bigger", 200_000)
-    assert a.context_length == 200_000 and a.threshold_tokens == a.engine.threshold_tokens == 100_000
+    # the default compressor folds digests at cacheaware.fold_ratio (55 %) of the new window
+    assert a.context_length == 200_000 and a.threshold_tokens == a.engine.threshold_tokens == 110_000
     a.update_from_response({"prompt_tokens": 500, "completion_tokens": 5})
     a.on_session_reset()
     assert a.last_prompt_tokens == 0 and a.engine.last_prompt_tokens == 0

@@ -10,7 +10,7 @@ Keys and defaults follow the seed system so its users can bring their file::
       target_ratio: 0.20            # tail budget = threshold_tokens × target_ratio
       protect_last_n: 20            # never fewer recent messages kept verbatim
       summary_model: null           # older alias of auxiliary.compression.model
-      mode: summary                 # summary | digest | auto (summary when a model is set, else digest)
+      mode: auto                    # auto (summary when a model is set, else digest) | digest | summary
     auxiliary:
       compression:                  # the summarizer model (seed 003)
         provider: auto              # auto | openai | openrouter | anthropic | custom …
@@ -128,8 +128,8 @@ class CompressionConfig(_Section):
     protect_first_n: int = Field(3, ge=1)
     summary_model: str | None = None
     mode: Literal["auto", "digest", "summary"] = Field(
-        "summary",
-        description="How the compressor compacts: summary (the structured summary; the default), digest (older tool exchanges folded in batches into digests, the cheapest under prompt caching; settings in cacheaware:), auto (summary when a summarizer model is configured, else digest).",
+        "auto",
+        description="How the compressor compacts: digest (older tool exchanges folded in batches into digests, the cheapest under prompt caching; settings in cacheaware:), summary (the structured summary), auto (summary when a summarizer model is configured, else digest).",
     )
     user_quote_budget_tokens: int = Field(20_000, ge=0, description="Older user messages quoted in the summary, most recent first: at most this many tokens and half the summary's budget; a message over 120 tokens is quoted by its first words and the names of the files it pastes (the rest, and the messages that do not fit, stay retrievable).")
     backoff_turns: int = Field(3, ge=0, description="Turns to wait after a compression that could not get below the threshold.")
