@@ -472,6 +472,13 @@ class ContextManager:
                 messages = self._cap.fit_request(s, messages)
         return self._cache.mark(messages, self.breakpoints(messages, session_id=session_id), self._session(session_id).pace)
 
+    def cache_ttl(self, *, session_id: str | None = None) -> str:
+        """The TTL of the cache markers of the request about to be sent in ``session_id``
+        (what :meth:`request` marks with): ``prompt_caching.cache_ttl``, or with ``auto`` the
+        session's pace's choice (1h once a person's pauses cost more than the dearer writes).
+        Observes the request: call once per request, for a caller that places markers itself."""
+        return self._cache.ttl(self._session(session_id).pace)
+
     def update_from_response(self, usage: Any, *, session_id: str | None = None) -> None:
         """Record a response's usage (OpenAI or Anthropic shape, dict or SDK object): the engine
         sees it, and the next token counts are anchored on its real prompt tokens."""

@@ -57,8 +57,15 @@ class CachePlan:
         observed by it)."""
         if not self.caching.enabled:
             return list(messages)
+        ttl = self.ttl(pace)
+        return apply_breakpoints(messages, indices, cache_ttl=ttl, native_anthropic=self.caching.native_anthropic, share_unmarked=True)
+
+    def ttl(self, pace: CachePace | None) -> str:
+        """The TTL of one request's markers: the configured one, or with ``cache_ttl: auto``
+        the session's ``pace``'s choice (the request is then observed by it: call once per
+        request sent)."""
         ttl = self.caching.cache_ttl
         if pace is not None:
             ttl = pace.ttl("auto" if self.caching.auto_ttl else ttl)
             pace.observe(time.monotonic(), ttl)
-        return apply_breakpoints(messages, indices, cache_ttl=ttl, native_anthropic=self.caching.native_anthropic, share_unmarked=True)
+        return ttl

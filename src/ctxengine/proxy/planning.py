@@ -208,7 +208,10 @@ class Planning(Settling):
         # this body); only a body that names the key is walked
         if mgr.caching.enabled and not (s.body.contains(raw, b'"cache_control"') and has_cache_control(body)):
             indices = mgr.breakpoints(out, session_id=session)
-        marking = Marking(indices, mgr.caching.cache_ttl, mgr.caching.native_anthropic)
+        # the TTL as the library marks it: with cache_ttl: auto, the session's pace chooses
+        # (every request is observed, the ones the client marked itself too: their TTL is kept)
+        ttl = mgr.cache_ttl(session_id=session) if mgr.caching.enabled else mgr.caching.cache_ttl
+        marking = Marking(indices, ttl, mgr.caching.native_anthropic)
         sent = outgoing(api, s, body, raw, conv, out, changed, marking, self._engine_tools(api, mgr, s, body))
         plan.body, plan.content, plan.engine_tools = sent.body, sent.content, sent.engine_tools
         client = api.history(body)
