@@ -380,17 +380,12 @@ class Proxy(Relaying):
                 await self._settled(api, plan.session)
                 t_queue = time.perf_counter()
                 quick = self._plan_inline(api, plan.session, body, raw)
-                opened = 0.0
                 if quick == OPENING:  # the store and the engine in a worker thread, the plan here
                     await anyio.to_thread.run_sync(self._open, api, plan.session, body)
-                    opened = time.perf_counter() - t_queue
                     quick = self._plan_inline(api, plan.session, body, raw)
                 if isinstance(quick, Plan):
                     plan = quick
                     plan.stages.append(("plan_inline", plan.finished - plan.started))
-                    if opened:
-                        plan.stages.append(("open", opened))
-                        plan.opened = True
                 else:
                     plan = await anyio.to_thread.run_sync(self._plan, api, plan.session, body, raw)
                     plan.planned = f"worker: {quick}"

@@ -130,7 +130,7 @@ class Planning(Settling):
         manager, the manager's session resumed from the store's record (after a restart) or
         started with its engine, and the request's tool definitions counted. The turn is then
         planned on the event loop when it only appends (:meth:`_plan_inline`)."""
-        now = time.monotonic()
+        started, now = time.perf_counter(), time.monotonic()
         s = self.sessions.open(api.name, session, now)
         if self.sessions.sweep_due(now, claim=True):
             self.end_idle_sessions(now)
@@ -138,6 +138,7 @@ class Planning(Settling):
         with s.lock:
             mgr = self._open_manager(api, s, str(body["model"]))
             mgr.count_tools(tools if isinstance(tools, list) else None, session_id=session)
+            s.fresh = max(time.perf_counter() - started, 1e-9)
 
     def _plan_inline(self, api: Api, session: str, body: Mapping[str, Any], raw: bytes) -> Plan | str:
         """The plan, made on the event loop when that is quick and cannot block it; else why it
@@ -230,6 +231,10 @@ class Planning(Settling):
         after_status = mgr.counters(session)
         plan = Plan(api, session, body, raw, state=s, request=body, request_raw=raw, manager=mgr, context=out, deferred=self._local_store and mgr.store is not None)
         plan.compactions = 0 if quick else after_status["compactions"] - before
+        if s.fresh:
+            plan.opened = True
+            plan.stages.append(("open", s.fresh))
+            s.fresh = 0.0
         changed = recalled is not None or not _same(out, msgs) or api.expands(raw)
         incoming = s.incoming
         if changed:  # after a compaction, every turn: each message estimated once
