@@ -66,6 +66,7 @@ SLOW_SECONDS = 15.0  # the tool of the restart step runs this long: the proxy's 
 PROXY_SRC = SRC  # --proxy-src: run another checkout's proxy (read only: no bytecode written there)
 PROXY_DEBUG = False  # --proxy-debug: the proxy logs at debug level
 PROXY_MODE: str | None = None  # --mode: the proxy's compression.mode (None: its default)
+PROXY_CONFIG = ""  # --proxy-config: YAML sections appended to the proxy's config
 NPM = CACHE / "npm"
 
 NPM_PACKAGES = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex"}
@@ -237,6 +238,7 @@ class Proxy:
             f"  anthropic_base_url: {upstream.anthropic_base_url}\n"
             "  timeout: 120\n"
             + (f"compression:\n  mode: {PROXY_MODE}\n" if PROXY_MODE else "")
+            + PROXY_CONFIG
         )
         self.engine = engine
         self.window = window
@@ -870,6 +872,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the src/ folder whose ctxengine the proxy runs (default: this checkout's)",
     )
     p.add_argument(
+        "--proxy-config",
+        type=Path,
+        help="a YAML file of top-level sections appended to the proxy's config (e.g. compression: {mode: digest})",
+    )
+    p.add_argument(
         "--proxy-debug",
         action="store_true",
         help="the proxy logs at debug level (each compaction's notes) into proxy.log",
@@ -883,7 +890,9 @@ def main(argv: list[str] | None = None) -> int:
         for c, s in install(clients).items():
             print(f"{c}: {s}")
         return 0
-    global PROXY_SRC, PROXY_DEBUG, PROXY_MODE
+    global PROXY_SRC, PROXY_DEBUG, PROXY_MODE, PROXY_CONFIG
+    if a.proxy_config:
+        PROXY_CONFIG = a.proxy_config.read_text()
     if a.proxy_src:
         PROXY_SRC = a.proxy_src.resolve()
     PROXY_DEBUG = a.proxy_debug

@@ -677,18 +677,15 @@ def test_mixed_calls_show_only_the_clients_and_a_failed_round_is_returned(stub: 
 def test_each_stage_of_a_request_is_timed(proxy: ProxyServer, stub: StubServer) -> None:
     msgs: list[Any] = [{"role": "user", "content": "x"}]
     for turn in range(3):
-        oai(proxy).chat.completions.create(model="gpt-4o", messages=msgs)
+        oai(proxy, default_headers={SESSION_HEADER: "timed"}).chat.completions.create(model="gpt-4o", messages=msgs)
         msgs += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": f"turn {turn}"}]
     # each request's timings are observed once its response is out
     for stage in ("read", "parse", "upstream"):
         assert settled_metric(proxy, "ctxengine_proxy_stage_seconds_count", 3, api="openai", stage=stage) == 3, stage
-    # the session's first request opens it in a worker thread; the next ones only append: on the event loop
-    for stage in ("plan_queue", "plan", "plan_return"):
-        assert metric(proxy, "ctxengine_proxy_stage_seconds_count", api="openai", stage=stage) == 1, stage
-    assert metric(proxy, "ctxengine_proxy_stage_seconds_count", api="openai", stage="plan_inline") == 2
-    assert metric(proxy, "ctxengine_proxy_plans_total", api="openai", where="worker") == 1
-    assert metric(proxy, "ctxengine_proxy_plans_total", api="openai", where="inline") == 2
-    assert metric(proxy, "ctxengine_proxy_stage_seconds_sum", api="openai", stage="plan") > 0
+    # the session's first request opens it in a worker thread; every turn only appends: on the event loop
+    assert metric(proxy, "ctxengine_proxy_stage_seconds_count", api="openai", stage="open") == 1
+    assert metric(proxy, "ctxengine_proxy_stage_seconds_count", api="openai", stage="plan_inline") == 3
+    assert metric(proxy, "ctxengine_proxy_plans_total", api="openai", where="inline") == 3
     assert metric(proxy, "ctxengine_proxy_stage_seconds_sum", api="openai", stage="plan_inline") > 0
     # after each response: the usage and the turn's store write (the last may still be running)
     deadline = time.monotonic() + 5
@@ -696,3 +693,9 @@ def test_each_stage_of_a_request_is_timed(proxy: ProxyServer, stub: StubServer) 
         time.sleep(0.01)
     assert metric(proxy, "ctxengine_proxy_stage_seconds_count", api="openai", stage="record") == 3
     assert metric(proxy, "ctxengine_proxy_stage_seconds_count", api="openai", stage="settle") == 3
+    # an edited turn branches, and its store write cannot wait: planned in a worker thread
+    oai(proxy, default_headers={SESSION_HEADER: "timed"}).chat.completions.create(model="gpt-4o", messages=[*msgs[:2], {"role": "user", "content": "edited"}])
+    for stage in ("plan_queue", "plan", "plan_return"):
+        assert settled_metric(proxy, "ctxengine_proxy_stage_seconds_count", 1, api="openai", stage=stage) == 1, stage
+    assert metric(proxy, "ctxengine_proxy_plans_total", api="openai", where="worker") == 1
+    assert metric(proxy, "ctxengine_proxy_stage_seconds_sum", api="openai", stage="plan") > 0

@@ -293,7 +293,8 @@ def test_claude_codes_moving_marker_takes_the_quick_turn_and_the_store_keeps_eac
     history = _conversation(10)
     inc = IncomingHistory()
     mgr = manager()
-    assert run(mgr, inc, 1, 1) == 1  # a first turn records in full (the worker thread's call)
+    assert run(mgr, inc, 1, 1) == 0  # a first turn is quick too: it records in full, after the response
+    assert store.get_session("s").stored == len(anthropic_to_openai(_CC_SYSTEM, history[:1]))
     assert run(mgr, inc, 2, len(history) - 4) == 0  # every appending turn is quick
     stored = store.get_session("s").stored
     assert stored == len(anthropic_to_openai(_CC_SYSTEM, history[: len(history) - 4]))  # each message once
@@ -425,7 +426,8 @@ def test_through_the_proxy_a_moving_marker_is_planned_inline_and_sent_as_the_cli
                 for s in family.samples
                 if s.name == "ctxengine_proxy_plans_total"
             }
-    assert plans == {"worker": 1.0, "inline": float(len(range(1, len(history) + 1, 2)) - 1)}  # only the first turn in a worker
+    # every turn inline, the first too (its session opened in a worker thread, its write after the response)
+    assert plans.get("worker", 0.0) == 0.0 and plans["inline"] == float(len(range(1, len(history) + 1, 2)))
     store = SqliteStore(tmp_path / "s.db")
     (session,) = store.list_sessions()
     assert session.stored == session.length == len(anthropic_to_openai(_CC_SYSTEM, history))  # each message once

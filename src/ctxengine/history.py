@@ -620,8 +620,11 @@ class SessionHistory:
     def defers(self, turn: TurnInput) -> bool:
         """Whether :meth:`record_later` can leave ``turn``'s recording for later: a turn that
         continues the session (appending to the store's tip, or, the tip unknown after a
-        compaction, recording the whole list; the store keeps each message once)."""
-        return self.turns > 0 and turn.kind in ("continue", "resend")
+        compaction, recording the whole list; the store keeps each message once), or the
+        session's first turn (recording the whole list: nothing is in the store to branch from)."""
+        if self.turns == 0:
+            return turn.kind == "first"
+        return turn.kind in ("continue", "resend")
 
     def appends(self, turn: TurnInput) -> bool:
         """Whether ``turn`` only appends to the store's tip (what :meth:`record_later` defers)."""

@@ -323,6 +323,15 @@ class ContextManager:
         """
         return self._tools.listing(self._session(session_id), agent_tools)
 
+    def count_tools(self, agent_tools: Sequence[Mapping[str, Any]] | None, *, session_id: str | None = None) -> int:
+        """The window tokens of the tool definitions the session's next request sends with
+        ``agent_tools`` (the engine's and offered recall tools included), counted now and
+        memoised, so that a quick turn (``prepare(may_compact=False)``) finds them counted
+        instead of refusing: a caller opening a session off its event loop counts them there."""
+        s = self._session(session_id)
+        with s.lock:
+            return self._tools.cost(s, agent_tools)[1]
+
     def tool_names(self, *, session_id: str | None = None) -> frozenset[str]:
         """Names of the tools :meth:`handle_tool_call` answers for the session: the engine's,
         and the recall tools once they are offered (see :meth:`tools`)."""

@@ -84,6 +84,7 @@ from ctxengine.proxy.base import (
 )
 from ctxengine.proxy.limits import Windows
 from ctxengine.proxy.metrics import CONTENT_TYPE, ProxyMetrics
+from ctxengine.proxy.planning import OPENING
 from ctxengine.proxy.relay import Relaying
 from ctxengine.proxy.responses import RESPONSES, compact_input, compact_reply
 from ctxengine.proxy.session import (
@@ -344,6 +345,25 @@ class Proxy(Relaying):
             return self._error(api, 413, f"request body larger than {self.settings.max_body_bytes} bytes", "too_large", "request_too_large")
         return await self.forward_body(request, api, raw)
 
+    async def _planned(self, api: Api, session: str, body: Mapping[str, Any], raw: bytes) -> Plan:
+        """The plan of a chat request, once the session's previous request has settled: on the
+        event loop when the turn only appends (a session new in this process opened first, in
+        a worker thread), else in a worker thread; its stages timed."""
+        await self._settled(api, session)
+        t_queue = time.perf_counter()
+        quick = self._plan_inline(api, session, body, raw)
+        if quick == OPENING:  # the store and the engine in a worker thread, the plan here
+            await anyio.to_thread.run_sync(self._open, api, session, body)
+            quick = self._plan_inline(api, session, body, raw)
+        if isinstance(quick, Plan):
+            quick.stages.append(("plan_inline", quick.finished - quick.started))
+            return quick
+        plan = await anyio.to_thread.run_sync(self._plan, api, session, body, raw)
+        plan.planned = f"worker: {quick}"
+        t_back = time.perf_counter()
+        plan.stages += [("plan_queue", plan.started - t_queue), ("plan", plan.finished - plan.started), ("plan_return", t_back - plan.finished)]
+        return plan
+
     async def _chat(self, request: Request, api: Api) -> Response:
         t0 = time.perf_counter()
         if not self._authorized(request):
@@ -379,17 +399,7 @@ class Proxy(Relaying):
             else:
                 if not named:  # the client's own id, or a derived one: routed by the history
                     plan.session = await self._route(api, request, body)
-                await self._settled(api, plan.session)
-                t_queue = time.perf_counter()
-                quick = self._plan_inline(api, plan.session, body, raw)
-                if isinstance(quick, Plan):
-                    plan = quick
-                    plan.stages.append(("plan_inline", plan.finished - plan.started))
-                else:
-                    plan = await anyio.to_thread.run_sync(self._plan, api, plan.session, body, raw)
-                    plan.planned = f"worker: {quick}"
-                    t_back = time.perf_counter()
-                    plan.stages += [("plan_queue", plan.started - t_queue), ("plan", plan.finished - plan.started), ("plan_return", t_back - plan.finished)]
+                plan = await self._planned(api, plan.session, body, raw)
         except Exception as exc:  # fail open: the client's request, held under the window
             self._fail_open(api, plan, "prepare", exc)
             plan = await anyio.to_thread.run_sync(self._plan_capped, api, plan.session, body, raw)

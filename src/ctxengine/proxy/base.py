@@ -97,6 +97,7 @@ class Plan:
     started: float = 0.0  # perf_counter when planning began (worker thread or event loop)
     finished: float = 0.0  # and when it was done
     planned: str = ""  # where: "inline" (on the event loop, a turn that only appends) or "worker"
+    opened: bool = False  # the session was opened in a worker thread for this request (_open)
     deferred: bool = False  # the turn's store write was left for after the response
     settled: bool = False  # the after-response work (usage, deferred write) is scheduled
     usage: dict[str, Any] | None = None  # the last response's usage, for the manager after the response

@@ -52,7 +52,8 @@ class ProxyMetrics:
             "ctxengine_proxy_stage_seconds",
             "Time of each stage of a chat request: read (the body, from the first byte the app sees), "
             "parse, wait_settle (waiting for the session's previous request to finish its "
-            "after-response work), plan_inline (the manager's work, on the event loop: a quick turn), "
+            "after-response work), open (a session new in this process opened in a worker thread: the store "
+            "read and the engine's start, before its turn is planned inline), plan_inline (the manager's work, on the event loop: a quick turn), "
             "or plan_queue (waiting for a worker thread), plan (the manager's work there), plan_return "
             "(back on the event loop); upstream (sending it until the response, or its headers when "
             "streamed, is in); after the response: settle (usage to the manager and the turn's "

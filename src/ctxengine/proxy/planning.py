@@ -33,6 +33,11 @@ SEED_SCAN = 256
 restart looks through for the key's other conversations."""
 
 
+OPENING = "a session to open"
+"""Why :meth:`Planning._plan_inline` cannot plan a request: its session is not open in this
+process (on the model it names); :meth:`Planning._open` opens it in a worker thread."""
+
+
 class Planning(Settling):
     """See the module docstring."""
 
@@ -46,8 +51,20 @@ class Planning(Settling):
         if not k.routed:
             return k.key
         if self.store is not None and not self.router.knows(k.key):
-            await anyio.to_thread.run_sync(self._seed, api, k)
+            return await anyio.to_thread.run_sync(self._seed_route_open, api, k, history, body)
         return self.router.route(k.key, history, branches=k.branches, prompt=k.prompt)
+
+    def _seed_route_open(self, api: Api, k: SessionKey, history: Any, body: Mapping[str, Any]) -> str:
+        """A key's first request in this process, in one worker thread: the router seeded from
+        the store, the request routed, and its session opened (:meth:`_open`), so that the
+        plan itself can run on the event loop."""
+        self._seed(api, k)
+        sid = self.router.route(k.key, history, branches=k.branches, prompt=k.prompt)
+        try:
+            self._open(api, sid, body)
+        except Exception as exc:  # the plan opens it again, in a worker thread, and fails open there
+            log.debug("session %s not opened with its route: %s: %s", sid, type(exc).__name__, exc)
+        return sid
 
     def _seed(self, api: Api, k: SessionKey) -> None:
         """Give the router the stored conversations of ``k``: the one named by the key and its
@@ -107,12 +124,29 @@ class Planning(Settling):
         self.metrics.child(self.metrics.plans, api.name, "worker").inc()
         return plan
 
+    def _open(self, api: Api, session: str, body: Mapping[str, Any]) -> None:
+        """Open ``session`` for the model ``body`` names in this process (a worker thread: it
+        reads the store, builds engines, counts tool lists): its proxy state, the model's
+        manager, the manager's session resumed from the store's record (after a restart) or
+        started with its engine, and the request's tool definitions counted. The turn is then
+        planned on the event loop when it only appends (:meth:`_plan_inline`)."""
+        started, now = time.perf_counter(), time.monotonic()
+        s = self.sessions.open(api.name, session, now)
+        if self.sessions.sweep_due(now, claim=True):
+            self.end_idle_sessions(now)
+        tools = body.get("tools")
+        with s.lock:
+            mgr = self._open_manager(api, s, str(body["model"]))
+            mgr.count_tools(tools if isinstance(tools, list) else None, session_id=session)
+            s.fresh = max(time.perf_counter() - started, 1e-9)
+
     def _plan_inline(self, api: Api, session: str, body: Mapping[str, Any], raw: bytes) -> Plan | str:
         """The plan, made on the event loop when that is quick and cannot block it; else why it
         must go to a worker thread (:meth:`_plan`; the request's log line says it).
 
-        Quick means: a local store (or none); the session open here on the same model (a
-        first request resumes the session from the store); no idle sweep due; no other
+        Quick means: a local store (or none); the session open here on the same model (else
+        :data:`OPENING`: :meth:`_open` opens it in a worker thread, resumed from the store,
+        and the plan is tried here again); no idle sweep due; no other
         thread planning the session or holding its lock; and a turn that only appends
         (``prepare(may_compact=False)``: no compaction, which may call a summarizer for
         seconds, no window cut, no store write now). A worker thread costs 0.2-0.8 ms of
@@ -122,7 +156,7 @@ class Planning(Settling):
         now = time.monotonic()
         s = self.sessions.get(api.name, session)
         if s is None or s.model != body["model"] or self.sessions.sweep_due(now):
-            return "a session to open" if s is None or s.model != body["model"] else "an idle sweep"
+            return OPENING if s is None or s.model != body["model"] else "an idle sweep"
         s.seen = now
         if not s.lock.acquire(blocking=False):
             return "the session is busy"
@@ -197,6 +231,10 @@ class Planning(Settling):
         after_status = mgr.counters(session)
         plan = Plan(api, session, body, raw, state=s, request=body, request_raw=raw, manager=mgr, context=out, deferred=self._local_store and mgr.store is not None)
         plan.compactions = 0 if quick else after_status["compactions"] - before
+        if s.fresh:
+            plan.opened = True
+            plan.stages.append(("open", s.fresh))
+            s.fresh = 0.0
         changed = recalled is not None or not _same(out, msgs) or api.expands(raw)
         incoming = s.incoming
         if changed:  # after a compaction, every turn: each message estimated once

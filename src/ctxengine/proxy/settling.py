@@ -167,6 +167,7 @@ class Settling(ProxyBase):
                     "tokens_out": plan.tokens_out,
                     "compactions": plan.compactions,
                     "planned": plan.planned or None,
+                    "opened": True if plan.opened else None,
                     "ms": round((time.perf_counter() - started) * 1000, 2),
                 }
             },

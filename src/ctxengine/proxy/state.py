@@ -60,6 +60,10 @@ class ProxySession:
     last_out: tuple[int, Any, Mapping[str, Any]] | None = None
     """``(n, m, body)``: the last request's client history held ``n`` messages, the last of them
     ``m``, and ``body`` went upstream for it (what a token count of the session counts)."""
+    fresh: float = 0.0
+    """Seconds :meth:`~ctxengine.proxy.planning.Planning._open` took to open the session in a
+    worker thread, while not planned since (0.0: planned since): the next plan says so (its
+    log line's ``opened``, the ``open`` stage)."""
     pending_recall: PendingRecall = field(default_factory=PendingRecall)
     """Recall calls the model made beside the client's own calls, answered here, put back into
     every history the client sends from then on (:mod:`ctxengine.proxy.pending`)."""
