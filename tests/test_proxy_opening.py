@@ -41,6 +41,9 @@ def _proxy(up: StrictUpstream, tmp_path: Path) -> ProxyServer:
         proxy={"openai_base_url": up.openai_base_url, "anthropic_base_url": up.anthropic_base_url},
         store={"path": str(tmp_path / "sessions.db")},
         models={"bench-model": {"context_length": WINDOW}},
+        # summaries: no compaction in this short task, so every turn's planning shows the opening
+        # alone (digests fold small batches of outputs early, in a worker thread)
+        compressor={"mode": "summary"},
     )
     return ProxyServer(cfg)
 
