@@ -56,13 +56,33 @@ Neither function mutates its arguments; results share no mutable objects with th
 
 from __future__ import annotations
 
-import copy
-import json
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ctxengine.anthropic_blocks import (
+    ASSISTANT_RANK,
+    KIND_CONTENT,
+    KIND_THINKING,
+    KIND_TOOL_RESULT,
+    KIND_TOOL_USE,
+    META_KEY,
+    RESERVED_OPENAI_KEYS,
+    THINKING_KEY,
+    THINKING_TYPES,
+    USER_RANK,
+    AnthropicMessage,
+    AnthropicSystem,
+    block_to_part,
+    blocks_to_parts,
+    call_to_tool_use,
+    check_block,
+    clone_json,
+    parts_to_blocks,
+    result_to_tool,
+    tool_to_result,
+    tool_use_to_call,
+)
 from ctxengine.errors import InputError
 from ctxengine.messages import Message
 
@@ -77,246 +97,7 @@ __all__ = [
     "openai_to_anthropic",
 ]
 
-AnthropicMessage = dict[str, Any]
-"""One Anthropic Messages API message: ``{"role": "user"|"assistant", "content": ...}``."""
-
-AnthropicSystem = str | list[dict[str, Any]] | None
-"""The ``system`` parameter: a string, a list of text blocks, or absent (``None``)."""
-
-META_KEY = "anthropic"
-"""Key of the OpenAI-side dict holding what OpenAI cannot express (block order, grouping)."""
-
-THINKING_KEY = "thinking_blocks"
-"""Key of the OpenAI assistant message holding its thinking / redacted_thinking blocks."""
-
-_ATOMS = frozenset({str, int, float, bool, type(None)})
-
-
-def _clone(value: Any) -> Any:
-    """A deep copy of JSON data (what :func:`copy.deepcopy` gives for it, without its memo and
-    dispatch: several times faster on the small parts and blocks copied here); anything that
-    is not a dict, list or JSON atom goes to :func:`copy.deepcopy`."""
-    kind = type(value)
-    if kind is dict:
-        return {k: _clone(v) for k, v in value.items()}
-    if kind is list:
-        return [_clone(v) for v in value]
-    if kind in _ATOMS:
-        return value
-    return copy.deepcopy(value)
-
-
-_THINKING_TYPES = frozenset({"thinking", "redacted_thinking"})
-_DATA_URL_RE = re.compile(r"data:([^;,]*);base64,(.*)", re.DOTALL)
-
-# block kinds used in META_KEY["order"]
-_THINKING = "thinking"
-_CONTENT = "content"
-_TOOL_USE = "tool_use"
-_TOOL_RESULT = "tool_result"
-_ASSISTANT_RANK = {_THINKING: 0, _CONTENT: 1, _TOOL_USE: 2}
-_USER_RANK = {_TOOL_RESULT: 0, _CONTENT: 1}
-
-# OpenAI message keys the adapter itself writes: an Anthropic message may not carry them
-_RESERVED_OPENAI_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id", THINKING_KEY, META_KEY})
-
-
-# ---------------------------------------------------------------------------------------------
-# blocks ⇄ parts
-
-
-def _check_block(block: Any, where: str) -> dict[str, Any]:
-    if not isinstance(block, dict):
-        raise InputError(f"{where}: a content block is a {type(block).__name__}, not an object")
-    if not isinstance(block.get("type"), str):
-        raise InputError(f"{where}: a content block has no string 'type'")
-    return block
-
-
-def _image_block_to_part(block: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The ``image_url`` part for an image block, or None when it cannot be written as a URL
-    that maps back to the same block."""
-    source = block.get("source")
-    if "image_url" in block or not isinstance(source, dict):
-        return None
-    kind = source.get("type")
-    if kind == "base64" and set(source) == {"type", "media_type", "data"}:
-        media_type, data = source["media_type"], source["data"]
-        if not isinstance(media_type, str) or not isinstance(data, str) or ";" in media_type or "," in media_type:
-            return None
-        url = f"data:{media_type};base64,{data}"
-    elif kind == "url" and set(source) == {"type", "url"}:
-        url = source["url"]
-        if not isinstance(url, str) or url.startswith("data:"):
-            return None
-    else:
-        return None
-    part: dict[str, Any] = {"type": "image_url", "image_url": {"url": url}}
-    for key, value in block.items():
-        if key not in ("type", "source"):
-            part[key] = _clone(value)
-    return part
-
-
-def _block_to_part(block: Any, where: str) -> dict[str, Any]:
-    block = _check_block(block, where)
-    btype = block["type"]
-    if btype == "image_url":
-        raise InputError(f"{where}: 'image_url' is an OpenAI part type, not an Anthropic block type (use an 'image' block)")
-    if btype == "image":
-        part = _image_block_to_part(block)
-        if part is not None:
-            return part
-    return {k: _clone(v) for k, v in block.items()}
-
-
-def _part_to_block(part: Any, where: str) -> dict[str, Any]:
-    if not isinstance(part, dict):
-        raise InputError(f"{where}: a content part is a {type(part).__name__}, not an object")
-    if part.get("type") != "image_url":
-        return {k: _clone(v) for k, v in part.items()}
-    image = part.get("image_url")
-    if isinstance(image, str):
-        url: Any = image
-    elif isinstance(image, dict):
-        unknown = set(image) - {"url", "detail"}
-        if unknown:
-            raise InputError(f"{where}: image_url has keys with no Anthropic counterpart: {sorted(unknown)}")
-        url = image.get("url")
-    else:
-        url = None
-    if not isinstance(url, str):
-        raise InputError(f"{where}: an image_url part has no string 'url'")
-    m = _DATA_URL_RE.fullmatch(url)
-    source: dict[str, Any]
-    if m:
-        source = {"type": "base64", "media_type": m.group(1), "data": m.group(2)}
-    else:
-        source = {"type": "url", "url": url}
-    block: dict[str, Any] = {"type": "image", "source": source}
-    for key, value in part.items():
-        if key in ("type", "image_url"):
-            continue
-        if key == "source":
-            raise InputError(f"{where}: an image_url part has a 'source' key, which would clash with the Anthropic image source")
-        block[key] = _clone(value)
-    return block
-
-
-def _blocks_to_parts(blocks: Sequence[Any], where: str) -> list[dict[str, Any]]:
-    return [_block_to_part(b, f"{where}, block {j}") for j, b in enumerate(blocks)]
-
-
-def _parts_to_blocks(parts: Sequence[Any], where: str) -> list[dict[str, Any]]:
-    return [_part_to_block(p, f"{where}, part {j}") for j, p in enumerate(parts)]
-
-
-# ---------------------------------------------------------------------------------------------
-# tool_use ⇄ tool call, tool_result ⇄ tool message
-
-
-def _tool_use_to_call(block: Mapping[str, Any], where: str) -> dict[str, Any]:
-    cid, name = block.get("id"), block.get("name")
-    if not isinstance(cid, str) or not cid:
-        raise InputError(f"{where}: tool_use block without a string 'id'")
-    if not isinstance(name, str):
-        raise InputError(f"{where}: tool_use block {cid!r} without a string 'name'")
-    if "input" not in block:
-        raise InputError(f"{where}: tool_use block {cid!r} has no 'input'")
-    if "function" in block:
-        raise InputError(f"{where}: tool_use block {cid!r} has a 'function' key, which would clash with the OpenAI tool call")
-    try:
-        arguments = json.dumps(block["input"], ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"{where}: input of tool_use block {cid!r} is not JSON: {exc}") from exc
-    call: dict[str, Any] = {"id": cid, "type": "function", "function": {"name": name, "arguments": arguments}}
-    for key, value in block.items():
-        if key not in ("type", "id", "name", "input"):
-            call[key] = _clone(value)
-    return call
-
-
-def _call_to_tool_use(call: Any, where: str) -> dict[str, Any]:
-    if not isinstance(call, dict):
-        raise InputError(f"{where}: a tool call is a {type(call).__name__}, not an object")
-    cid = call.get("id")
-    if not isinstance(cid, str) or not cid:
-        raise InputError(f"{where}: a tool call has no string 'id'")
-    ctype = call.get("type", "function")
-    if ctype != "function":
-        raise InputError(f"{where}: tool call {cid!r} has type {ctype!r}; only 'function' calls map to tool_use")
-    fn = call.get("function")
-    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-        raise InputError(f"{where}: tool call {cid!r} has no function name")
-    unknown = set(fn) - {"name", "arguments"}
-    if unknown:
-        raise InputError(f"{where}: function of tool call {cid!r} has keys with no Anthropic counterpart: {sorted(unknown)}")
-    args = fn.get("arguments")
-    tool_input: Any
-    if args is None or (isinstance(args, str) and not args.strip()):
-        tool_input = {}
-    elif isinstance(args, str):
-        try:
-            tool_input = json.loads(args)
-        except ValueError as exc:
-            raise InputError(f"{where}: arguments of tool call {cid!r} are not JSON, and tool_use input must be: {exc}") from exc
-    elif isinstance(args, dict):
-        tool_input = _clone(args)
-    else:
-        raise InputError(f"{where}: arguments of tool call {cid!r} are a {type(args).__name__}")
-    block: dict[str, Any] = {"type": "tool_use", "id": cid, "name": fn["name"], "input": tool_input}
-    for key, value in call.items():
-        if key in ("id", "type", "function"):
-            continue
-        if key in block:
-            raise InputError(f"{where}: tool call {cid!r} has a {key!r} key, which would clash with the tool_use block")
-        block[key] = _clone(value)
-    return block
-
-
-def _result_to_tool(block: Mapping[str, Any], where: str) -> Message:
-    cid = block.get("tool_use_id")
-    if not isinstance(cid, str) or not cid:
-        raise InputError(f"{where}: tool_result block without a string 'tool_use_id'")
-    msg: Message = {"role": "tool", "tool_call_id": cid}
-    if "content" in block:
-        content = block["content"]
-        if isinstance(content, str):
-            msg["content"] = content
-        elif isinstance(content, list):
-            msg["content"] = _blocks_to_parts(content, f"{where}, tool_result {cid!r}")
-        else:
-            raise InputError(f"{where}: content of tool_result {cid!r} is a {type(content).__name__}; expected a string or a list of blocks")
-    else:
-        msg["content"] = None
-    for key, value in block.items():
-        if key in ("type", "tool_use_id", "content"):
-            continue
-        if key in _RESERVED_OPENAI_KEYS:
-            raise InputError(f"{where}: tool_result {cid!r} has a {key!r} key, which would clash with the OpenAI tool message")
-        msg[key] = _clone(value)
-    return msg
-
-
-def _tool_to_result(msg: Mapping[str, Any], where: str) -> dict[str, Any]:
-    cid = msg.get("tool_call_id")
-    if not isinstance(cid, str) or not cid:
-        raise InputError(f"{where}: tool message without a string 'tool_call_id'")
-    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": cid}
-    content = msg.get("content")
-    if isinstance(content, str):
-        block["content"] = content
-    elif isinstance(content, list):
-        block["content"] = _parts_to_blocks(content, where)
-    elif content is not None:
-        raise InputError(f"{where}: tool message content is a {type(content).__name__}")
-    for key, value in msg.items():
-        if key in ("role", "tool_call_id", "content", META_KEY):
-            continue
-        if key in ("type", "tool_use_id"):
-            raise InputError(f"{where}: tool message has a {key!r} key, which would clash with the tool_result block")
-        block[key] = _clone(value)
-    return block
+_clone = clone_json  # the name this module has always had for it
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,10 +105,10 @@ def _tool_to_result(msg: Mapping[str, Any], where: str) -> dict[str, Any]:
 
 
 def _message_extras(m: Mapping[str, Any], where: str) -> dict[str, Any]:
-    extras = {k: _clone(v) for k, v in m.items() if k not in ("role", "content")}
+    extras = {k: clone_json(v) for k, v in m.items() if k not in ("role", "content")}
     if "cache_control" in extras:
         raise InputError(f"{where}: 'cache_control' belongs on a content block in the Anthropic format, not on the message")
-    clash = sorted(set(extras) & _RESERVED_OPENAI_KEYS)
+    clash = sorted(set(extras) & RESERVED_OPENAI_KEYS)
     if clash:
         raise InputError(f"{where}: message has keys the OpenAI form uses for itself: {clash}")
     return extras
@@ -343,7 +124,7 @@ def _convert_system(system: Any) -> Message | None:
     if isinstance(system, str):
         return {"role": "system", "content": system}
     if isinstance(system, list):
-        return {"role": "system", "content": _blocks_to_parts(system, "system")}
+        return {"role": "system", "content": blocks_to_parts(system, "system")}
     raise InputError(f"system is a {type(system).__name__}; expected a string, a list of text blocks, or None")
 
 
@@ -400,26 +181,26 @@ def _assistant_to_openai(content: list[Any], extras: dict[str, Any], where: str)
     kinds: list[str] = []
     for j, raw in enumerate(content):
         bwhere = f"{where}, block {j}"
-        block = _check_block(raw, bwhere)
+        block = check_block(raw, bwhere)
         btype = block["type"]
-        if btype in _THINKING_TYPES:
-            thinking.append(_clone(block))
-            kinds.append(_THINKING)
+        if btype in THINKING_TYPES:
+            thinking.append(clone_json(block))
+            kinds.append(KIND_THINKING)
         elif btype == "tool_use":
-            calls.append(_tool_use_to_call(block, bwhere))
-            kinds.append(_TOOL_USE)
+            calls.append(tool_use_to_call(block, bwhere))
+            kinds.append(KIND_TOOL_USE)
         elif btype == "tool_result":
             raise InputError(f"{bwhere}: tool_result block in an assistant message (tool results go in user messages)")
         else:
-            parts.append(_block_to_part(block, bwhere))
-            kinds.append(_CONTENT)
+            parts.append(block_to_part(block, bwhere))
+            kinds.append(KIND_CONTENT)
     msg: Message = {"role": "assistant", "content": parts or None}
     if calls:
         msg["tool_calls"] = calls
     if thinking:
         msg[THINKING_KEY] = thinking
     msg.update(extras)
-    if not _default_order(kinds, _ASSISTANT_RANK):
+    if not _default_order(kinds, ASSISTANT_RANK):
         msg[META_KEY] = {"order": kinds}
     return msg
 
@@ -430,16 +211,16 @@ def _user_to_openai(content: list[Any], extras: dict[str, Any], where: str, prev
     kinds: list[str] = []
     for j, raw in enumerate(content):
         bwhere = f"{where}, block {j}"
-        block = _check_block(raw, bwhere)
+        block = check_block(raw, bwhere)
         btype = block["type"]
         if btype == "tool_result":
-            results.append(_result_to_tool(block, bwhere))
-            kinds.append(_TOOL_RESULT)
+            results.append(result_to_tool(block, bwhere))
+            kinds.append(KIND_TOOL_RESULT)
         elif btype == "tool_use":
             raise InputError(f"{bwhere}: tool_use block in a user message (tool calls come from the assistant)")
         else:
-            parts.append(_block_to_part(block, bwhere))
-            kinds.append(_CONTENT)
+            parts.append(block_to_part(block, bwhere))
+            kinds.append(KIND_CONTENT)
     if not results:
         return [{"role": "user", "content": parts, **extras}]
     first_meta: dict[str, Any] = {}
@@ -452,7 +233,7 @@ def _user_to_openai(content: list[Any], extras: dict[str, Any], where: str, prev
     if not parts:
         return results
     user_meta: dict[str, Any] = {"joins_previous": True}
-    if not _default_order(kinds, _USER_RANK):
+    if not _default_order(kinds, USER_RANK):
         user_meta["order"] = kinds
     return [*results, {"role": "user", "content": parts, META_KEY: user_meta}]
 
@@ -489,17 +270,17 @@ def _place_cache_control(content: Any, cache_control: Any) -> Any:
     """Put a message-level ``cache_control`` onto the last block (the seed writes it on the
     message for empty or tool content; Anthropic wants it on a block)."""
     if isinstance(content, str):
-        return [{"type": "text", "text": content, "cache_control": _clone(cache_control)}]
+        return [{"type": "text", "text": content, "cache_control": clone_json(cache_control)}]
     if isinstance(content, list) and content:
         last = content[-1]
         if "cache_control" not in last:
-            content[-1] = {**last, "cache_control": _clone(cache_control)}
+            content[-1] = {**last, "cache_control": clone_json(cache_control)}
         return content
     return None
 
 
 def _outgoing_extras(m: Mapping[str, Any], skip: frozenset[str]) -> dict[str, Any]:
-    return {k: _clone(v) for k, v in m.items() if k not in skip}
+    return {k: clone_json(v) for k, v in m.items() if k not in skip}
 
 
 _USER_SKIP = frozenset({"role", "content", META_KEY})
@@ -525,7 +306,7 @@ class _Group:
     extras: dict[str, Any] = field(default_factory=dict)
 
     def message(self) -> AnthropicMessage:
-        blocks = _interleave(self.order, {_TOOL_RESULT: self.results, _CONTENT: self.parts}, (_TOOL_RESULT, _CONTENT))
+        blocks = _interleave(self.order, {KIND_TOOL_RESULT: self.results, KIND_CONTENT: self.parts}, (KIND_TOOL_RESULT, KIND_CONTENT))
         return _finish_message("user", blocks, self.extras)
 
 
@@ -535,7 +316,7 @@ def _content_blocks(content: Any, where: str) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}] if content else []
     if isinstance(content, list):
-        return _parts_to_blocks(content, where)
+        return parts_to_blocks(content, where)
     raise InputError(f"{where}: content is a {type(content).__name__}; expected a string, a list of parts or null")
 
 
@@ -566,16 +347,6 @@ def openai_to_anthropic(
     that ended before the first change and convert from the start of the next one.
     """
 
-    def cached(m: Message, convert: Callable[[], Any]) -> Any:
-        if memo is None:
-            return convert()
-        hit = memo.get(id(m))
-        if hit is not None and hit[0] is m:
-            return hit[1]
-        value = convert()
-        memo[id(m)] = (m, value)
-        return value
-
     if not isinstance(messages, list | tuple):
         raise InputError(f"messages is a {type(messages).__name__}; expected a list")
     system: AnthropicSystem = None
@@ -583,57 +354,82 @@ def openai_to_anthropic(
     if messages and isinstance(messages[0], dict) and messages[0].get("role") in ("system", "developer"):
         system = _system_from_openai(messages[0])
         start = 1
-    out: list[AnthropicMessage] = []
-    group: _Group | None = None
-
-    def flush() -> None:
-        nonlocal group
-        if group is not None:
-            out.append(group.message())
-            group = None
-
+    writer = _Writer(memo, starts)
     for i in range(start, len(messages)):
-        m = messages[i]
+        writer.add(i, messages[i])
+    writer.flush()
+    return system, writer.out
+
+
+class _Writer:
+    """The Anthropic messages of :func:`openai_to_anthropic` being written, one OpenAI message
+    at a time: consecutive tool messages (and the user content that joins them) gather into one
+    user message; ``memo`` and ``starts`` as that function describes them."""
+
+    def __init__(self, memo: ConversionMemo | None, starts: list[int] | None) -> None:
+        self.memo = memo
+        self.starts = starts
+        self.out: list[AnthropicMessage] = []
+        self.group: _Group | None = None
+
+    def cached(self, m: Message, convert: Callable[[], Any]) -> Any:
+        if self.memo is None:
+            return convert()
+        hit = self.memo.get(id(m))
+        if hit is not None and hit[0] is m:
+            return hit[1]
+        value = convert()
+        self.memo[id(m)] = (m, value)
+        return value
+
+    def flush(self) -> None:
+        if self.group is not None:
+            self.out.append(self.group.message())
+            self.group = None
+
+    def started(self, i: int) -> None:
+        if self.starts is not None:
+            self.starts.append(i)
+
+    def add(self, i: int, m: Any) -> None:
         where = f"message {i}"
         if not isinstance(m, dict):
             raise InputError(f"{where}: a {type(m).__name__}, not an object")
         role = m.get("role")
         meta = _meta(m, where)
         if role == "tool":
-            if group is None or meta.get("new_message") is True:
-                flush()
-                keys = meta.get("message_keys")
-                group = _Group(extras=_clone(keys) if isinstance(keys, dict) else {})
-                if starts is not None:
-                    starts.append(i)
-            group.results.append(cached(m, lambda: _tool_to_result(m, where)))  # noqa: B023 - called at once
-        elif role == "user" and group is not None and meta.get("joins_previous") is True:
-            group.parts = _content_blocks(m.get("content"), where)
-            group.order = meta.get("order")
-            group.extras.update(_outgoing_extras(m, _USER_SKIP))
-            flush()
+            self.add_tool(i, m, meta, where)
+        elif role == "user" and self.group is not None and meta.get("joins_previous") is True:
+            self.group.parts = _content_blocks(m.get("content"), where)
+            self.group.order = meta.get("order")
+            self.group.extras.update(_outgoing_extras(m, _USER_SKIP))
+            self.flush()
         elif role == "user":
-            flush()
-            out.append(cached(m, lambda: _user_from_openai(m, where)))  # noqa: B023 - called at once
-            if starts is not None:
-                starts.append(i)
+            self.flush()
+            self.out.append(self.cached(m, lambda: _user_from_openai(m, where)))
+            self.started(i)
         elif role == "assistant":
-            flush()
-            out.append(cached(m, lambda: _assistant_from_openai(m, meta, where)))  # noqa: B023 - called at once
-            if starts is not None:
-                starts.append(i)
+            self.flush()
+            self.out.append(self.cached(m, lambda: _assistant_from_openai(m, meta, where)))
+            self.started(i)
         elif role in ("system", "developer"):
             raise InputError(f"{where}: a {role} message after the start has no Anthropic equivalent (Anthropic takes system text only as the 'system' parameter)")
         else:
             raise InputError(f"{where}: role {role!r} has no Anthropic equivalent")
-    flush()
-    return system, out
+
+    def add_tool(self, i: int, m: Message, meta: Mapping[str, Any], where: str) -> None:
+        if self.group is None or meta.get("new_message") is True:
+            self.flush()
+            keys = meta.get("message_keys")
+            self.group = _Group(extras=clone_json(keys) if isinstance(keys, dict) else {})
+            self.started(i)
+        self.group.results.append(self.cached(m, lambda: tool_to_result(m, where)))
 
 
 def _user_from_openai(m: Mapping[str, Any], where: str) -> AnthropicMessage:
     content = m.get("content")
     if isinstance(content, list):
-        content = _parts_to_blocks(content, where)
+        content = parts_to_blocks(content, where)
     elif content is not None and not isinstance(content, str):
         raise InputError(f"{where}: content is a {type(content).__name__}; expected a string, a list of parts or null")
     return _finish_message("user", content, _outgoing_extras(m, _USER_SKIP))
@@ -649,7 +445,7 @@ def _system_from_openai(m: Mapping[str, Any]) -> AnthropicSystem:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return _parts_to_blocks(content, "system")
+        return parts_to_blocks(content, "system")
     raise InputError(f"message 0: system content is a {type(content).__name__}")
 
 
@@ -657,15 +453,15 @@ def _assistant_from_openai(m: Mapping[str, Any], meta: Mapping[str, Any], where:
     raw_calls = m.get("tool_calls")
     if raw_calls is not None and not isinstance(raw_calls, list):
         raise InputError(f"{where}: 'tool_calls' is a {type(raw_calls).__name__}, not a list")
-    tool_uses = [_call_to_tool_use(c, f"{where}, tool call {j}") for j, c in enumerate(raw_calls or [])]
+    tool_uses = [call_to_tool_use(c, f"{where}, tool call {j}") for j, c in enumerate(raw_calls or [])]
     raw_thinking = m.get(THINKING_KEY)
     if raw_thinking is not None and not isinstance(raw_thinking, list):
         raise InputError(f"{where}: {THINKING_KEY!r} is a {type(raw_thinking).__name__}, not a list")
-    thinking = [_clone(_check_block(b, f"{where}, {THINKING_KEY} {j}")) for j, b in enumerate(raw_thinking or [])]
+    thinking = [clone_json(check_block(b, f"{where}, {THINKING_KEY} {j}")) for j, b in enumerate(raw_thinking or [])]
     content = m.get("content")
     extras = _outgoing_extras(m, _ASSISTANT_SKIP)
     if isinstance(content, str) and not tool_uses and not thinking:
         return _finish_message("assistant", content, extras)
     parts = _content_blocks(content, where)
-    blocks = _interleave(meta.get("order"), {_THINKING: thinking, _CONTENT: parts, _TOOL_USE: tool_uses}, (_THINKING, _CONTENT, _TOOL_USE))
+    blocks = _interleave(meta.get("order"), {KIND_THINKING: thinking, KIND_CONTENT: parts, KIND_TOOL_USE: tool_uses}, (KIND_THINKING, KIND_CONTENT, KIND_TOOL_USE))
     return _finish_message("assistant", blocks, extras)

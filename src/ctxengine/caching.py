@@ -244,25 +244,8 @@ def plan_breakpoints(
         return 0 <= i < n and prefix[i] >= min_cache_tokens
 
     wanted: list[int] = [n - 1]
-    bridge = -1
-    if previous is not None:
-        # the end of what this request shares with the previous one: its cache entries (or
-        # those within the lookback of it) are what this request can still read
-        limit = min(len(previous), n)
-        if limit and _same(previous[:limit], messages[:limit]):
-            k = limit  # the agent loop's usual case, compared in one pass
-        else:
-            k = 0
-            while k < limit and (previous[k] is messages[k] or previous[k] == messages[k]):
-                k += 1
-        bridge = k - 1
-    else:
-        last_assistant = next((i for i in range(n - 1, -1, -1) if messages[i].get("role") == "assistant"), -1)
-        bridge = last_assistant - 1 if last_assistant > 0 else -1
-    if bridge >= 0 and (previous is not None or sum(message_blocks(messages[k]) for k in range(bridge + 1, n)) > lookback):
-        # without the previous request the guess is only needed beyond the end's lookback;
-        # with it, marking the shared end measured cheaper than freeing the slot for the system
-        # prompt (it is where the next compaction's rewrite starts reading)
+    bridge = _bridge(messages, previous, lookback)
+    if bridge >= 0:
         wanted.append(bridge)
     if stable is None or not -1 <= stable < n:
         stable = next((i for i in range(n - 1, -1, -1) if is_summary(messages[i])), -1)
@@ -280,6 +263,31 @@ def plan_breakpoints(
         if len(out) == MAX_BREAKPOINTS:
             break
     return sorted(out)
+
+
+def _bridge(messages: Sequence[Mapping[str, Any]], previous: Sequence[Mapping[str, Any]] | None, lookback: int) -> int:
+    """The breakpoint at the end of what this request shares with the previous one (-1: none
+    wanted): its cache entries (or those within the lookback of it) are what this request can
+    still read. Without ``previous`` it is guessed as the message before the last assistant turn."""
+    n = len(messages)
+    if previous is not None:
+        limit = min(len(previous), n)
+        if limit and _same(previous[:limit], messages[:limit]):
+            k = limit  # the agent loop's usual case, compared in one pass
+        else:
+            k = 0
+            while k < limit and (previous[k] is messages[k] or previous[k] == messages[k]):
+                k += 1
+        bridge = k - 1
+    else:
+        last_assistant = next((i for i in range(n - 1, -1, -1) if messages[i].get("role") == "assistant"), -1)
+        bridge = last_assistant - 1 if last_assistant > 0 else -1
+    if bridge >= 0 and (previous is not None or sum(message_blocks(messages[k]) for k in range(bridge + 1, n)) > lookback):
+        # without the previous request the guess is only needed beyond the end's lookback;
+        # with it, marking the shared end measured cheaper than freeing the slot for the system
+        # prompt (it is where the next compaction's rewrite starts reading)
+        return bridge
+    return -1
 
 
 @dataclass(frozen=True, slots=True)

@@ -177,34 +177,55 @@ def validate(messages: Any, *, allow_pending_calls: bool = False, errors_only: b
     ``errors_only`` leaves the warnings out (and the JSON parse of every tool call's arguments
     that only a warning needs): what a caller that raises on errors asks for, every turn.
     """
-    out: list[Violation] = []
     if not isinstance(messages, list | tuple):
         return [Violation(-1, "not_a_list", f"expected a list of messages, got {type(messages).__name__}")]
-    seen_ids: dict[str, int] = {}
-    # ids of calls still waiting for a result, in the currently open tool group
-    open_calls: dict[str, int] = {}
-    answered: set[str] = set()
-    last_assistant_with_calls = -1
-
-    def close_group(at: int) -> None:
-        for cid, idx in open_calls.items():
-            out.append(Violation(idx, "tool_call_without_result", f"tool call {cid!r} has no result before message {at}"))
-        open_calls.clear()
-
+    checker = _Validator(errors_only)
     for i, m in enumerate(messages):
+        checker.message(i, m)
+    return checker.finish(len(messages), allow_pending_calls)
+
+
+class _Validator:
+    """The state :func:`validate` keeps across a message list, and its checks."""
+
+    def __init__(self, errors_only: bool) -> None:
+        self.errors_only = errors_only
+        self.out: list[Violation] = []
+        self.seen_ids: dict[str, int] = {}
+        # ids of calls still waiting for a result, in the currently open tool group
+        self.open_calls: dict[str, int] = {}
+        self.answered: set[str] = set()
+        self.last_assistant_with_calls = -1
+
+    def close_group(self, at: int) -> None:
+        for cid, idx in self.open_calls.items():
+            self.out.append(Violation(idx, "tool_call_without_result", f"tool call {cid!r} has no result before message {at}"))
+        self.open_calls.clear()
+
+    def finish(self, length: int, allow_pending_calls: bool) -> list[Violation]:
+        if self.open_calls:
+            if allow_pending_calls and all(idx == self.last_assistant_with_calls for idx in self.open_calls.values()):
+                self.open_calls.clear()
+            else:
+                self.close_group(length)
+        self.out.sort(key=lambda v: v.index)
+        return self.out
+
+    def message(self, i: int, m: Any) -> None:
+        out = self.out
         if not isinstance(m, dict):
             out.append(Violation(i, "not_a_dict", f"message is a {type(m).__name__}, not a dict"))
-            continue
+            return
         problem = json_problem(m)
         if problem is not None:
             out.append(Violation(i, "not_json", problem))
         role = m.get("role")
         if role is None:
             out.append(Violation(i, "missing_role", "message has no 'role'"))
-            continue
+            return
         if not isinstance(role, str) or role not in ROLES:
             out.append(Violation(i, "bad_role", f"unknown role {role!r} (expected one of {sorted(ROLES)})"))
-            continue
+            return
         content = m.get("content")
         if content is not None and not isinstance(content, str):
             if not isinstance(content, list):
@@ -212,71 +233,72 @@ def validate(messages: Any, *, allow_pending_calls: bool = False, errors_only: b
             elif not all(_part_ok(p) for p in content):
                 out.append(Violation(i, "bad_content", "content list holds an item that is not a part dict"))
         if role == "tool":
-            cid = m.get("tool_call_id")
-            if not isinstance(cid, str) or not cid:
-                out.append(Violation(i, "missing_tool_call_id", "tool message without a string 'tool_call_id'"))
-                continue
-            if cid in open_calls:
-                del open_calls[cid]
-                answered.add(cid)
-            elif cid in answered:
-                out.append(Violation(i, "duplicate_result", f"second result for tool call {cid!r}"))
-            elif cid in seen_ids:
-                out.append(Violation(i, "result_not_adjacent", f"result for tool call {cid!r} (message {seen_ids[cid]}) comes after another turn"))
-            else:
-                out.append(Violation(i, "result_without_call", f"tool result {cid!r} answers no earlier tool call"))
-            continue
+            self.tool_result(i, m.get("tool_call_id"))
+            return
         # any non-tool message closes the open tool group
-        if open_calls:
-            close_group(i)
+        if self.open_calls:
+            self.close_group(i)
         if role == "assistant" and "tool_calls" in m and m["tool_calls"] is not None:
-            calls = m["tool_calls"]
-            if not isinstance(calls, list):
-                out.append(Violation(i, "bad_tool_calls", "'tool_calls' is not a list"))
-                continue
-            if not calls:
-                out.append(Violation(i, "empty_tool_calls", "'tool_calls' is an empty list; OpenAI and DeepSeek reject it (omit the key)"))
-                continue
-            last_assistant_with_calls = i
-            for c in calls:
-                if not isinstance(c, dict):
-                    out.append(Violation(i, "bad_tool_calls", "a tool call is not a dict"))
-                    continue
-                cid = c.get("id")
-                if not isinstance(cid, str) or not cid:
-                    out.append(Violation(i, "bad_tool_calls", "a tool call has no string 'id'"))
-                    continue
-                if cid in open_calls:
-                    out.append(Violation(i, "duplicate_tool_call_id", f"tool call id {cid!r} used twice in one tool group"))
-                    continue
-                if cid in seen_ids:
-                    # OpenAI-compatible providers accept an id reused in a later, separate group
-                    # (real trajectories contain this); results are matched by position.
-                    if not errors_only:
-                        out.append(Violation(i, "reused_tool_call_id", f"tool call id {cid!r} already used at message {seen_ids[cid]}", "warning"))
-                    answered.discard(cid)
-                seen_ids[cid] = i
-                open_calls[cid] = i
-                fn = c.get("function")
-                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-                    out.append(Violation(i, "bad_tool_calls", f"tool call {cid!r} has no function name"))
-                    continue
-                args = fn.get("arguments")
-                if isinstance(args, str):
-                    if not errors_only and args.strip():
-                        try:
-                            json.loads(args)
-                        except ValueError:
-                            out.append(Violation(i, "non_json_arguments", f"arguments of tool call {cid!r} are not JSON", "warning"))
-                elif args is not None and not isinstance(args, dict):
-                    out.append(Violation(i, "bad_tool_calls", f"arguments of tool call {cid!r} are a {type(args).__name__}"))
-    if open_calls:
-        if allow_pending_calls and all(idx == last_assistant_with_calls for idx in open_calls.values()):
-            open_calls.clear()
+            self.tool_calls(i, m["tool_calls"])
+
+    def tool_result(self, i: int, cid: Any) -> None:
+        out = self.out
+        if not isinstance(cid, str) or not cid:
+            out.append(Violation(i, "missing_tool_call_id", "tool message without a string 'tool_call_id'"))
+        elif cid in self.open_calls:
+            del self.open_calls[cid]
+            self.answered.add(cid)
+        elif cid in self.answered:
+            out.append(Violation(i, "duplicate_result", f"second result for tool call {cid!r}"))
+        elif cid in self.seen_ids:
+            out.append(Violation(i, "result_not_adjacent", f"result for tool call {cid!r} (message {self.seen_ids[cid]}) comes after another turn"))
         else:
-            close_group(len(messages))
-    out.sort(key=lambda v: v.index)
-    return out
+            out.append(Violation(i, "result_without_call", f"tool result {cid!r} answers no earlier tool call"))
+
+    def tool_calls(self, i: int, calls: Any) -> None:
+        if not isinstance(calls, list):
+            self.out.append(Violation(i, "bad_tool_calls", "'tool_calls' is not a list"))
+            return
+        if not calls:
+            self.out.append(Violation(i, "empty_tool_calls", "'tool_calls' is an empty list; OpenAI and DeepSeek reject it (omit the key)"))
+            return
+        self.last_assistant_with_calls = i
+        for c in calls:
+            self.tool_call(i, c)
+
+    def tool_call(self, i: int, c: Any) -> None:
+        out = self.out
+        if not isinstance(c, dict):
+            out.append(Violation(i, "bad_tool_calls", "a tool call is not a dict"))
+            return
+        cid = c.get("id")
+        if not isinstance(cid, str) or not cid:
+            out.append(Violation(i, "bad_tool_calls", "a tool call has no string 'id'"))
+            return
+        if cid in self.open_calls:
+            out.append(Violation(i, "duplicate_tool_call_id", f"tool call id {cid!r} used twice in one tool group"))
+            return
+        if cid in self.seen_ids:
+            # OpenAI-compatible providers accept an id reused in a later, separate group
+            # (real trajectories contain this); results are matched by position.
+            if not self.errors_only:
+                out.append(Violation(i, "reused_tool_call_id", f"tool call id {cid!r} already used at message {self.seen_ids[cid]}", "warning"))
+            self.answered.discard(cid)
+        self.seen_ids[cid] = i
+        self.open_calls[cid] = i
+        fn = c.get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            out.append(Violation(i, "bad_tool_calls", f"tool call {cid!r} has no function name"))
+            return
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            if not self.errors_only and args.strip():
+                try:
+                    json.loads(args)
+                except ValueError:
+                    out.append(Violation(i, "non_json_arguments", f"arguments of tool call {cid!r} are not JSON", "warning"))
+        elif args is not None and not isinstance(args, dict):
+            out.append(Violation(i, "bad_tool_calls", f"arguments of tool call {cid!r} are a {type(args).__name__}"))
 
 
 def check(messages: Any, *, context: str = "messages", allow_pending_calls: bool = False) -> list[Message]:

@@ -128,39 +128,9 @@ def replay_session(
         store=store,
     )
 
-    def prepare(working: list[Message]) -> list[Message]:
-        before = mgr.status(session_id)["compactions"]
-        tokens_in = counter.count_messages(working)
-        t0 = time.perf_counter()
-        out = mgr.prepare(working, session_id=session_id)
-        elapsed = (time.perf_counter() - t0) * 1000.0
-        if mgr.status(session_id)["compactions"] != before:
-            after = counter.count_messages(out)
-            result.compactions += 1
-            report = engine.last_report
-            result.latencies_ms.append(report.elapsed_ms if report is not None and report.elapsed_ms > 0 else elapsed)
-            result.reductions.append(1.0 - after / tokens_in if tokens_in else 0.0)
-            result.compaction_calls.append(result.calls)
-        return out
-
-    def after(call: int, request: list[Message], appended: list[Message]) -> None:
-        tokens = counter.count_messages(request)
-        problems = [v for v in validate(request) if v.severity == "error"]
-        if problems:
-            result.invalid_requests += 1
-            if len(result.invalid_details) < 20:
-                result.invalid_details.append(f"call {result.calls}: {problems[0]}")
-        if tokens > engine.context_length:
-            result.over_window += 1
-        result.request_tokens.append(tokens)
-        if on_request is not None:
-            on_request(result.calls, request, tokens)
-        result.calls += 1
-        completion = estimate_message_tokens(appended[0]) if appended else 0
-        mgr.update_from_response({"prompt_tokens": tokens, "completion_tokens": completion, "total_tokens": tokens + completion}, session_id=session_id)
-
+    turns = _Turns(mgr, engine, counter, result, session_id, on_request)
     try:
-        last_request, working = replay(messages, prepare, after)
+        last_request, working = replay(messages, turns.prepare, turns.after)
         seen = seen_messages(messages)
         check = retrievable or (lambda text: mgr_retrievable(mgr, session_id, text))
         result.facts_total, result.facts_kept, missing = retention(extract_facts(seen), last_request, check)
@@ -172,6 +142,52 @@ def replay_session(
         if getattr(missing, k):
             result.facts_missing[k] = getattr(missing, k)[:20]
     return result
+
+
+class _Turns:
+    """The two hooks :func:`replay_session` gives the replay loop: ``prepare`` runs the manager
+    and times what compacts, ``after`` measures and checks every request sent."""
+
+    def __init__(self, mgr: ContextManager, engine: ContextEngine, counter: TokenCounter, result: ReplayResult, session_id: str, on_request: RequestHook | None) -> None:
+        self.mgr = mgr
+        self.engine = engine
+        self.counter = counter
+        self.result = result
+        self.session_id = session_id
+        self.on_request = on_request
+
+    def prepare(self, working: list[Message]) -> list[Message]:
+        mgr, result, session_id = self.mgr, self.result, self.session_id
+        before = mgr.status(session_id)["compactions"]
+        tokens_in = self.counter.count_messages(working)
+        t0 = time.perf_counter()
+        out = mgr.prepare(working, session_id=session_id)
+        elapsed = (time.perf_counter() - t0) * 1000.0
+        if mgr.status(session_id)["compactions"] != before:
+            after = self.counter.count_messages(out)
+            result.compactions += 1
+            report = self.engine.last_report
+            result.latencies_ms.append(report.elapsed_ms if report is not None and report.elapsed_ms > 0 else elapsed)
+            result.reductions.append(1.0 - after / tokens_in if tokens_in else 0.0)
+            result.compaction_calls.append(result.calls)
+        return out
+
+    def after(self, call: int, request: list[Message], appended: list[Message]) -> None:
+        result = self.result
+        tokens = self.counter.count_messages(request)
+        problems = [v for v in validate(request) if v.severity == "error"]
+        if problems:
+            result.invalid_requests += 1
+            if len(result.invalid_details) < 20:
+                result.invalid_details.append(f"call {result.calls}: {problems[0]}")
+        if tokens > self.engine.context_length:
+            result.over_window += 1
+        result.request_tokens.append(tokens)
+        if self.on_request is not None:
+            self.on_request(result.calls, request, tokens)
+        result.calls += 1
+        completion = estimate_message_tokens(appended[0]) if appended else 0
+        self.mgr.update_from_response({"prompt_tokens": tokens, "completion_tokens": completion, "total_tokens": tokens + completion}, session_id=self.session_id)
 
 
 def mgr_retrievable(mgr: Any, session_id: str, text: str) -> bool:

@@ -41,6 +41,19 @@ def _ratio(t: EngineTotals, base: EngineTotals | None, attr: str) -> str:
 
 def format_table(result: BenchResult) -> str:
     """The side-by-side table printed by ``ctxengine bench``."""
+    lines = _aligned(_table_rows(result))
+    title = (
+        f"{len(result.sessions)} session(s), window {result.context_length:,} tokens, placement {result.placement}, "
+        f"cache TTL {result.cache_ttl}" + (f", {result.pause:g} s pause between tasks" if result.pause else "") + "; "
+        f"input cost priced as {result.anthropic_model} (Anthropic cache) and {result.openai_model} (OpenAI cache); "
+        f"facts kept = verbatim in the last request or retrievable from the engine; {result.elapsed_s:.1f} s"
+    )
+    lines += _hermes_line(result) + _search_line(result)
+    return title + "\n" + "\n".join(lines) + "\n" + summary_line(result)
+
+
+def _table_rows(result: BenchResult) -> list[list[str]]:
+    """The table's head and one row per engine."""
     base = result.engines.get("none")
     head = [
         "engine",
@@ -83,28 +96,39 @@ def format_table(result: BenchResult) -> str:
                 _pct(t.retention()),
             ]
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return rows
+
+
+def _aligned(rows: list[list[str]]) -> list[str]:
+    """The rows as aligned text lines (first column left, the others right), a rule under the head."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []
     for n, r in enumerate(rows):
         cells = [r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)]
         lines.append("  ".join(cells))
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
-    title = (
-        f"{len(result.sessions)} session(s), window {result.context_length:,} tokens, placement {result.placement}, "
-        f"cache TTL {result.cache_ttl}" + (f", {result.pause:g} s pause between tasks" if result.pause else "") + "; "
-        f"input cost priced as {result.anthropic_model} (Anthropic cache) and {result.openai_model} (OpenAI cache); "
-        f"facts kept = verbatim in the last request or retrievable from the engine; {result.elapsed_s:.1f} s"
-    )
+    return lines
+
+
+def _hermes_line(result: BenchResult) -> list[str]:
+    """The compaction p50 of each engine relative to Hermes' compressor (none without it)."""
+    base = result.engines.get("none")
     hermes = result.engines.get("hermes")
-    if hermes is not None and hermes.latencies_ms:
-        ratios = [
-            f"{result.label(name)} {d['latency_p50_vs_hermes']:.2f}×"
-            for name, t in result.engines.items()
-            if name != "hermes" and "latency_p50_vs_hermes" in (d := t.to_dict(base, hermes))
-        ]
-        if ratios:
-            lines.append(f"compaction p50 relative to Hermes' compressor ({percentile(hermes.latencies_ms, 50):.1f} ms): " + ", ".join(ratios))
+    if hermes is None or not hermes.latencies_ms:
+        return []
+    ratios = [
+        f"{result.label(name)} {d['latency_p50_vs_hermes']:.2f}×"
+        for name, t in result.engines.items()
+        if name != "hermes" and "latency_p50_vs_hermes" in (d := t.to_dict(base, hermes))
+    ]
+    if not ratios:
+        return []
+    return [f"compaction p50 relative to Hermes' compressor ({percentile(hermes.latencies_ms, 50):.1f} ms): " + ", ".join(ratios)]
+
+
+def _search_line(result: BenchResult) -> list[str]:
+    """What one realistic ctx_grep got back of the removed facts, per engine that was searched."""
     searched = []
     for name, t in result.engines.items():
         total, _found = t.search()
@@ -117,9 +141,9 @@ def format_table(result: BenchResult) -> str:
                 f" distinctive queries {_pct(share)} of {n};"
                 f" p50 {d['search_p50_ms']:.1f} ms, largest answer {d['search_answer_max_tokens']:,} tokens)"
             )
-    if searched:
-        lines.append(f"removed facts back from one realistic ctx_grep, first {TOP} results: " + "; ".join(searched))
-    return title + "\n" + "\n".join(lines) + "\n" + summary_line(result)
+    if not searched:
+        return []
+    return [f"removed facts back from one realistic ctx_grep, first {TOP} results: " + "; ".join(searched)]
 
 
 def ranked(result: BenchResult) -> list[str]:

@@ -142,13 +142,7 @@ class IncomingHistory:
 
         Raises :class:`~ctxengine.errors.InputError` for a malformed message (as the adapter does).
         """
-        if self.system_msg is None or system != self.system_raw:
-            if system is None or self.system_msg is None or not _same_system(system, self.system_raw):
-                plain = _plain_system(system)
-                converted = anthropic_to_openai(plain, []) if plain is not None else []
-                self.system_msg = converted[0] if converted else None
-            self.system_raw = system  # (only its markers moved: last turn's conversion stays)
-            self.client_system = system if system is not None and _plain_system(system) is not system else None
+        self._take_system(system)
         prev = self.anthropic
         n = len(prev)
         moved: list[int] = []
@@ -198,6 +192,16 @@ class IncomingHistory:
             return Converted(out, 0, owner, starts)
         self.messages = list(body)
         return Converted(self.messages, -1, owner, starts)
+
+    def _take_system(self, system: Any) -> None:
+        """Convert ``system`` unless it is last turn's (or differs from it only in markers)."""
+        if self.system_msg is None or system != self.system_raw:
+            if system is None or self.system_msg is None or not _same_system(system, self.system_raw):
+                plain = _plain_system(system)
+                converted = anthropic_to_openai(plain, []) if plain is not None else []
+                self.system_msg = converted[0] if converted else None
+            self.system_raw = system  # (only its markers moved: last turn's conversion stays)
+            self.client_system = system if system is not None and _plain_system(system) is not system else None
 
     def outgoing_anthropic(self, context: Sequence[Message], marked: Sequence[int], *, cache_ttl: str, native_anthropic: bool) -> tuple[Any, list[Any]]:
         """:func:`openai_to_anthropic` of ``context`` with cache markers on the messages at

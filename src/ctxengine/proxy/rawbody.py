@@ -76,20 +76,10 @@ class BodyCache:
     def _incremental(self, raw: bytes) -> dict[str, Any] | None:
         if self.start < 0:
             return None
-        old = memoryview(self.raw)
         ends = self.ends
-        k = len(ends)
-        if k == 0 or not raw.startswith(old[: ends[-1]]):
-            lo, hi = 0, k  # the most messages whose bytes are unchanged
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if raw.startswith(old[: ends[mid - 1]]):
-                    lo = mid
-                else:
-                    hi = mid - 1
-            k = lo
-            if k == 0 and not raw.startswith(old[: self.start + 1]):
-                return None
+        k = self._unchanged(raw)
+        if k < 0:
+            return None
         pos = ends[k - 1] if k else self.start + 1
         text = raw[pos:].decode("ascii")
         new: list[Any] = []
@@ -111,17 +101,10 @@ class BodyCache:
             return None  # maybe a second "messages" key: the full parse decides which counts
         # the keys before the array are last body's bytes: last body's values (the same
         # objects); only the keys after it are decoded
-        j = _skip_bytes(raw, end)
-        if raw[j : j + 1] == b",":
-            j = _skip_bytes(raw, j + 1)
-            if raw[j : j + 1] != b'"':
-                return None  # not JSON (e.g. a trailing comma): the full parse says why
-            tail = raw[j:]
-            after = self.after if tail == self.after_raw else orjson.loads(b"{" + tail)
-        elif raw[j : j + 1] == b"}" and not raw[j + 1 :].strip(b" \t\n\r"):
-            after = {}
-        else:
+        found = self._after_array(raw, end)
+        if found is None:
             return None
+        after, tail = found
         head = self.head
         if not isinstance(after, dict) or "messages" in after or not head.keys().isdisjoint(after):
             return None  # a key given twice: the full parse decides which value counts
@@ -137,6 +120,39 @@ class BodyCache:
         if after and after is not self.after:
             self.after_raw, self.after = tail, after
         return rest
+
+    def _unchanged(self, raw: bytes) -> int:
+        """How many of last body's messages ``raw`` starts with, byte for byte (-1: not even
+        the bytes before the array)."""
+        old = memoryview(self.raw)
+        ends = self.ends
+        k = len(ends)
+        if k == 0 or not raw.startswith(old[: ends[-1]]):
+            lo, hi = 0, k  # the most messages whose bytes are unchanged
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if raw.startswith(old[: ends[mid - 1]]):
+                    lo = mid
+                else:
+                    hi = mid - 1
+            k = lo
+            if k == 0 and not raw.startswith(old[: self.start + 1]):
+                return -1
+        return k
+
+    def _after_array(self, raw: bytes, end: int) -> tuple[Any, bytes] | None:
+        """The keys after the messages array (which ends before ``end``) and their bytes (last
+        body's value when the bytes are the same); ``None`` when the full parse must decide."""
+        j = _skip_bytes(raw, end)
+        if raw[j : j + 1] == b",":
+            j = _skip_bytes(raw, j + 1)
+            if raw[j : j + 1] != b'"':
+                return None  # not JSON (e.g. a trailing comma): the full parse says why
+            tail = raw[j:]
+            return (self.after if tail == self.after_raw else orjson.loads(b"{" + tail)), tail
+        if raw[j : j + 1] == b"}" and not raw[j + 1 :].strip(b" \t\n\r"):
+            return {}, b""
+        return None
 
     def contains(self, raw: bytes, needle: bytes) -> bool:
         """``needle in raw``, searching only the bytes not searched last turn when ``raw`` is

@@ -91,30 +91,68 @@ def _items_of(msg: Message, kinds: dict[str, str]) -> list[Any]:
                 kinds[str(call.get("id", ""))] = "function_call"
         return _default_items(msg, kinds)
     role = msg.get("role")
-    content = msg.get("content")
     if role == "tool":
-        out: list[Any] = []
-        for entry in entries:
-            slot, template = entry[0], entry[1]
-            if slot in ("o", "j"):
-                out.append(_rebuilt_output(template, content, slot == "j"))
-            else:
-                out.append(template)
-        return out
+        return _tool_items(entries, msg.get("content"))
     if role != "assistant":
-        out = []
-        for entry in entries:
-            slot, template = entry[0], entry[1]
-            out.append({**template, "content": _as_shaped(content, entry, False)} if slot == "c" else template)
-        return out
+        return _input_items(entries, msg.get("content"))
+    return _assistant_items(msg, entries, kinds)
+
+
+def _tool_items(entries: list[Any], content: Any) -> list[Any]:
+    """A tool message's items: its output slots rebuilt from ``content``, the rest as recorded."""
+    out: list[Any] = []
+    for entry in entries:
+        slot, template = entry[0], entry[1]
+        if slot in ("o", "j"):
+            out.append(_rebuilt_output(template, content, slot == "j"))
+        else:
+            out.append(template)
+    return out
+
+
+def _input_items(entries: list[Any], content: Any) -> list[Any]:
+    """A user (or system) message's items: its content slot holds ``content``."""
+    out: list[Any] = []
+    for entry in entries:
+        slot, template = entry[0], entry[1]
+        out.append({**template, "content": _as_shaped(content, entry, False)} if slot == "c" else template)
+    return out
+
+
+def _assistant_items(msg: Message, entries: list[Any], kinds: dict[str, str]) -> list[Any]:
+    """An assistant turn's items: the recorded ones the engine kept, then what it added."""
+    content = msg.get("content")
     calls = {str(c.get("id")): c for c in msg.get("tool_calls") or [] if isinstance(c, Mapping)}
     c_slots = [e for e in entries if e[0] == "c"]
+    out, used = _kept_items(entries, _text_shares(content, c_slots), calls, kinds)
+    # text or calls the engine added go after the turn's last model-side item (before the items
+    # riding after it), the text before the first call
+    if not c_slots and content not in (None, "", []):
+        text = {"type": "message", "role": "assistant", "content": _parts(content, True)}
+        first_call = next((at for at, item in enumerate(out) if item.get("type") in _CALLS and str(item.get("call_id")) in used), -1)
+        out.insert(first_call if first_call >= 0 else _after_model_side(out), text)
+    added = [c for cid, c in calls.items() if cid not in used]
+    if added:
+        at = _after_model_side(out)
+        out[at:at] = [_call_item(c) for c in added]
+        for c in added:
+            kinds[str(c.get("id"))] = "function_call"
+    return out
+
+
+def _text_shares(content: Any, c_slots: list[Any]) -> list[Any]:
+    """The turn's text cut into one share per recorded text item (``None``: a removed text)."""
     sizes = [e[2] for e in c_slots]
     shares = [content] if len(c_slots) == 1 else _split(content, sizes) if c_slots else None
     if c_slots and shares is None:  # the engine changed the text's shape: all of it in the first
         shares = [content] + [None] * (len(c_slots) - 1)
-    texts = iter(shares or [])
-    out = []
+    return shares or []
+
+
+def _kept_items(entries: list[Any], shares: list[Any], calls: Mapping[str, Any], kinds: dict[str, str]) -> tuple[list[Any], set[str]]:
+    """The recorded items of a turn the engine kept, and the ids of the calls among them."""
+    texts = iter(shares)
+    out: list[Any] = []
     used: set[str] = set()
     # per reasoning item: its place in ``out``, and how many of the text and call items after
     # it (up to the next one) were kept and removed. A reasoning item whose items the engine
@@ -144,19 +182,7 @@ def _items_of(msg: Message, kinds: dict[str, str]) -> list[Any]:
     orphans = {at for at, kept, removed in reasoning if removed and not kept}
     if orphans:
         out = [item for at, item in enumerate(out) if at not in orphans]
-    # text or calls the engine added go after the turn's last model-side item (before the items
-    # riding after it), the text before the first call
-    if not c_slots and content not in (None, "", []):
-        text = {"type": "message", "role": "assistant", "content": _parts(content, True)}
-        first_call = next((at for at, item in enumerate(out) if item.get("type") in _CALLS and str(item.get("call_id")) in used), -1)
-        out.insert(first_call if first_call >= 0 else _after_model_side(out), text)
-    added = [c for cid, c in calls.items() if cid not in used]
-    if added:
-        at = _after_model_side(out)
-        out[at:at] = [_call_item(c) for c in added]
-        for c in added:
-            kinds[str(c.get("id"))] = "function_call"
-    return out
+    return out, used
 
 
 def _as_shaped(content: Any, entry: Sequence[Any], assistant: bool) -> Any:

@@ -206,6 +206,48 @@ def fit_ledger(
     what is left out is counted and stays retrievable. ``quote_budget`` caps the quotes,
     ``quote_tokens`` each quote (:func:`~ctxengine.summarize.ledger.brief_quote`); ``pointer``
     is what the ledger says about what it leaves out."""
+    ledger_for = _ledger_maker(
+        required,
+        kept,
+        tokens_of=tokens_of,
+        facts_of=facts_of,
+        hard_limit=hard_limit,
+        context_length=context_length,
+        min_output_tokens=min_output_tokens,
+        quote_budget=quote_budget,
+        quote_tokens=quote_tokens,
+        pointer=pointer,
+    )
+    if budget is None:
+        ledger = ledger_for(summary, None)
+        if ledger.unquoted_users and estimate(summary) > MIN_SHRUNK_SUMMARY:
+            # user messages come before the summary's prose: shrink it to make room for them
+            need = sum(estimate(u) + 4 for u in ledger.unquoted_users)
+            smaller = max(MIN_SHRUNK_SUMMARY, estimate(summary) - need)
+            ledger = ledger_for(shrink(summary, smaller), None)
+        return ledger
+    return _fit_within(summary, budget, ledger_for, shrink)
+
+
+_LedgerFor = Callable[[str, int | None], LedgerResult]
+"""The ledger of a summary text within an optional room (see :func:`_ledger_maker`)."""
+
+
+def _ledger_maker(
+    required: Facts,
+    kept: Sequence[Message],
+    *,
+    tokens_of: Callable[[Message], int],
+    facts_of: Callable[[Message], Facts],
+    hard_limit: int,
+    context_length: int,
+    min_output_tokens: int,
+    quote_budget: int | None,
+    quote_tokens: int | None,
+    pointer: str,
+) -> _LedgerFor:
+    """The ledger of a summary text next to ``kept`` (see :func:`fit_ledger`), with what the
+    kept messages need computed once."""
     fixed = sum(tokens_of(m) for m in kept)
     # what the kept messages need at least: tool outputs can still be cut to fit the window
     floor = sum(min(tokens_of(m), min_output_tokens) if m.get("role") == "tool" else tokens_of(m) for m in kept)
@@ -216,7 +258,7 @@ def fit_ledger(
         known.update(f.paths, f.urls, f.tools, f.errors)
     present = TextIndex("\n".join(message_text(m) for m in kept), known)
 
-    def ledger_for(text: str, room: int | None = None) -> LedgerResult:
+    def ledger_for(text: str, room: int | None) -> LedgerResult:
         facts = max(0, hard_limit - fixed - estimate(text) - 200)
         # the user's words are anchors: quoted while they fit the window (outputs of the
         # tail are cut afterwards if need be); those that cannot fit stay retrievable
@@ -235,14 +277,13 @@ def fit_ledger(
             pointer=pointer,
         )
 
-    if budget is None:
-        ledger = ledger_for(summary)
-        if ledger.unquoted_users and estimate(summary) > MIN_SHRUNK_SUMMARY:
-            # user messages come before the summary's prose: shrink it to make room for them
-            need = sum(estimate(u) + 4 for u in ledger.unquoted_users)
-            smaller = max(MIN_SHRUNK_SUMMARY, estimate(summary) - need)
-            ledger = ledger_for(shrink(summary, smaller))
-        return ledger
+    return ledger_for
+
+
+def _fit_within(summary: str, budget: int, ledger_for: _LedgerFor, shrink: Callable[[str, int], str]) -> LedgerResult:
+    """Summary and ledger together within ``budget``: the prose gives up to LEDGER_SHARE of it
+    to the ledger, the ledger's headings are taken off its room, and when not even those fit
+    the prose goes alone with everything it missed counted."""
     base = summary
     ledger = ledger_for(base, max(0, budget - estimate(base)))
     if (ledger.unquoted_users or not ledger.complete) and estimate(base) > MIN_SHRUNK_SUMMARY:

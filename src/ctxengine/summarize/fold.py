@@ -79,6 +79,32 @@ class Folded:
     unquoted_users: list[str] = field(default_factory=list)
 
 
+def _more_quoted(ledger: LedgerResult, floor: LedgerResult, notes: list[str], mark: int) -> LedgerResult:
+    """``floor`` (the ledger of the summary shrunk to its floor) when it quotes more user
+    messages than ``ledger``; else ``ledger``, the notes made since ``mark`` taken back.
+
+    The ledger shrinks the summary by what the quotes need, which is not enough when the kept
+    messages alone already left less than no room."""
+    if len(floor.unquoted_users) < len(ledger.unquoted_users):
+        return floor
+    del notes[mark:]
+    return ledger
+
+
+def _note_ledger(ledger: LedgerResult, notes: list[str], pointer: str) -> None:
+    """Note the user messages not quoted whole and the facts the ledger had no room for."""
+    if ledger.unquoted_users or ledger.briefed_users:
+        n, briefed = len(ledger.unquoted_users) + len(ledger.briefed_users), len(ledger.briefed_users)
+        notes.append(
+            f"{n} older user message(s) not quoted whole in the summary"
+            + (f" ({briefed} by their first words and file names)" if briefed else "")
+            + f": {pointer}"
+        )
+    if not ledger.complete:
+        detail = ", ".join(f"{n} {k}" for k, n in ledger.dropped.items() if n)
+        notes.append(f"fact ledger out of space: {detail} not in the summary ({pointer})")
+
+
 def fold_span(
     middle: list[Message],
     kept: Sequence[Message],
@@ -168,23 +194,9 @@ def fold_span(
     # shrinks to its floor only when not one user message could be quoted (the kept
     # messages left no room), never to squeeze in more quotes
     if ledger.unquoted_users and estimate(summary) > MIN_SHRUNK_SUMMARY and (quote_budget is None or not ledger.added.get("users")):
-        # the ledger shrinks the summary by what the quotes need, which is not enough when the
-        # kept messages alone already left less than no room: the user's words come before
-        # the summary's prose, so it shrinks to its floor (kept only if more users fit)
+        # the user's words come before the summary's prose: it shrinks to its floor, kept only
+        # if more user messages fit (see _more_quoted)
         mark = len(notes)
-        floor = ledger_of(shrink(summary, MIN_SHRUNK_SUMMARY))
-        if len(floor.unquoted_users) < len(ledger.unquoted_users):
-            ledger = floor
-        else:
-            del notes[mark:]
-    if ledger.unquoted_users or ledger.briefed_users:
-        n, briefed = len(ledger.unquoted_users) + len(ledger.briefed_users), len(ledger.briefed_users)
-        notes.append(
-            f"{n} older user message(s) not quoted whole in the summary"
-            + (f" ({briefed} by their first words and file names)" if briefed else "")
-            + f": {pointer}"
-        )
-    if not ledger.complete:
-        detail = ", ".join(f"{n} {k}" for k, n in ledger.dropped.items() if n)
-        notes.append(f"fact ledger out of space: {detail} not in the summary ({pointer})")
+        ledger = _more_quoted(ledger, ledger_of(shrink(summary, MIN_SHRUNK_SUMMARY)), notes, mark)
+    _note_ledger(ledger, notes, pointer)
     return Folded(ledger.text.strip(), used, error, required, [*ledger.unquoted_users, *ledger.briefed_users])

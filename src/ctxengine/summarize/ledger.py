@@ -147,6 +147,52 @@ def _quoted(summary: str) -> set[str]:
     return out
 
 
+def _quote_users(result: LedgerResult, lines: list[str], users: list[str], user_left: int, quote_tokens: int | None, pointer: str) -> int:
+    """Quote ``users`` (most recent first) into ``lines`` within ``user_left`` tokens, briefly
+    when longer than ``quote_tokens``; returns the tokens the quotes use."""
+    quoted = 0
+    used = 0
+    user_lines: list[str] = []
+    for u in users:
+        q = u if quote_tokens is None else brief_quote(u, tokens=quote_tokens, pointer=pointer)
+        cost = estimate(q) + 4
+        if cost > user_left:
+            result.unquoted_users.append(u)
+            continue
+        user_left -= cost
+        used += cost
+        quoted += 1
+        if q is not u:
+            result.briefed_users.append(u)
+        user_lines += ["<<<", q, ">>>"]
+    if user_lines:
+        lines.append("Earlier user messages (verbatim or their first words, most recent first):" if result.briefed_users else "Earlier user messages (verbatim, most recent first):")
+        lines += user_lines
+    result.added["users"] = quoted
+    result.dropped["users"] = len(users) - quoted
+    return used
+
+
+def _take(result: LedgerResult, lines: list[str], left: int, kind: str, items: list[str], title: str, sep: str) -> int:
+    """Add the ``items`` of one ``kind`` that fit in ``left`` tokens under ``title``; returns
+    the tokens left."""
+    kept: list[str] = []
+    for f in items:
+        cost = estimate(f) + 1
+        if cost > left:
+            break
+        left -= cost
+        kept.append(f)
+    result.added[kind] = len(kept)
+    result.dropped[kind] = len(items) - len(kept)
+    if kept and sep == ", ":
+        lines.append(f"{title}: " + ", ".join(kept))
+    elif kept:
+        lines.append(f"{title}:")
+        lines.extend(f"- {f}" for f in kept)
+    return left
+
+
 def apply_ledger(
     summary: str,
     required: Facts,
@@ -178,51 +224,12 @@ def apply_ledger(
     # a user message counts as kept only as a message of its own (not in ``required``) or
     # quoted in the summary: the same words inside an assistant text are not the user's
     users = [u for u in reversed(required.users) if u not in quoted_already and u not in index]
-    quoted = 0
     # user messages are intent: their own budget, not the leftovers of the others
-    user_left = max(0, user_budget_tokens)
-    user_lines: list[str] = []
-    for u in users:
-        q = u if quote_tokens is None else brief_quote(u, tokens=quote_tokens, pointer=pointer)
-        cost = estimate(q) + 4
-        if cost > user_left:
-            result.unquoted_users.append(u)
-            continue
-        user_left -= cost
-        left = max(0, left - cost)
-        quoted += 1
-        if q is not u:
-            result.briefed_users.append(u)
-        user_lines += ["<<<", q, ">>>"]
-    if user_lines:
-        lines.append("Earlier user messages (verbatim or their first words, most recent first):" if result.briefed_users else "Earlier user messages (verbatim, most recent first):")
-        lines += user_lines
-    result.added["users"] = quoted
-    result.dropped["users"] = len(users) - quoted
-
-    def take(kind: str, items: list[str], title: str, sep: str) -> None:
-        nonlocal left
-        kept: list[str] = []
-        for f in items:
-            cost = estimate(f) + 1
-            if cost > left:
-                break
-            left -= cost
-            kept.append(f)
-        result.added[kind] = len(kept)
-        result.dropped[kind] = len(items) - len(kept)
-        if not kept:
-            return
-        if sep == ", ":
-            lines.append(f"{title}: " + ", ".join(kept))
-        else:
-            lines.append(f"{title}:")
-            lines.extend(f"- {f}" for f in kept)
-
-    take("tools", _missing(required.tools, index, present_index), "Tools used", ", ")
-    take("errors", _missing(required.errors, index, present_index), "Errors seen", "\n")
-    take("urls", _missing(required.urls, index, present_index), "URLs", "\n")
-    take("paths", _missing(required.paths, index, present_index), "Paths", ", ")
+    left = max(0, left - _quote_users(result, lines, users, max(0, user_budget_tokens), quote_tokens, pointer))
+    left = _take(result, lines, left, "tools", _missing(required.tools, index, present_index), "Tools used", ", ")
+    left = _take(result, lines, left, "errors", _missing(required.errors, index, present_index), "Errors seen", "\n")
+    left = _take(result, lines, left, "urls", _missing(required.urls, index, present_index), "URLs", "\n")
+    _take(result, lines, left, "paths", _missing(required.paths, index, present_index), "Paths", ", ")
     dropped = sum(result.dropped.values())
     if dropped:
         detail = ", ".join(f"{n} {k}" for k, n in result.dropped.items() if n)

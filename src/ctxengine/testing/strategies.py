@@ -202,23 +202,12 @@ def conversations(
     used_ids: list[str] = []
     counter = 0
     for _ in range(draw(_int(min_turns, max_turns))):
-        user: Message = {"role": "user", "content": _user_content(draw, multimodal, small)}
-        if extra_keys and _rare(draw, 8):
-            user["name"] = "alice"
-        msgs.append(user)
+        msgs.append(_user_turn(draw, multimodal, small, extra_keys))
         steps = draw(_int(0, max_steps))
         last_had_calls = False
         for _step in range(steps):
             k = draw(_int(0, max_parallel_calls))
-            assistant: Message = {"role": "assistant"}
-            if k == 0:
-                assistant["content"] = draw(small)
-            else:
-                assistant["content"] = draw(_maybe_text(small))
-            if extra_keys and _rare(draw, 5):
-                assistant["reasoning_content"] = draw(small)
-            if extra_keys and _rare(draw, 10):
-                assistant["x_trace"] = {"span": draw(_int(0, 999))}
+            assistant = _assistant_step(draw, k, small, extra_keys)
             calls: list[dict[str, Any]] = []
             group_ids: set[str] = set()
             for _c in range(k):
@@ -229,33 +218,63 @@ def conversations(
                     counter += 1
                     cid = f"call_{counter}"
                 group_ids.add(cid)
-                name = _pick(draw, _TOOL_NAMES)
-                if non_json_arguments and _rare(draw, 15):
-                    arguments = "path=" + _pick(draw, _PATHS) + " {unclosed"
-                else:
-                    args = {"path": _pick(draw, _PATHS), "query": draw(_SHORT_TEXT)}
-                    if _rare(draw, 3):
-                        args["options"] = draw(json_values())
-                    arguments = json.dumps(args, ensure_ascii=False)
-                calls.append({"id": cid, "type": "function", "function": {"name": name, "arguments": arguments}})
+                calls.append(_tool_call(draw, cid, non_json_arguments))
             if calls:
                 assistant["tool_calls"] = calls
             msgs.append(assistant)
-            results: list[Message] = []
-            for c in calls:
-                content: Any = draw(tool_text)
-                if multimodal and _rare(draw, 8):
-                    content = [{"type": "text", "text": content}]
-                result: Message = {"role": "tool", "tool_call_id": c["id"], "content": content}
-                if extra_keys and _rare(draw, 3):
-                    result["name"] = c["function"]["name"]
-                results.append(result)
-            msgs.extend(_shuffle(draw, results))
+            msgs.extend(_shuffle(draw, [_tool_result(draw, c, tool_text, multimodal, extra_keys) for c in calls]))
             used_ids.extend(c["id"] for c in calls if c["id"] not in used_ids)
             last_had_calls = bool(calls)
         if last_had_calls and draw(_int(0, 1)) == 1:
             msgs.append({"role": "assistant", "content": draw(small)})
     return msgs
+
+
+def _user_turn(draw: st.DrawFn, multimodal: bool, small: st.SearchStrategy[str], extra_keys: bool) -> Message:
+    """A user message (with ``extra_keys``, sometimes a ``name``)."""
+    user: Message = {"role": "user", "content": _user_content(draw, multimodal, small)}
+    if extra_keys and _rare(draw, 8):
+        user["name"] = "alice"
+    return user
+
+
+def _assistant_step(draw: st.DrawFn, calls: int, small: st.SearchStrategy[str], extra_keys: bool) -> Message:
+    """An assistant step before its ``calls`` tool calls: text (maybe none when it calls tools)
+    and, with ``extra_keys``, sometimes provider extras."""
+    assistant: Message = {"role": "assistant"}
+    if calls == 0:
+        assistant["content"] = draw(small)
+    else:
+        assistant["content"] = draw(_maybe_text(small))
+    if extra_keys and _rare(draw, 5):
+        assistant["reasoning_content"] = draw(small)
+    if extra_keys and _rare(draw, 10):
+        assistant["x_trace"] = {"span": draw(_int(0, 999))}
+    return assistant
+
+
+def _tool_call(draw: st.DrawFn, cid: str, non_json_arguments: bool) -> dict[str, Any]:
+    """One tool call with id ``cid``: a tool name and its arguments (rarely not JSON)."""
+    name = _pick(draw, _TOOL_NAMES)
+    if non_json_arguments and _rare(draw, 15):
+        arguments = "path=" + _pick(draw, _PATHS) + " {unclosed"
+    else:
+        args = {"path": _pick(draw, _PATHS), "query": draw(_SHORT_TEXT)}
+        if _rare(draw, 3):
+            args["options"] = draw(json_values())
+        arguments = json.dumps(args, ensure_ascii=False)
+    return {"id": cid, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _tool_result(draw: st.DrawFn, call: dict[str, Any], tool_text: st.SearchStrategy[str], multimodal: bool, extra_keys: bool) -> Message:
+    """The tool message answering ``call``."""
+    content: Any = draw(tool_text)
+    if multimodal and _rare(draw, 8):
+        content = [{"type": "text", "text": content}]
+    result: Message = {"role": "tool", "tool_call_id": call["id"], "content": content}
+    if extra_keys and _rare(draw, 3):
+        result["name"] = call["function"]["name"]
+    return result
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,70 @@
+"""The size limits of docs/architecture.md (no module over 600 lines, no class over 400, no
+function over 60), measured by scripts/sizes.py, with every exception named."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (path, name) of the nodes allowed over their limit, and why. Remove an entry when its node
+# shrinks; an entry whose node is gone or small again is reported by the last test.
+ALLOWED: dict[tuple[str, str], str] = {
+    # being split by the kernel and engine redesign of issue 25
+    ("ctxengine/history.py", "ctxengine/history.py"): "history redesign",
+    ("ctxengine/history.py", "SessionHistory"): "history redesign",
+    ("ctxengine/window.py", "ctxengine/window.py"): "window cap redesign",
+    ("ctxengine/window.py", "WindowCap"): "window cap redesign",
+    ("ctxengine/window.py", "WindowCap._fit_over"): "window cap redesign",
+    ("ctxengine/loop.py", "run_compress"): "kernel redesign",
+    ("ctxengine/manager.py", "ContextManager.prepare"): "kernel redesign",
+    ("ctxengine/engines/compressor.py", "SummaryCompressor"): "engine redesign",
+    # its keyword list mirrors the constructor of Hermes' ContextCompressor: a public contract
+    ("ctxengine/engines/compressor.py", "SummaryCompressor.__init__"): "Hermes' constructor",
+    ("ctxengine/engines/compressor.py", "SummaryCompressor.compress"): "engine redesign",
+    ("ctxengine/engines/lcm.py", "LcmEngine.compress"): "engine redesign",
+    ("ctxengine/engines/kit/cut.py", "cut_output"): "engine redesign",
+    ("ctxengine/engines/kit/tail.py", "plan_head_tail"): "engine redesign",
+    # the bench runner's per-session loop, being reworked for speed
+    ("ctxengine/bench/runner.py", "ctxengine/bench/runner.py"): "bench runner rework",
+    ("ctxengine/bench/runner.py", "run_session"): "bench runner rework",
+    # the proxy's request path and its fail-open handling, being reworked
+    ("ctxengine/proxy/app.py", "Proxy._chat"): "proxy fail-open rework",
+    ("ctxengine/proxy/relay.py", "Relaying._relay"): "proxy fail-open rework",
+    # the summary's fold: twenty keyword parameters the engines pass (signature and
+    # documentation are 37 of its lines); its body is still to be cut further into steps
+    ("ctxengine/summarize/fold.py", "fold_span"): "keyword interface; body to be cut",
+}
+
+
+def _sizes() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("sizes_script", ROOT / "scripts" / "sizes.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_nothing_is_over_the_limits_but_the_named_exceptions() -> None:
+    findings = _sizes().check_tree(ROOT / "src" / "ctxengine")
+    over = [str(f) for f in findings if (f.path, f.name) not in ALLOWED]
+    assert not over, "over the size limits (split it, or name it in ALLOWED with the reason):\n" + "\n".join(over)
+
+
+def test_the_checker_measures_what_it_reports(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    body = "\n".join(f"    x{i} = {i}" for i in range(61))
+    (package / "long.py").write_text(f"class Small:\n    def long(self) -> None:\n{body.replace('    ', '        ')}\n\n\ndef short() -> None:\n    pass\n")
+    findings = _sizes().check_tree(package)
+    assert [(f.kind, f.name, f.lines) for f in findings] == [("function", "Small.long", 62)]
+
+
+def test_every_exception_is_still_needed() -> None:
+    findings = {(f.path, f.name) for f in _sizes().check_tree(ROOT / "src" / "ctxengine")}
+    stale = sorted(set(ALLOWED) - findings)
+    assert not stale, f"these are within the limits now: remove them from ALLOWED: {stale}"
