@@ -91,12 +91,12 @@ class _Turns:
         self.previous: tuple[list[Message], list[int]] | None = None  # the last request and its tokens
 
     def prepare(self, working: list[Message]) -> list[Message]:
-        before = self.mgr.status(self.sid)["compactions"]
+        before = self.mgr.counters(self.sid)["compactions"]
         t0 = time.perf_counter()
         out = self.mgr.prepare(working, session_id=self.sid)
         elapsed = (time.perf_counter() - t0) * 1000.0
         self.prepare_ms = None
-        if self.mgr.status(self.sid)["compactions"] != before:
+        if self.mgr.counters(self.sid)["compactions"] != before:
             self.run.compaction_calls.append(self.run.calls)
             report = self.engine.last_report
             self.run.engine_ms.append(report.elapsed_ms if report is not None else 0.0)
