@@ -160,6 +160,23 @@ def test_invalid_requests_are_counted_not_fatal(tau_file: Path) -> None:
     assert run.invalid_requests > 0 and run.invalid_details
 
 
+def test_compacting_turns_are_timed_whole(swe_file: Path) -> None:
+    """Each compacting call is timed as the agent waits for it (prepare + request), so never
+    less than the engine's own compress on that call; the session store is a SQLite file."""
+    from ctxengine.bench.runner import _profile, make_engine_factory, run_session
+    from ctxengine.config import Config
+
+    session = _sessions(swe_file, 1)[0]
+    run = run_session(
+        session, "compressor", make_engine_factory("compressor", Config(), 16_000), config=Config(), context_length=16_000,
+        anthropic_model=_profile("claude-sonnet-4.5"), openai_model=_profile("gpt-4o"), placement="planner",
+    )
+    assert run.compactions > 0
+    assert len(run.latencies_ms) == len(run.engine_ms) == run.compactions
+    assert all(turn >= engine > 0 for turn, engine in zip(run.latencies_ms, run.engine_ms, strict=True))
+    assert run.to_dict()["engine_p50_ms"] <= run.to_dict()["latency_p50_ms"]
+
+
 @pytest.mark.slow
 def test_long_sessions_figure(dataset: Any) -> None:
     """The issue's figure: --compose 5 on the SWE-agent file at 128K, cacheaware + planner. The

@@ -458,3 +458,13 @@ def test_a_name_or_a_call_id_beside_role_and_content_counts() -> None:
     assert estimate_message_tokens(plain) == MESSAGE_OVERHEAD_TOKENS + 1
     assert estimate_message_tokens({**plain, "name": "abcde"}) == MESSAGE_OVERHEAD_TOKENS + 2
     assert estimate_message_tokens({**plain, "tool_call_id": "abcdeabcde"}) == MESSAGE_OVERHEAD_TOKENS + 3
+
+
+def test_long_texts_are_estimated_once_and_alike() -> None:
+    from ctxengine import tokens
+
+    text = "def f(x):\n    return x + 1  # a line of code\n" * 20
+    first = tokens.estimate(text)
+    assert first == tokens._estimate(text) > 0
+    assert tokens.estimate("".join([text])) == first  # an equal text built anew: the same answer
+    assert tokens.estimate(text + "x") != 0 and tokens.estimate(text[:100]) == tokens._estimate(text[:100])

@@ -56,7 +56,31 @@ _DIGITS_AND_PUNCT = b"0123456789!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"
 _ASCII_BYTES = bytes(range(128))
 
 
+_MEMO_MIN_CHARS = 256
+_MEMO_MAX_CHARS = 8_000_000
+_memo: dict[str, int] = {}
+_memo_chars = [0]
+
+
 def estimate(text: str) -> int:
+    """Estimated o200k tokens of ``text``, rounded up (see :func:`_estimate`). Texts of 256
+    characters or more are remembered (up to 8M characters in all, then forgotten at once):
+    a compaction asks for the same outputs many times, and a lookup costs less than a count."""
+    if len(text) < _MEMO_MIN_CHARS:
+        return _estimate(text)
+    hit = _memo.get(text)
+    if hit is not None:
+        return hit
+    n = _estimate(text)
+    if _memo_chars[0] > _MEMO_MAX_CHARS:
+        _memo.clear()
+        _memo_chars[0] = 0
+    _memo[text] = n
+    _memo_chars[0] += len(text)
+    return n
+
+
+def _estimate(text: str) -> int:
     """Estimated o200k tokens of ``text``, rounded up.
 
     * ASCII letters, spaces and control characters: 1/5 token each (an English word and its
