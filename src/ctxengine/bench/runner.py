@@ -172,6 +172,8 @@ class SessionRun:
     search_distinct: dict[str, list[int]] = field(default_factory=dict)
     """``[removed, recalled]`` by kind over the facts whose realistic query is distinctive
     (shared by at most TOP removed facts of the kind; :mod:`ctxengine.bench.probe`)."""
+    search_plain: dict[str, list[int]] = field(default_factory=dict)
+    """``[removed, recalled]`` by kind with the bare query (a file name alone; :mod:`ctxengine.bench.probe`)."""
     search_ms: list[float] = field(default_factory=list)
     """Time of each probe search (ms)."""
     search_answer_tokens: list[int] = field(default_factory=list)
@@ -223,6 +225,7 @@ class SessionRun:
             "search_recalled": self.search_recalled,
             "search_misses": self.search_misses,
             "search_distinct": self.search_distinct,
+            "search_plain": self.search_plain,
             "search_p50_ms": round(percentile(self.search_ms, 50), 3),
             "search_answer_max_tokens": max(self.search_answer_tokens, default=0),
             "anthropic": self.anthropic.to_dict(per_call=per_call) if self.anthropic else None,
@@ -375,7 +378,7 @@ def run_session(
             return answer
 
         stats: dict[str, list[float]] = {}
-        run.removed_total, run.search_recalled, run.search_misses = probe_recall(grep_kept, removed, stats, run.search_distinct)
+        run.removed_total, run.search_recalled, run.search_misses = probe_recall(grep_kept, removed, stats, run.search_distinct, run.search_plain)
         run.search_ms = stats.get("ms", [])
         largest = sorted(answers, key=len, reverse=True)[:10]
         run.search_answer_tokens = [exact.exact_message({"role": "tool", "content": a}) for a in largest]
