@@ -171,3 +171,20 @@ def test_agent_queries_name_what_singles_a_fact_out() -> None:
     users = [f"{preamble}\nISSUE:\nTitle number {k} is broken  badly here" for k in range(3)]
     qu = agent_queries("users", users)
     assert qu[users[1]] == "Title number 1 is broken" and all(qu[u] in u for u in users)
+
+
+def test_a_long_listing_says_how_to_name_the_paths_it_could_not_show() -> None:
+    names = ["uevent", "runtime_status", "control"]
+    listing = "\n".join(f"/sys/devices/serial8250/tty/ttyS{k}/power/{n}" for k in range(120) for n in names)
+    store = SqliteStore(":memory:")
+    store.record_messages("s", [{"role": "user", "content": "list it"}, {"role": "assistant", "content": listing}])
+    answer = _grep(Recall(store, "s"), query="runtime_status")
+    first = answer["results"][0]
+    assert first["type"] == "paths" and first["more_items"] > 0
+    shown = first["snippet"].splitlines()
+    hidden = first["more_items"]
+    assert len(shown) + hidden == 120
+    assert first["narrow"].startswith(f"{hidden} more end with /power/runtime_status under: ttyS")
+    assert 'e.g. ctx_grep "ttyS' in first["narrow"]
+    assert len(json.dumps(answer)) <= GREP_MAX_CHARS
+    store.close()
