@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ctxengine.bench.probe import probe_recall, realistic_query
+from ctxengine.bench.probe import agent_queries, probe_recall, realistic_query
 from ctxengine.messages import Message
 from ctxengine.recall import GREP_MAX_CHARS, GREP_TOOL, Recall
 from ctxengine.store.sqlite import SqliteStore
@@ -140,9 +140,10 @@ def test_the_identifier_index_is_built_once_and_answers_from_the_store() -> None
     store.close()
 
 
-def test_the_probe_tells_apart_facts_no_single_query_can_single_out() -> None:
-    """Seven paths ending with the same file name: one query for the name cannot put each in
-    the first five results. They count as removed facts, and not among the distinctive ones."""
+def test_the_probe_narrows_a_shared_file_name_as_an_agent_would() -> None:
+    """Seven paths ending with the same file name: the name alone cannot put each in the first
+    five results; an agent after one of them types its distinguishing tail. The bare name's
+    share is reported beside it."""
     listing = [f"/sys/devices/tty/ttyS{k}/power/runtime_status" for k in range(7)]
     unique = "/srv/app/handlers/payment_gateway.py"
 
@@ -151,6 +152,39 @@ def test_the_probe_tells_apart_facts_no_single_query_can_single_out() -> None:
         return json.dumps({"results": [{"text": h} for h in hits]})
 
     distinct: dict[str, list[int]] = {}
-    total, found, _misses = probe_recall(grep, {"paths": [*listing, unique]}, distinct=distinct)
-    assert total == {"paths": 8} and found == {"paths": 6}  # the 6th and 7th listing paths miss
-    assert distinct == {"paths": [1, 1]}  # only the unique file's query is distinctive
+    plain: dict[str, list[int]] = {}
+    total, found, _misses = probe_recall(grep, {"paths": [*listing, unique]}, distinct=distinct, plain=plain)
+    assert total == {"paths": 8} and found == {"paths": 8}
+    assert distinct == {"paths": [8, 8]}
+    assert plain == {"paths": [8, 6]}  # by the name alone the 6th and 7th listing paths miss
+
+
+def test_agent_queries_name_what_singles_a_fact_out() -> None:
+    paths = [f"/sys/x/ttyS{k}/power/uevent" for k in range(7)] + ["/a/b/Foo.java"]
+    q = agent_queries("paths", paths)
+    assert q["/sys/x/ttyS5/power/uevent"] == "ttyS5/power/uevent"
+    assert q["/a/b/Foo.java"] == "Foo.java"
+    errors = ["public abstract int getTextLength() throws JacksonException;", "Caused by: java.io.IOException: closed"]
+    qe = agent_queries("errors", errors)
+    assert qe[errors[0]] == "getTextLength(" and qe[errors[1]] == "IOException"
+    preamble = "We're currently solving the following issue within our repository."
+    users = [f"{preamble}\nISSUE:\nTitle number {k} is broken  badly here" for k in range(3)]
+    qu = agent_queries("users", users)
+    assert qu[users[1]] == "Title number 1 is broken" and all(qu[u] in u for u in users)
+
+
+def test_a_long_listing_says_how_to_name_the_paths_it_could_not_show() -> None:
+    names = ["uevent", "runtime_status", "control"]
+    listing = "\n".join(f"/sys/devices/serial8250/tty/ttyS{k}/power/{n}" for k in range(120) for n in names)
+    store = SqliteStore(":memory:")
+    store.record_messages("s", [{"role": "user", "content": "list it"}, {"role": "assistant", "content": listing}])
+    answer = _grep(Recall(store, "s"), query="runtime_status")
+    first = answer["results"][0]
+    assert first["type"] == "paths" and first["more_items"] > 0
+    shown = first["snippet"].splitlines()
+    hidden = first["more_items"]
+    assert len(shown) + hidden == 120
+    assert first["narrow"].startswith(f"{hidden} more end with /power/runtime_status under: ttyS")
+    assert 'e.g. ctx_grep "ttyS' in first["narrow"]
+    assert len(json.dumps(answer)) <= GREP_MAX_CHARS
+    store.close()

@@ -136,9 +136,10 @@ def _search_line(result: BenchResult) -> list[str]:
             kinds = ", ".join(f"{k} {_pct(t.search_recall(k))}" for k in total if total[k])
             d = t.to_dict()
             share, n = t.distinct_recall()
+            plain, _n = t.plain_recall()
             searched.append(
                 f"{result.label(name)} {_pct(t.search_recall())} of {sum(total.values())} ({kinds};"
-                f" distinctive queries {_pct(share)} of {n};"
+                f" distinctive queries {_pct(share)} of {n}; bare queries {_pct(plain)};"
                 f" p50 {d['search_p50_ms']:.1f} ms, largest answer {d['search_answer_max_tokens']:,} tokens)"
             )
     if not searched:

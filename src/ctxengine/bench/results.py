@@ -67,6 +67,8 @@ class SessionRun:
     search_distinct: dict[str, list[int]] = field(default_factory=dict)
     """``[removed, recalled]`` by kind over the facts whose realistic query is distinctive
     (shared by at most TOP removed facts of the kind; :mod:`ctxengine.bench.probe`)."""
+    search_plain: dict[str, list[int]] = field(default_factory=dict)
+    """``[removed, recalled]`` by kind with the bare query (a file name alone; :mod:`ctxengine.bench.probe`)."""
     search_ms: list[float] = field(default_factory=list)
     """Time of each probe search (ms)."""
     search_answer_tokens: list[int] = field(default_factory=list)
@@ -119,6 +121,7 @@ class SessionRun:
             "search_recalled": self.search_recalled,
             "search_misses": self.search_misses,
             "search_distinct": self.search_distinct,
+            "search_plain": self.search_plain,
             "search_p50_ms": round(percentile(self.search_ms, 50), 3),
             "search_answer_max_tokens": max(self.search_answer_tokens, default=0),
             "anthropic": self.anthropic.to_dict(per_call=per_call) if self.anthropic else None,
@@ -215,6 +218,13 @@ class EngineTotals:
         found = sum(v[1] for r in self.runs for v in r.search_distinct.values())
         return (1.0 if n == 0 else found / n), n
 
+    def plain_recall(self) -> tuple[float, int]:
+        """The same share with the bare query (a file name alone, an exception class, a user
+        message's first line), and how many removed facts were asked that way."""
+        n = sum(v[0] for r in self.runs for v in r.search_plain.values())
+        found = sum(v[1] for r in self.runs for v in r.search_plain.values())
+        return (1.0 if n == 0 else found / n), n
+
     def search_recall(self, kind: str | None = None) -> float:
         """Share of removed facts one realistic ``ctx_grep`` brings back in its first TOP results."""
         total, found = self.search()
@@ -264,6 +274,8 @@ class EngineTotals:
             "search_recall": round(self.search_recall(), 4),
             "search_recall_by_kind": {k: round(self.search_recall(k), 4) for k in PROBE_KINDS if self.search()[0][k]},
             "search_top": TOP,
+            "search_recall_distinctive": round(self.distinct_recall()[0], 4),
+            "search_recall_bare": round(self.plain_recall()[0], 4),
             "removed_facts": self.search()[0],
             "search_p50_ms": round(percentile([x for r in self.runs for x in r.search_ms], 50), 3),
             "search_answer_max_tokens": max((x for r in self.runs for x in r.search_answer_tokens), default=0),

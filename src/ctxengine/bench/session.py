@@ -181,7 +181,7 @@ def _measure_facts(mgr: ContextManager, sid: str, run: SessionRun, session: Sess
         return answer
 
     stats: dict[str, list[float]] = {}
-    run.removed_total, run.search_recalled, run.search_misses = probe_recall(grep_kept, removed, stats, run.search_distinct)
+    run.removed_total, run.search_recalled, run.search_misses = probe_recall(grep_kept, removed, stats, run.search_distinct, run.search_plain)
     run.search_ms = stats.get("ms", [])
     largest = sorted(answers, key=len, reverse=True)[:10]
     run.search_answer_tokens = [mgr.window_counter.exact_message({"role": "tool", "content": a}) for a in largest]

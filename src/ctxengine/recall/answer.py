@@ -10,7 +10,7 @@ from typing import Any
 
 from ctxengine.facts import MAX_ERROR_LINE
 from ctxengine.recall.rank import Result
-from ctxengine.recall.spec import GREP_MAX_CHARS, GROUP_MAX, LINE_CHARS
+from ctxengine.recall.spec import GREP_MAX_CHARS, GROUP_MAX, LINE_CHARS, NARROW_CHARS
 
 __all__ = ["ENVELOPE_TOKENS", "answer_page", "dump", "fit_answer", "fit_list", "pick"]
 
@@ -104,6 +104,30 @@ def _show(text: str, query: str) -> str:
     return f"{text[:head_end]} … {text[a:b]}{tail}"
 
 
+def _narrowing(hidden: Sequence[str], items: Sequence[str]) -> str:
+    """How to name one of the ``hidden`` paths of a listing: the tail every listed path shares,
+    the directories that tell them apart (each once, in order, up to :data:`NARROW_CHARS`) and
+    a query that singles the first of them out, e.g. ``ttyS8/power/uevent``."""
+    split = [[x for x in p.split("/") if x] for p in items]
+    tail = 0
+    while all(len(s) > tail + 1 for s in split) and len({s[-1 - tail] for s in split}) == 1:
+        tail += 1
+    if tail == 0:
+        return ""
+    common = "/".join(split[0][-tail:])
+    kinds = list(dict.fromkeys(s[-1 - tail] for s in ([x for x in p.split("/") if x] for p in hidden) if len(s) > tail))
+    if not kinds:
+        return ""
+    names, used = [], 0
+    for k in kinds:
+        if used + len(k) + 2 > NARROW_CHARS:
+            break
+        names.append(k)
+        used += len(k) + 2
+    rest = f" and {len(kinds) - len(names)} more" if len(kinds) > len(names) else ""
+    return f"{len(hidden)} more end with /{common} under: {', '.join(names)}{rest}; name one, e.g. ctx_grep \"{kinds[0]}/{common}\""
+
+
 def _render(r: Result, query: str, scope: str, room: int) -> dict[str, Any]:
     d: dict[str, Any] = {"kind": r.kind, "type": r.type}
     if r.items:
@@ -119,6 +143,10 @@ def _render(r: Result, query: str, scope: str, room: int) -> dict[str, Any]:
             d["snippet"] = "\n".join(_show(x, query) for x in shown)
         if len(r.items) > len(shown):
             d["more_items"] = len(r.items) - len(shown)
+            if r.type == "paths":
+                narrow = _narrowing(r.items[len(shown) :], r.items)
+                if narrow:
+                    d["narrow"] = narrow
     else:
         d["role"] = r.role
         d["snippet"] = _show(r.text, query)

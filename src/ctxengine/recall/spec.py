@@ -13,6 +13,7 @@ __all__ = [
     "GREP_MAX_CHARS",
     "GREP_TOOL",
     "LCM_ALIASES",
+    "NARROW_CHARS",
     "schemas",
 ]
 
@@ -57,6 +58,10 @@ LINES_SEEN = 2_000
 
 GROUP_MAX = 40
 """Distinct paths (or URLs) one identifier result lists at most."""
+
+NARROW_CHARS = 240
+"""Characters of the directory names a listing's ``narrow`` line names (those that tell apart
+the paths it could not show)."""
 
 EXPAND_DEFAULT_TOKENS = 8000
 """Default budget of one ``ctx_expand`` answer: enough for a few tool outputs, small enough
