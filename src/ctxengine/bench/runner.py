@@ -50,7 +50,7 @@ from ctxengine.facts import (
 from ctxengine.io import Session
 from ctxengine.loop import replay
 from ctxengine.manager import ContextManager, default_store
-from ctxengine.messages import Message, validate
+from ctxengine.messages import Message, tool_name, validate
 from ctxengine.models import ModelProfile, UnknownModelWarning, resolve_model
 from ctxengine.recall import GREP_TOOL
 from ctxengine.registry import EngineRegistry
@@ -110,7 +110,7 @@ def engine_retrievable(engine: ContextEngine) -> Callable[[str], bool] | None:
     """
     if type(engine).retrievable is not ContextEngine.retrievable:
         return lambda text: bool(engine.retrievable(text))
-    names = {str(s.get("name") or (s.get("function") or {}).get("name")) for s in engine.get_tool_schemas()}
+    names = {tool_name(s) for s in engine.get_tool_schemas()}
     for tool in ("lcm_grep", "ctx_grep"):
         if tool in names:
 
