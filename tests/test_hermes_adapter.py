@@ -102,6 +102,44 @@ def test_an_invalid_result_is_never_returned(tmp_path: Path) -> None:
     assert out is msgs and a.compactions_rejected == 1 and a.get_status()["compactions_rejected"] == 1
 
 
+class _Returns(ContextEngine):
+    """An engine whose compress returns what ``make`` builds from its input."""
+
+    name = "returns"  # type: ignore[assignment]
+
+    def __init__(self, make: Any) -> None:
+        super().__init__(context_length=32_000)
+        self.make = make
+
+    def update_from_response(self, usage: Any) -> None: ...
+
+    def should_compress(self, prompt_tokens: int | None = None) -> bool:
+        return True
+
+    def compress(self, messages: list[dict[str, Any]], current_tokens: int | None = None, focus_topic: str | None = None) -> list[dict[str, Any]]:
+        return list(self.make(messages))
+
+
+def test_a_result_without_the_system_prompt_first_is_rejected_as_the_kernel_rejects_it(tmp_path: Path) -> None:
+    a = _adapter(tmp_path)
+    msgs = _conversation(3)
+    a._inner = _Returns(lambda ms: ms[1:])  # valid chat, but the system prompt is gone
+    out = a.compress(msgs)
+    assert out is msgs and a.compactions_rejected == 1
+
+
+def test_a_valid_result_over_the_window_is_held_to_the_window_cap(tmp_path: Path) -> None:
+    a = _adapter(tmp_path)
+    msgs = _conversation(12, out_chars=20_000)  # about 60K tokens of outputs in a 32K window
+    a._inner = _Returns(lambda ms: [*ms, {"role": "assistant", "content": "noted."}])
+    out = a.compress(msgs)
+    limit = a._cap.limit if a._cap is not None else 0
+    assert 0 < limit < 32_000 and a._cap is not None
+    assert sum(a._cap.counter.exact_messages(out)) <= limit < sum(a._cap.counter.exact_messages(msgs))
+    assert not [v for v in validate(out) if v.severity == "error"] and out[0]["role"] == "system"
+    assert out[-2]["content"] == msgs[-1]["content"] and "[ctxengine:" in json.dumps(out)
+
+
 def test_deepcopy_gives_a_fresh_engine_sharing_the_store(tmp_path: Path) -> None:
     a = _adapter(tmp_path)
     a.update_from_response({"prompt_tokens": 20_000, "completion_tokens": 10})

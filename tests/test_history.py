@@ -387,7 +387,7 @@ def test_engine_tool_results_the_manager_added_stay_when_the_raw_history_is_rese
 
 
 def test_each_message_is_estimated_once_per_session_however_long_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    import ctxengine.history as history_module
+    import ctxengine.history.tokens as history_tokens
     from ctxengine.history import TurnInput
     from ctxengine.tokens import estimate_message_tokens
 
@@ -397,7 +397,7 @@ def test_each_message_is_estimated_once_per_session_however_long_it_runs(monkeyp
         estimated.append(id(m))
         return estimate_message_tokens(m)
 
-    monkeypatch.setattr(history_module, "estimate_message_tokens", counting)
+    monkeypatch.setattr(history_tokens, "estimate_message_tokens", counting)
     h = SessionHistory()
     working = _head()
     h.finish(TurnInput("first", working, 0, 0), working, working)
@@ -464,8 +464,8 @@ def test_the_token_memo_stays_bounded_by_the_working_context() -> None:
     for k in range(2_000):  # messages asked once each (the planner's fallback for other lists)
         h.message_tokens([{"role": "user", "content": f"m{k}"}])
         h.message_tokens(working)  # and the working context again: read only
-        assert len(h._tokens) <= limit + 1
-    assert all(id(m) in h._tokens for m in working)  # the working context stays memoised
+        assert len(h.tokens._memo) <= limit + 1
+    assert all(id(m) in h.tokens._memo for m in working)  # the working context stays memoised
 
 
 # -- cache markers are not edits (Claude Code moves its marker to the newest message each turn) --
@@ -622,7 +622,8 @@ def without_markers_all(m: Message) -> Message:
 
 
 def test_recognising_a_moved_marker_looks_at_the_few_messages_that_moved(monkeypatch: pytest.MonkeyPatch) -> None:
-    import ctxengine.history as history_module
+    import ctxengine.history.markers as history_markers
+    import ctxengine.history.session as history_module  # where SessionHistory calls it
 
     h = SessionHistory()
     base = [*_head(), *[m for t in _turns(100, size=1) for m in t]]
@@ -636,6 +637,7 @@ def test_recognising_a_moved_marker_looks_at_the_few_messages_that_moved(monkeyp
         return real(m)
 
     monkeypatch.setattr(history_module, "without_markers", counting)
+    monkeypatch.setattr(history_markers, "without_markers", counting)
     t = h.begin(_marked_as_sent(base, 2))  # the system prompt's marker went, the newest message's moved
     assert t.kind in ("continue", "resend") and t.base == len(base) - 1
     assert len(calls) <= 4 < len(base)  # two messages compared, not the whole history

@@ -80,7 +80,7 @@ from ctxengine.kernel.state import CompactionDue, ModelWindow, SessionState
 from ctxengine.kernel.status import PRESSURE_RATIO as PRESSURE_RATIO
 from ctxengine.kernel.status import counters, report
 from ctxengine.kernel.tools import ToolDesk
-from ctxengine.kernel.turn import TurnPlanner
+from ctxengine.kernel.turn import TurnOptions, TurnPlanner
 from ctxengine.messages import Message
 from ctxengine.models import ModelProfile, UnknownModelWarning, resolve_model
 from ctxengine.registry import EngineRegistry
@@ -452,9 +452,8 @@ class ContextManager:
         Each call says it again (the engine's texts of this turn follow it).
         """
         s = self._session(session_id)
-        return self._turns.prepare(
-            s, messages, tools, focus_topic=focus_topic, defer_record=defer_record, may_compact=may_compact, compact=compact, recall=recall
-        )
+        opts = TurnOptions(focus_topic=focus_topic, defer_record=defer_record, may_compact=may_compact, compact=compact, recall=recall)
+        return self._turns.prepare(s, messages, tools, opts)
 
     def flush_records(self, session_id: str | None = None) -> None:
         """Write the recordings ``prepare(defer_record=True)`` left pending: of ``session_id``,

@@ -36,6 +36,7 @@ __all__ = [
     "tool_call_id",
     "tool_call_name",
     "tool_calls",
+    "tool_name",
     "validate",
 ]
 
@@ -370,6 +371,17 @@ def tool_calls(message: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The tool calls of an assistant message (empty list when it has none)."""
     calls = message.get("tool_calls")
     return [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+
+
+def tool_name(schema: Mapping[str, Any]) -> str:
+    """The name of a tool definition in any API's format (OpenAI chat nests it under
+    ``function``; Anthropic and Responses tools carry it at the top); ``""`` when it has none.
+    The one reader of a tool definition's name."""
+    fn = schema.get("function")
+    if isinstance(fn, Mapping) and isinstance(fn.get("name"), str):
+        return str(fn["name"])
+    name = schema.get("name")
+    return name if isinstance(name, str) else ""
 
 
 def tool_call_id(call: Mapping[str, Any]) -> str:

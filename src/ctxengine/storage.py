@@ -121,9 +121,10 @@ class RecallIndexStore(Protocol):
 
 
 @runtime_checkable
-class NodeStore(Protocol):
-    """What a node engine (``lcm``) needs from a session store: its history recorded, summary
-    nodes added and read back, the originals under a node, search."""
+class NodeStore(RecallStore, Protocol):
+    """What a node engine (``lcm``) needs from a session store: recall's reads
+    (:class:`RecallStore`: search, the originals under a node, messages by id), its history
+    recorded (as :meth:`SessionRecorder.record_messages`) and summary nodes added."""
 
     def record_messages(self, session_id: str, messages: Sequence[Message]) -> list[str]: ...
 
@@ -137,11 +138,3 @@ class NodeStore(Protocol):
         children: Sequence[tuple[str, str]],
         meta: Mapping[str, Any] | None = None,
     ) -> bool: ...
-
-    def get_node(self, node_id: str) -> Any: ...
-
-    def node_messages(self, node_id: str) -> list[tuple[str, Message]]: ...
-
-    def get_messages(self, ids: Sequence[str]) -> list[Message]: ...
-
-    def search(self, query: str, *, session_id: str | None = None, mode: Any = "text", limit: int = 20, nodes: bool = True) -> Sequence[Any]: ...

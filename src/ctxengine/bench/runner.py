@@ -27,6 +27,7 @@ from ctxengine.engine import ContextEngine
 from ctxengine.errors import ConfigError
 from ctxengine.io import Session
 from ctxengine.manager import default_store
+from ctxengine.messages import tool_name
 from ctxengine.models import ModelProfile, UnknownModelWarning, resolve_model
 from ctxengine.registry import EngineRegistry
 
@@ -84,7 +85,7 @@ def engine_retrievable(engine: ContextEngine) -> Callable[[str], bool] | None:
     """
     if type(engine).retrievable is not ContextEngine.retrievable:
         return lambda text: bool(engine.retrievable(text))
-    names = {str(s.get("name") or (s.get("function") or {}).get("name")) for s in engine.get_tool_schemas()}
+    names = {tool_name(s) for s in engine.get_tool_schemas()}
     for tool in ("lcm_grep", "ctx_grep"):
         if tool in names:
 

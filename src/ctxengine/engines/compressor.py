@@ -80,6 +80,7 @@ from ctxengine.engines.kit.cutpolicy import (
     KEEP_RECENT,
     MIN_CUT_TOKENS,
 )
+from ctxengine.engines.kit.pacing import MAX_CONSECUTIVE
 from ctxengine.engines.kit.records import RecallReach, recall_pointer
 from ctxengine.engines.kit.tail import HeadTailPlan, plan_head_tail
 from ctxengine.engines.kit.trigger import HARD_LIMIT_RATIO, SummaryTrigger
@@ -111,8 +112,6 @@ def _prompt(name: str) -> str:
     return resources.files("ctxengine.summarize").joinpath(f"prompts/{name}").read_text(encoding="utf-8").strip()
 
 
-MAX_CONSECUTIVE = 3
-"""Compaction never runs on more calls in a row than this unless the window requires it."""
 
 
 class SummaryCompressor(SummaryTrigger):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 from ctxengine.config import Config
+from ctxengine.engines.kit.pacing import MAX_CONSECUTIVE
 from ctxengine.errors import EngineError
 from ctxengine.history import TurnInput
 from ctxengine.kernel.cap import CapStage
@@ -28,10 +29,11 @@ with the engine's own trigger (50–75 %), low enough to leave room for the next
 HYGIENE_MIN_MESSAGES = 4
 """Hygiene ignores histories shorter than this (seed 000): nothing to compact yet."""
 
-MAX_CONSECUTIVE_COMPACTIONS = 3
+MAX_CONSECUTIVE_COMPACTIONS = MAX_CONSECUTIVE
 """After compactions on this many consecutive turns, neither hygiene nor the engine's trigger
-runs on the next turn (the window cap still holds the window): an engine that cannot get under
-its own threshold would otherwise compact — and rewrite the cached prefix — on every turn."""
+runs on the next turn (the window cap still holds the window): the kit's no-thrash limit
+(:data:`ctxengine.engines.kit.pacing.MAX_CONSECUTIVE`), counted by the session's
+:class:`~ctxengine.engines.kit.pacing.Streak`."""
 
 
 class Compaction:
@@ -57,12 +59,12 @@ class Compaction:
         """Whether compaction rests this turn (after consecutive compactions), unless the window
         cap would cut: a compaction cuts less blindly (a client whose every turn is a large
         share of the window, e.g. aider's pasted files)."""
-        resting = s.streak >= MAX_CONSECUTIVE_COMPACTIONS
+        resting = s.streak.resting
         if resting and may_compact and self.cap.over(s, msgs, reserve):
             resting = False
-            log.info("session %s: %d consecutive compactions, but the window cap would cut: compacting", s.id, s.streak)
+            log.info("session %s: %d consecutive compactions, but the window cap would cut: compacting", s.id, s.streak.count)
         if resting:
-            log.info("session %s: %d consecutive compactions, compaction rests this turn (the window cap holds the window)", s.id, s.streak)
+            log.info("session %s: %d consecutive compactions, compaction rests this turn (the window cap holds the window)", s.id, s.streak.count)
         return resting
 
     def run(
@@ -92,8 +94,7 @@ class Compaction:
             compacted = compacted or out is not msgs
             msgs = out
             tokens = s.counter.count(msgs) + extra
-        s.streak = s.streak + 1 if compacted else 0
-        s.max_streak = max(s.max_streak, s.streak)
+        s.streak.record(compacted)
         return msgs, tokens, compacted
 
     def check_quiet(self, s: SessionState, turn: TurnInput, defer_record: bool, extra: int = 0, extra_window: int = 0) -> int:
@@ -108,7 +109,7 @@ class Compaction:
         if rec.store is not None and not (defer_record and rec.appender is not None and s.history.defers(turn)):
             raise CompactionDue("the turn is written to the store now")
         tokens = s.counter.count(msgs) + extra
-        if self.config.compression.enabled and s.streak < MAX_CONSECUTIVE_COMPACTIONS:
+        if self.config.compression.enabled and not s.streak.resting:
             if self.hygiene_due(s, tokens, msgs):
                 raise CompactionDue("session hygiene fires")
             try:

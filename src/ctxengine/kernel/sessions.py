@@ -78,7 +78,7 @@ class SessionTable:
             s.last_tokens = 0
             s.pressure_warning = None
             s.lost = False
-            s.streak = 0
+            s.streak.reset()
             s.history.reset()
             s.tally.reset()
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from ctxengine.caching import CachePace
 from ctxengine.engine import ContextEngine
+from ctxengine.engines.kit.pacing import Streak
 from ctxengine.engines.kit.records import RecallReach
 from ctxengine.errors import CtxEngineError
 from ctxengine.history import SessionHistory
@@ -102,8 +103,7 @@ class SessionState:
     # holds the same object (Services.reach), so its markers and the window cap's agree
     reach: RecallReach = field(default_factory=RecallReach)
     lost: bool = False
-    streak: int = 0
-    max_streak: int = 0
+    streak: Streak = field(default_factory=Streak)  # compactions on consecutive turns (the rest after MAX_CONSECUTIVE)
     window_cuts: int = 0
     fallback_reason: str | None = None
     history: SessionHistory = field(default_factory=SessionHistory)

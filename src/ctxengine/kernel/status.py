@@ -70,7 +70,7 @@ def report(
             "window_source": window.source,
             "tool_tokens": s.tool_window,
             "window_cuts": s.window_cuts,
-            "max_consecutive_compactions": s.max_streak,
+            "max_consecutive_compactions": s.streak.longest,
             "recall_offered": recall_offered(),
         }
     )

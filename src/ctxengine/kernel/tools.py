@@ -12,21 +12,20 @@ from typing import Any
 from ctxengine.kernel.counting import Counting
 from ctxengine.kernel.recording import Recorder
 from ctxengine.kernel.state import CompactionDue, SessionState
-from ctxengine.messages import Message, tool_call_args, tool_call_id, tool_call_name, tool_calls
+from ctxengine.messages import (
+    Message,
+    tool_call_args,
+    tool_call_id,
+    tool_call_name,
+    tool_calls,
+    tool_name,
+)
 from ctxengine.recall import LCM_ALIASES, fit_answer
 from ctxengine.window import TOOLS_OVERHEAD_TOKENS
 
 __all__ = ["ToolDesk", "as_openai_tool", "pending_calls", "tool_name"]
 
 log = logging.getLogger("ctxengine.manager")  # the kernel logs under the manager's name
-
-
-def tool_name(schema: Mapping[str, Any]) -> str:
-    fn = schema.get("function")
-    if isinstance(fn, Mapping) and isinstance(fn.get("name"), str):
-        return str(fn["name"])
-    name = schema.get("name")
-    return name if isinstance(name, str) else ""
 
 
 def _answer(handler: Callable[[str, Any], str], name: str, args: Any) -> str:

@@ -5,6 +5,7 @@ compaction (hygiene, the engine's trigger), the window cap, and what the turn le
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ctxengine.config import Config
@@ -19,7 +20,19 @@ from ctxengine.kernel.status import update_pressure
 from ctxengine.kernel.tools import ToolDesk
 from ctxengine.messages import Message
 
-__all__ = ["TurnPlanner"]
+__all__ = ["TurnOptions", "TurnPlanner"]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnOptions:
+    """The keyword arguments of one ``ContextManager.prepare`` (documented there), passed to the
+    stages as one value."""
+
+    focus_topic: str | None = None
+    defer_record: bool = False
+    may_compact: bool = True
+    compact: bool = False
+    recall: bool | None = None
 
 
 class TurnPlanner:
@@ -33,21 +46,11 @@ class TurnPlanner:
         self.compaction = compaction
         self.cap = cap
 
-    def prepare(
-        self,
-        s: SessionState,
-        messages: Sequence[Message],
-        tools: Sequence[Mapping[str, Any]] | None,
-        *,
-        focus_topic: str | None = None,
-        defer_record: bool = False,
-        may_compact: bool = True,
-        compact: bool = False,
-        recall: bool | None = None,
-    ) -> list[Message]:
+    def prepare(self, s: SessionState, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None, opts: TurnOptions) -> list[Message]:
         """What to send this turn (``ContextManager.prepare`` documents the arguments)."""
+        may_compact = opts.may_compact
         with s.lock if may_compact else HeldNow(s.lock):
-            s.reach.tools = recall is not False
+            s.reach.tools = opts.recall is not False
             if not may_compact and s.pending is not None:
                 raise CompactionDue("a deferred store write is pending")
             self.recorder.flush(s)
@@ -55,21 +58,11 @@ class TurnPlanner:
             turn = map_input(s, messages, strict=self.host.strict, quiet=not may_compact)
         msgs = self.tools.dispatch_recall(s, turn.messages) if may_compact else turn.messages
         with s.lock if may_compact else HeldNow(s.lock):
-            return self._plan(s, turn, msgs, tools, focus_topic=focus_topic, defer_record=defer_record, may_compact=may_compact, compact=compact)
+            return self._plan(s, turn, msgs, tools, opts)
 
-    def _plan(
-        self,
-        s: SessionState,
-        turn: TurnInput,
-        msgs: list[Message],
-        tools: Sequence[Mapping[str, Any]] | None,
-        *,
-        focus_topic: str | None,
-        defer_record: bool,
-        may_compact: bool,
-        compact: bool,
-    ) -> list[Message]:
+    def _plan(self, s: SessionState, turn: TurnInput, msgs: list[Message], tools: Sequence[Mapping[str, Any]] | None, opts: TurnOptions) -> list[Message]:
         """The turn under the session's lock, once the recall calls are answered."""
+        focus_topic, defer_record, may_compact, compact = opts.focus_topic, opts.defer_record, opts.may_compact, opts.compact
         extra, extra_window = self.tools.cost(s, tools, quiet=not may_compact)
         self.host.fit(s, extra_window)
         counted = None if may_compact else self.compaction.check_quiet(s, turn, defer_record, extra, extra_window)

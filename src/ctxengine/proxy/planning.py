@@ -11,6 +11,7 @@ import anyio
 from starlette.requests import Request
 
 from ctxengine.manager import CompactionDue, ContextManager
+from ctxengine.messages import tool_name
 from ctxengine.proxy.apis import Api, Marking, has_cache_control
 from ctxengine.proxy.base import (
     Plan,
@@ -24,7 +25,7 @@ from ctxengine.proxy.session import (
 )
 from ctxengine.proxy.settling import Settling
 from ctxengine.proxy.state import ProxySession
-from ctxengine.proxy.writer import outgoing, tool_name
+from ctxengine.proxy.writer import outgoing
 
 log = logging.getLogger("ctxengine.proxy")
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from ctxengine.messages import Message
+from ctxengine.messages import Message, tool_name
 from ctxengine.proxy.apis import Api, Marking
 from ctxengine.proxy.incoming import Converted
 from ctxengine.proxy.state import ProxySession
@@ -32,13 +32,6 @@ class Outgoing:
     body: Mapping[str, Any]
     content: bytes
     engine_tools: frozenset[str] = frozenset()
-
-
-def tool_name(schema: Mapping[str, Any]) -> str:
-    """The name of a tool schema in any of the APIs' formats (OpenAI chat nests it under
-    ``function``; Anthropic and Responses tools carry it at the top)."""
-    fn = schema.get("function")
-    return str((fn if isinstance(fn, Mapping) else schema).get("name"))
 
 
 def encode(body: Mapping[str, Any]) -> bytes:

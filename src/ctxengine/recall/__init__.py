@@ -1,13 +1,9 @@
 """Recall: the agent gets back, verbatim, whatever compaction removed from its context.
 
 One implementation for every engine (DESIGN §3.9). The session store already records every
-original message each turn; :class:`Recall` reads them back for one session:
-
-* ``ctx_grep`` — search the session's originals and summary nodes (case-insensitive substring,
-  or a regular expression with ``mode="regex"``); snippets are verbatim;
-* ``ctx_expand`` — the originals behind an id: a summary node's messages in order, or one
-  stored message (the ``ref=`` of a ``[ctxengine:cut …]`` marker), within a token budget;
-* ``ctx_describe`` — a node's metadata, parents and children with previews.
+original message each turn; :class:`Recall` reads them back for one session through the tools
+``ctx_grep``, ``ctx_expand`` and ``ctx_describe`` (what each does, its arguments and limits:
+:mod:`~ctxengine.recall.spec`, the one place they are described).
 
 The manager offers these tools (:meth:`Recall.tool_schemas`) only once a session's context has
 lost text and a store is enabled — tool definitions cost tokens on every request — and answers

@@ -1,4 +1,11 @@
-"""Recall's tool surface: tool names, aliases, limits and the tool definitions offered."""
+"""Recall's tool surface: tool names, aliases, limits and the tool definitions offered.
+
+* ``ctx_grep`` — search the session's originals and summary nodes (case-insensitive substring,
+  or a regular expression with ``mode="regex"``); snippets are verbatim;
+* ``ctx_expand`` — the originals behind an id: a summary node's messages in order, or one
+  stored message (the ``ref=`` of a ``[ctxengine:cut …]`` marker), within a token budget;
+* ``ctx_describe`` — a node's metadata, parents and children with previews.
+"""
 
 from __future__ import annotations
 

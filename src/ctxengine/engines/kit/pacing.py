@@ -11,7 +11,10 @@ settled prefix, and never nibble. :class:`Pacing` holds, for one session:
 * **back-off** — when a compaction could not get under its target, the next trigger waits
   until the context has grown by a whole batch (:meth:`Pacing.armed`);
 * **no nibbling** — when what may be compacted cannot bring the context under the threshold,
-  the giant outputs of the protected tail are cut instead (:func:`giant_outputs`).
+  the giant outputs of the protected tail are cut instead (:func:`giant_outputs`);
+* **no thrash** — after compactions on :data:`MAX_CONSECUTIVE` calls in a row, the next call
+  rests unless the window requires it (:class:`Streak`, the one owner of that count: the
+  kernel's rest between turns and a summarizing engine's trigger both keep one).
 """
 
 from __future__ import annotations
@@ -22,7 +25,12 @@ from typing import Any
 
 from ctxengine.engines.kit.records import is_marked
 
-__all__ = ["Pacing", "first_change", "giant_outputs", "settled_end"]
+__all__ = ["MAX_CONSECUTIVE", "Pacing", "Streak", "first_change", "giant_outputs", "settled_end"]
+
+MAX_CONSECUTIVE = 3
+"""Compaction never runs on more calls (or turns) in a row than this unless the window requires
+it: an engine that cannot get under its own threshold would otherwise compact, and rewrite the
+cached prefix, on every one."""
 
 
 def settled_end(messages: Sequence[Mapping[str, Any]]) -> int:
@@ -116,3 +124,27 @@ class Pacing:
         if rewrote:
             self.last_rewrite = self.turn
         self.rearm_at = after + max(1, batch) if after > target else None
+
+
+@dataclass(slots=True)
+class Streak:
+    """Compactions in a row (the no-thrash count): :meth:`record` after each call or turn,
+    :attr:`resting` once ``limit`` of them compacted; ``longest`` is the longest run seen."""
+
+    limit: int = MAX_CONSECUTIVE
+    count: int = 0
+    longest: int = 0
+
+    @property
+    def resting(self) -> bool:
+        """True when the last ``limit`` calls all compacted (the next one rests unless the
+        window requires it)."""
+        return self.count >= self.limit
+
+    def record(self, compacted: bool) -> None:
+        self.count = self.count + 1 if compacted else 0
+        self.longest = max(self.longest, self.count)
+
+    def reset(self) -> None:
+        """A new session: no streak (``longest`` is kept, it reports the whole run)."""
+        self.count = 0

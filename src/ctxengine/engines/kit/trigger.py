@@ -23,6 +23,7 @@ from typing import Any
 
 from ctxengine.engine import ContextEngine
 from ctxengine.engines.kit.cutpolicy import CachedCuts
+from ctxengine.engines.kit.pacing import Streak
 from ctxengine.messages import Message
 from ctxengine.tokens import AnchoredCounter
 
@@ -41,11 +42,10 @@ class SummaryTrigger(CachedCuts, ContextEngine):
 
     enabled: bool
     backoff_turns: int
-    max_consecutive: int
 
     def _init_trigger(self, *, backoff_turns: int, max_consecutive: int, enabled: bool) -> None:
         self.backoff_turns = int(backoff_turns)
-        self.max_consecutive = max(1, int(max_consecutive))
+        self._streak = Streak(limit=max(1, int(max_consecutive)))
         self.enabled = bool(enabled)
         # the anchored count reads the scan's per-message memo: each new message is counted once
         self._anchor = AnchoredCounter(self.counter, per_message=self._tokens)
@@ -56,7 +56,7 @@ class SummaryTrigger(CachedCuts, ContextEngine):
         self._sent: list[Message] | None = None
         self._anchor.reset()
         self._backoff = 0
-        self._streak = 0
+        self._streak.reset()
         self._compacted = False
         self._expected_stable: int | None = None
 
@@ -73,7 +73,7 @@ class SummaryTrigger(CachedCuts, ContextEngine):
         if self._sent is not None and u.prompt_tokens > 0:
             self._anchor.anchor(self._sent, u.prompt_tokens)
         self._calls += 1
-        self._streak = self._streak + 1 if self._compacted else 0
+        self._streak.record(self._compacted)
         self._compacted = False
         if self._expected_stable is not None and (u.cache_read_tokens or u.cache_write_tokens):
             if self._expected_stable > 0:
@@ -83,7 +83,11 @@ class SummaryTrigger(CachedCuts, ContextEngine):
     def _thrashing(self, tokens: int) -> bool:
         """True when the last ``max_consecutive`` calls all compacted and the window does not
         require another one now."""
-        return self._streak >= self.max_consecutive and tokens < self.hard_limit_tokens
+        return self._streak.resting and tokens < self.hard_limit_tokens
+
+    @property
+    def max_consecutive(self) -> int:
+        return self._streak.limit
 
     def should_compress(self, prompt_tokens: int | None = None) -> bool:
         """True when the prompt reaches ``threshold × context_length``.

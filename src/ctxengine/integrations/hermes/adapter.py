@@ -20,9 +20,12 @@ What it adds around the delegate engine:
   host shows it used the result (the compaction boundary's ``on_session_start``, a later call
   whose messages start with the compacted list, a turn completing). A result the host dropped
   leaves the engine as it was.
-* **Validity is checked**: a compacted list that is not a valid chat sequence, or that lost the
-  latest user message, is never returned; the input is returned unchanged instead (Hermes then
-  reports "no progress" and carries on) and the reason is logged.
+* **The kernel's output guard and window cap**: a compacted list the kernel would reject
+  (:func:`ctxengine.loop.check_output`: not a valid chat sequence, the system prompt no longer
+  first, the latest user message lost) is never returned; the input is returned unchanged
+  instead (Hermes then reports "no progress" and carries on) and the reason is logged. A valid
+  one is held to the window cap (:class:`ctxengine.window.WindowCap`: the window minus the
+  completion reserve and margin), as the kernel holds every request.
 * **Lifecycle**: a compaction boundary (``boundary_reason="compression"``, Hermes rotating the
   session id) continues the same ctxengine session; ``on_session_reset`` clears it;
   ``update_model`` resizes the window. Hermes deep-copies the registered engine for every agent
@@ -43,13 +46,15 @@ from typing import Any
 from ctxengine.config import SECTION_ALIASES, Config, load_config
 from ctxengine.engine import ContextEngine as CtxEngine
 from ctxengine.engine import Services
-from ctxengine.errors import ConfigError
+from ctxengine.errors import ConfigError, ContextWindowError, EngineError
+from ctxengine.loop import check_output
 from ctxengine.manager import default_store
-from ctxengine.messages import Message, content_text, is_summary, validate
+from ctxengine.messages import Message, tool_name
 from ctxengine.models import DEFAULT_CONTEXT_LENGTH
 from ctxengine.recall import LCM_ALIASES, Recall
 from ctxengine.registry import EngineRegistry
 from ctxengine.storage import RecallStore, SessionRecorder
+from ctxengine.window import WindowCap, WindowLimit
 
 __all__ = ["ENGINE_NAME", "HermesAdapter", "HermesSettings", "settings_from_hermes_config"]
 
@@ -139,13 +144,6 @@ def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     return {k: v for k, v in a.items() if not str(k).startswith("_")} == {k: v for k, v in b.items() if not str(k).startswith("_")}
 
 
-def _tool_name(schema: Mapping[str, Any]) -> str:
-    fn = schema.get("function")
-    if isinstance(fn, Mapping):
-        return str(fn.get("name", ""))
-    return str(schema.get("name", ""))
-
-
 def _bare_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
     """Hermes wants ``{"name", "description", "parameters"}``; OpenAI's wrapper is removed."""
     fn = schema.get("function")
@@ -186,6 +184,7 @@ class HermesAdapter:
         self._inner: CtxEngine | None = None
         self._pending: tuple[CtxEngine, list[Message]] | None = None
         self._recall: Recall | None = None
+        self._cap: WindowCap | None = None  # the window cap over what compress returns
         self.session_id: str | None = None
         self.model = ""
         self.last_prompt_tokens = 0
@@ -323,13 +322,14 @@ class HermesAdapter:
             log.warning("ctxengine: %s compress failed, context kept as it was: %s: %s", clone.name, type(exc).__name__, exc)
             self.compactions_rejected += 1
             return messages
-        problem = self._problem(msgs, out)
+        problem = self._problem(clone, msgs, out)
         if problem is not None:
             log.warning("ctxengine: %s returned %s; context kept as it was", clone.name, problem)
             self.compactions_rejected += 1
             return messages
         if out == msgs:
             return messages
+        out = self._capped(out)
         with self._lock:
             self._pending = (clone, list(out))
         self._record_compaction(clone, msgs, out)
@@ -340,18 +340,34 @@ class HermesAdapter:
         return [getattr(engine, attr, None) for attr in ("store", "_store", "summarizer", "_fallback", "counter", "recall")]
 
     @staticmethod
-    def _problem(before: list[Message], out: Any) -> str | None:
+    def _problem(engine: CtxEngine, before: list[Message], out: Any) -> str | None:
+        """Why ``out`` cannot replace ``before`` (the kernel's output guard,
+        :func:`ctxengine.loop.check_output`), or ``None``."""
         if not isinstance(out, list) or not all(isinstance(m, dict) for m in out):
             return f"{type(out).__name__}, not a list of messages"
-        errors = [v for v in validate(out, allow_pending_calls=True) if v.severity == "error"]
-        if errors:
-            return f"an invalid message list ({errors[0]})"
-        last_user = next((m for m in reversed(before) if m.get("role") == "user" and not is_summary(m)), None)
-        if last_user is not None:
-            text = content_text(last_user.get("content"))
-            if not any(m.get("role") == "user" and content_text(m.get("content")) == text for m in out):
-                return "a list without the latest user message"
+        try:
+            check_output(engine, before, out)
+        except EngineError as exc:
+            return str(exc)
         return None
+
+    def _capped(self, out: list[Message]) -> list[Message]:
+        """``out`` within the window cap (:class:`ctxengine.window.WindowCap`, as the kernel holds
+        it after any engine: the window minus the completion reserve and margin); as it was when
+        even the anchors overflow (Hermes then meets the provider's own limit)."""
+        ctx = self.settings.config.context
+        with self._lock:
+            if self._cap is None or self._cap.window.context_length != self.context_length:
+                self._cap = WindowCap(WindowLimit.for_window(self.context_length, completion_reserve=ctx.completion_reserve, margin_ratio=ctx.window_margin))
+            cap = self._cap
+        try:
+            result = cap.fit(out, recall=self._recall_tools() is not None)
+        except ContextWindowError as exc:
+            log.warning("ctxengine: the compacted context does not fit the window: %s", exc)
+            return out
+        for note in result.notes:
+            log.info("ctxengine: %s", note)
+        return result.messages if result.changed else out
 
     # -- optional methods -------------------------------------------------------------------------
     def should_compress_preflight(self, messages: list[dict[str, Any]]) -> bool:
@@ -423,7 +439,7 @@ class HermesAdapter:
             self._record_history(messages)
         try:
             tools = self._recall_tools()
-            if tools is not None and name in {_tool_name(t) for t in tools[0]}:
+            if tools is not None and name in {tool_name(t) for t in tools[0]}:
                 return str(tools[1](name, dict(args)))
             return str(self.engine.handle_tool_call(name, dict(args), session_id=self.session_id))
         except Exception as exc:
@@ -475,7 +491,7 @@ class HermesAdapter:
         store = self.store
         if store is None or not isinstance(store, RecallStore):
             return None
-        engine_tools = {_tool_name(t) for t in self.engine.get_tool_schemas()}
+        engine_tools = {tool_name(t) for t in self.engine.get_tool_schemas()}
         aliases = LCM_ALIASES if engine_tools & set(LCM_ALIASES) else None
         recall = self._recall
         if recall is None or recall.session_id != self._sid() or bool(recall.aliases) != bool(aliases):

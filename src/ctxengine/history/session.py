@@ -1,273 +1,26 @@
-"""Which messages of a turn are new: a caller's history mapped onto the session's working context.
-
-A caller of :meth:`ctxengine.ContextManager.prepare` passes one of two things each turn:
-
-* **the list ``prepare`` returned last time**, plus what happened since (an agent that keeps
-  the prepared list): the working context continues as given;
-* **its whole raw history** (a gateway, a proxy, an agent that never drops a message): every
-  original from the first turn, plus what happened since. Sent through the engine as is, this
-  would be compacted again on every turn past the threshold (a summarizer call each time).
-
-:class:`SessionHistory` remembers, per session, the raw history seen so far and the working
-context it maps to. Each turn it recognises which of the two the caller sent by comparing the
-list with what it saw (message by message: the same objects compare in constant time, equal
-copies, e.g. JSON decoded again, by value), and hands the engine the *working context plus
-only the new messages*. A caller that resends its history therefore gets its working context
-back, compacted as before, and compacts no more often than one that keeps the prepared list.
-
-**Cache markers are not edits.** Clients that place their own ``cache_control`` markers move
-them every turn (Claude Code marks its newest message, so last turn's newest message comes back
-without its marker). Two messages that differ only in such transport details
-(:func:`without_markers`) are the same message: the turn is still a resend (or a continuation),
-and the caller's copy of this turn replaces the old one where the working context holds it
-verbatim, so what goes out carries the caller's markers of this turn, never last turn's. The
-comparison looks only at the messages from the first difference on (the last few, where the
-markers moved), so recognising a turn stays a C-level list comparison plus a few messages. The
-store records messages without their markers, so a moved marker never makes a message twice.
-
-When a caller edits or truncates its history (a retry, a regenerated answer, an edited
-message), the list no longer extends what was seen: the turn starts a **branch**. If the change
-lies in the part of the raw history still held verbatim in the working context, the compacted
-head is kept and the working context is cut at the same point; if it lies in the part already
-compacted, the history is taken as given (a fresh start: the engine's per-session state is
-reset, so nothing of the dropped turns comes back through a previous summary). Nothing breaks
-and nothing dropped is resurrected. In the store (content-addressed, parent-linked) a branch
-costs only its new messages.
-
-Messages already passed to ``prepare`` are treated as immutable (the library never edits
-them either): the same dict object is taken as the same message, so change a message by
-sending a new dict, not by editing the old one in place.
-
-Only the new messages are validated, recorded and counted: :meth:`TurnInput.check` validates
-from the last turn boundary before them, and :meth:`SessionHistory.record` appends them after
-the session's tip in the store instead of recording the whole history again.
-"""
+"""Per-session memory of the raw history seen and the working context it maps to
+(:class:`SessionHistory`); see :mod:`ctxengine.history`."""
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from ctxengine.errors import InvalidMessages
-from ctxengine.messages import Message, Violation, is_summary, validate
+from ctxengine.history.markers import (
+    common_prefix,
+    extends,
+    marker_moves,
+    one_extends_the_other,
+    same_but_markers,
+    without_markers,
+)
+from ctxengine.history.tokens import WorkingTokens
+from ctxengine.history.turn import TurnInput, TurnKind
+from ctxengine.messages import Message
 from ctxengine.storage import SessionAppender, SessionRecorder
-from ctxengine.tokens import estimate_message_tokens
 
-__all__ = ["MARKER_KEYS", "SessionHistory", "TurnInput", "TurnKind", "first_difference", "same_but_markers", "without_markers"]
-
-TurnKind = Literal["first", "continue", "resend", "branch", "fresh"]
-"""How a turn's input relates to what the session saw:
-
-``first``     the session's first turn;
-``continue``  the working context returned last time, extended (or unchanged);
-``resend``    the raw history seen so far, extended: the working context plus the new messages;
-``branch``    an edited or truncated history whose change lies in the verbatim part: the working
-              context cut at the change, plus the caller's messages from there;
-``fresh``     an edited or truncated history whose change lies in the compacted part (or shares
-              nothing): taken as given, the engine's per-session state reset.
-"""
-
-
-@dataclass(slots=True)
-class TurnInput:
-    """One turn's input, mapped onto the working context.
-
-    ``messages`` is what goes through the engine; ``messages[:base]`` was seen (validated and
-    recorded) before, ``messages[base:]`` is new. ``caller_start`` is the index in the caller's
-    list of ``messages[base]`` (for error messages).
-    """
-
-    kind: TurnKind
-    messages: list[Message]
-    base: int
-    caller_start: int
-    reset_engine: bool = False
-    _seen_index: Callable[[int], int] | None = None  # working index -> caller index, seen part
-    # what :meth:`SessionHistory.finish` makes of the session when the turn completes
-    pending: list[int] | None = None  # working index of each raw message held verbatim
-    pending_raw: list[Message] | None = None  # the raw history after this turn
-    pending_r0: int = 0
-    swapped: list[int] | None = None  # working indices whose message the caller resent with moved markers
-    dropped: int = 0  # trailing per-request messages of last turn not resent (see SessionHistory._without_trailing)
-    live_at: int | None = None  # caller index of a user message rewritten in place this turn (see SessionHistory.live_texts)
-
-    @property
-    def new(self) -> list[Message]:
-        return self.messages[self.base :]
-
-    def check(self, *, context: str = "messages passed to prepare") -> None:
-        """Validate the new messages in the context of the turn they continue.
-
-        Validation starts at the last non-tool message before the new ones (the message that
-        opened the tool group they may answer), so a result is matched with its call and a
-        call left pending last turn must be answered now. Raises
-        :class:`~ctxengine.errors.InvalidMessages` with indices in the caller's list.
-        """
-        msgs = self.messages
-        if self.base >= len(msgs) and self.kind != "first":
-            return
-        start = self.base
-        while start > 0:
-            start -= 1
-            m = msgs[start]
-            if not isinstance(m, dict) or m.get("role") != "tool":
-                break
-        window = msgs[start:] if start else msgs
-        errors = validate(window, allow_pending_calls=True, errors_only=True)
-        if errors:
-            raise InvalidMessages([Violation(self._caller_index(v.index + start), v.code, v.detail, v.severity) for v in errors], context)
-
-    def _caller_index(self, i: int) -> int:
-        if i >= self.base:
-            return self.caller_start + (i - self.base)
-        return self._seen_index(i) if self._seen_index is not None else i
-
-
-MARKER_KEYS = frozenset({"cache_control"})
-"""Keys that are per-turn transport details, not content: a client moves them from message to
-message (and changes a marker's ``ttl``) without editing anything."""
-
-
-def _plain_parts(parts: list[Any]) -> list[Any] | None:
-    """``parts`` without marker keys (on a part, and on the blocks of a tool result's own
-    ``content`` list), ``None`` when there is none to remove."""
-    for p in parts:  # the usual list holds no marker: looked at once, nothing built
-        if type(p) is dict and ("cache_control" in p or type(p.get("content")) is list):
-            break
-    else:
-        return None
-    out: list[Any] | None = None
-    for i, p in enumerate(parts):
-        if type(p) is not dict:
-            continue
-        q = p
-        if not MARKER_KEYS.isdisjoint(p):
-            q = {k: v for k, v in p.items() if k not in MARKER_KEYS}
-        inner = q.get("content")
-        if type(inner) is list:
-            plain = _plain_parts(inner)
-            if plain is not None:
-                q = {**q, "content": plain}
-        if q is not p:
-            if out is None:
-                out = list(parts)
-            out[i] = q
-    return out
-
-
-def without_markers(message: Any, *, keep_shape: bool = False) -> Any:
-    """``message`` without its transport details (:data:`MARKER_KEYS` on the message, on its
-    content parts or blocks, on blocks nested in a tool result, on tool calls), and a content
-    list left as one plain text part (what a marker on string content makes of it) written as
-    that string, unless ``keep_shape``. The same object when there is nothing to remove; never
-    edits the input."""
-    if type(message) is not dict:
-        return message
-    content = message.get("content")
-    calls = message.get("tool_calls")
-    if "cache_control" not in message and type(content) is not list and calls is None:
-        return message  # the usual message: string content, no marker
-    out = message
-    if not MARKER_KEYS.isdisjoint(message):
-        out = {k: v for k, v in message.items() if k not in MARKER_KEYS}
-    if type(content) is list:
-        plain = _plain_parts(content)
-        new = content if plain is None else plain
-        if not keep_shape and len(new) == 1 and type(new[0]) is dict and new[0].get("type") == "text" and len(new[0]) == 2 and type(new[0].get("text")) is str:
-            new = new[0]["text"]
-        if new is not content:
-            out = {**out, "content": new}
-    if type(calls) is list:
-        plain = _plain_parts(calls)
-        if plain is not None:
-            out = {**out, "tool_calls": plain}
-    return out
-
-
-def same_but_markers(a: Any, b: Any) -> bool:
-    """Whether ``a`` and ``b`` are the same message once their transport details are left out
-    (:func:`without_markers`)."""
-    return a is b or a == b or without_markers(a) == without_markers(b)
-
-
-def first_difference(a: list[Any], b: list[Any], n: int) -> int:
-    """The first index below ``n`` where ``a`` and ``b`` differ (``n`` when none does). The
-    differences a moved marker makes lie at the end, so the prefixes before the last 1, 2, 4 …
-    items are compared first (each in C, stopping at its own first difference); the index is
-    then looked for among those last items only."""
-    if a[:n] == b[:n]:
-        return n
-    t = 1
-    while t < n:
-        k = n - t
-        if a[:k] == b[:k]:
-            break
-        t *= 2
-    else:
-        k = 0
-    while k < n and (a[k] is b[k] or a[k] == b[k]):
-        k += 1
-    return k
-
-
-def _marker_moves(given: list[Any], seen: list[Any]) -> list[int] | None:
-    """The indices where ``given`` holds a message of ``seen`` that differs only in its markers,
-    when ``given`` starts with every message of ``seen`` that way; ``None`` otherwise. Only the
-    messages from the first difference on are looked at (a real difference ends the search
-    there)."""
-    n = len(seen)
-    if len(given) < n:
-        return None
-    moved: list[int] = []
-    p = 0
-    while p < n:
-        p += first_difference(given[p:n], seen[p:], n - p)
-        if p >= n:
-            break
-        if without_markers(given[p]) != without_markers(seen[p]):
-            return None
-        moved.append(p)
-        p += 1
-    return moved
-
-
-def _common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
-    """Length of the common prefix of two message lists (same objects first, then by value)."""
-    n = min(len(a), len(b))
-    if n and a[n - 1] is b[n - 1] and list(a[:n]) == list(b[:n]):
-        return n
-    lo, hi = 0, n
-    # binary search on "the first k match": equality of prefixes is monotonic
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if list(a[:mid]) == list(b[:mid]):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def _extends(given: Sequence[Any], seen: list[Any]) -> bool:
-    """``given`` starts with every message of ``seen``."""
-    n = len(seen)
-    if len(given) < n:
-        return False
-    if n == 0:
-        return True
-    # the last one first: a mismatch (another list) is found without walking the prefix
-    last = given[n - 1]
-    if last is not seen[-1] and last != seen[-1]:
-        return False
-    # a list's slice is a list already: copying it again would touch every message once more
-    return (given[:n] if isinstance(given, list) else list(given[:n])) == seen
-
-
-def _one_extends_the_other(a: list[Any], b: list[Any]) -> bool:
-    """The shorter of ``a`` and ``b`` is a prefix of the longer."""
-    n = min(len(a), len(b))
-    return a[:n] == b[:n]
+__all__ = ["SessionHistory"]
 
 
 class SessionHistory:
@@ -291,9 +44,7 @@ class SessionHistory:
         self._ids: list[str] | None = None  # store ids of ``working`` when the store's tip is exactly ``working``
         self._next_ids: list[str] | None = None  # what this turn's recording made, kept by :meth:`finish`
         self._clean_turn = 0  # the last turn whose working context is its input (see record_later)
-        self._tokens: dict[int, tuple[Message, int]] = {}
-        self._sums: list[int] = []  # running token sums of ``working``
-        self._last_summary = -1  # index of the last summary in ``working``
+        self.tokens = WorkingTokens()  # each message's estimate, the running sums of ``working``
         self._last_kind: TurnKind | None = None  # what the last finished turn was
         self._plain_memo: dict[int, tuple[Message, Message]] = {}  # marked message -> its copy without markers
         self.live_at: int | None = None  # caller index of the user message rewritten in place (live_texts)
@@ -314,22 +65,22 @@ class SessionHistory:
         # other; compared mostly by identity, they share their verbatim messages) no list
         # extends both, so the order of the two questions changes no answer; it spares
         # comparing a history decoded again by value with the working context, only to fail.
-        raw_first = self._last_kind == "resend" and not _one_extends_the_other(w, raw)
-        if raw_first and _extends(given, raw):
+        raw_first = self._last_kind == "resend" and not one_extends_the_other(w, raw)
+        if raw_first and extends(given, raw):
             return self._resend(given)
-        if _extends(given, w):
+        if extends(given, w):
             return self._take(given, "continue", base=len(w))
-        if not raw_first and _extends(given, raw):
+        if not raw_first and extends(given, raw):
             return self._resend(given)
         # the same history, with the caller's cache markers moved since last turn
         for seen in (raw, w) if raw_first or self._last_kind == "resend" else (w, raw):
-            moved = _marker_moves(given, seen)
+            moved = marker_moves(given, seen)
             if moved is not None:
                 return self._resend(given, moved) if seen is raw else self._continue(given, moved)
         trailing = self._without_trailing(given)
         if trailing is not None:
             return trailing
-        p = _common_prefix(given, raw)
+        p = common_prefix(given, raw)
         live_at = self._rewritten(given, p)
         turn = self._branch(given, p)
         turn.live_at = live_at
@@ -362,7 +113,7 @@ class SessionHistory:
         """The caller's list, which changed the history seen (``p``: common prefix with the raw
         history): an edited or truncated history (see the module docstring)."""
         w, raw = self.working, self.raw
-        q = _common_prefix(given, w)
+        q = common_prefix(given, w)
         k = p - self.r0
         cut = self.wpos[k] if p > 0 and 0 <= k < len(self.wpos) else -1
         if cut > q and len(given) > self.r0:
@@ -414,7 +165,7 @@ class SessionHistory:
         while t < len(raw) - 1 and isinstance(raw[-1 - t], dict) and raw[-1 - t].get("role") in ("system", "developer"):
             t += 1
         n = len(raw) - t
-        if not t or len(wpos) < t or wpos[-t:] != list(range(len(w) - t, len(w))) or not _extends(given, raw[:n]):
+        if not t or len(wpos) < t or wpos[-t:] != list(range(len(w) - t, len(w))) or not extends(given, raw[:n]):
             return None
         if len(given) > n and isinstance(given[n], dict) and given[n].get("role") in ("system", "developer"):
             return None  # the reminder resent where it was: an edit of it, or a real system message
@@ -492,7 +243,7 @@ class SessionHistory:
             self.r0 = r0 + j
             self.compacted = True
             self._ids = None  # the store's tip is the compaction's output, or unknown
-            self._prune_tokens(result)
+            self.tokens.prune(result)
         else:
             self.wpos = pending
             self.r0 = r0
@@ -513,7 +264,7 @@ class SessionHistory:
             self.live_at = None
         elif turn.live_at is not None:
             self.live_at = turn.live_at
-        self._follow_working(old, result)
+        self.tokens.follow(old, result)
 
     def reset(self) -> None:
         """Forget everything (``reset_session``): the next turn is a first turn."""
@@ -636,52 +387,12 @@ class SessionHistory:
         """The store's tip moved elsewhere (a compaction, a failed write): record in full next time."""
         self._ids = self._next_ids = None
 
-    # -- tokens and the planner's inputs -----------------------------------------------------
-    def _follow_working(self, old: list[Message], new: list[Message]) -> None:
-        """Keep the running token sums and the last summary's index of ``working`` up to date,
-        counting only the messages appended since the last turn."""
-        n = len(old)
-        if not (len(new) >= n and len(self._sums) == n and (n == 0 or new[n - 1] is old[-1]) and new[:n] == old):
-            self._sums, self._last_summary, n = [], -1, 0
-        acc = self._sums[-1] if self._sums else 0
-        added = new[n:]
-        for i, t in enumerate(self.message_tokens(added), start=n):
-            acc += t
-            self._sums.append(acc)
-            if is_summary(new[i]):
-                self._last_summary = i
-
+    # -- tokens and the planner's inputs (WorkingTokens) -------------------------------------
     def planner_inputs(self, messages: Sequence[Message]) -> tuple[list[int], int] | None:
         """Running token sums and the last summary's index of ``messages`` when it is the
         working context (what ``prepare`` returned), else ``None``."""
-        w = self.working
-        if len(messages) != len(w) or len(self._sums) != len(w) or not w or messages[-1] is not w[-1] or (messages if isinstance(messages, list) else list(messages)) != w:
-            return None
-        return self._sums, self._last_summary
+        return self.tokens.planner_inputs(messages, self.working)
 
     def message_tokens(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
         """Estimated tokens of each message, each message estimated once per session."""
-        memo = self._tokens
-        out = []
-        grew = False
-        for m in messages:
-            hit = memo.get(id(m))
-            if hit is not None and hit[0] is m:
-                out.append(hit[1])
-                continue
-            t = estimate_message_tokens(m)
-            memo[id(m)] = (m, t)  # type: ignore[assignment]
-            out.append(t)
-            grew = True
-        # (checked when the memo grew: most calls, a turn's messages asked again, only read it)
-        if grew and len(memo) > 4 * max(len(messages), len(self.working)) + 256:
-            # bounded by the working context (and this call's messages), which stay memoised:
-            # a call for a turn's few new messages must not forget the session's other ones
-            self._prune_tokens([*self.working, *messages])
-        return out
-
-    def _prune_tokens(self, keep: Sequence[Mapping[str, Any]]) -> None:
-        ids = {id(m) for m in keep}
-        # the items copied at once: an engine's compress that ran past its deadline may still
-        # be counting through this memo on its worker thread (ctxengine.kernel.counting.SessionEstimate)
-        self._tokens = {k: v for k, v in list(self._tokens.items()) if k in ids}
+        return self.tokens.counts(messages, self.working)
