@@ -13,14 +13,12 @@ ROOT = Path(__file__).resolve().parents[1]
 # (path, name) of the nodes allowed over their limit, and why. Remove an entry when its node
 # shrinks; an entry whose node is gone or small again is reported by the last test.
 ALLOWED: dict[tuple[str, str], str] = {
+    # the public facade: about thirty public methods of a few lines each, delegating to the
+    # kernel's stages; their docstrings are the API reference (prepare's body is four lines)
+    ("ctxengine/manager.py", "ContextManager"): "public facade, documented",
     # being split by the kernel and engine redesign of issue 25
-    ("ctxengine/history.py", "ctxengine/history.py"): "history redesign",
-    ("ctxengine/history.py", "SessionHistory"): "history redesign",
-    ("ctxengine/window.py", "ctxengine/window.py"): "window cap redesign",
-    ("ctxengine/window.py", "WindowCap"): "window cap redesign",
-    ("ctxengine/window.py", "WindowCap._fit_over"): "window cap redesign",
     ("ctxengine/loop.py", "run_compress"): "kernel redesign",
-    ("ctxengine/manager.py", "ContextManager.prepare"): "kernel redesign",
+    ("ctxengine/manager.py", "ContextManager.prepare"): "public facade, documented",
     ("ctxengine/engines/compressor.py", "SummaryCompressor"): "engine redesign",
     # its keyword list mirrors the constructor of Hermes' ContextCompressor: a public contract
     ("ctxengine/engines/compressor.py", "SummaryCompressor.__init__"): "Hermes' constructor",
