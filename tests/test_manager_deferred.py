@@ -80,7 +80,9 @@ def test_the_write_waits_for_flush_or_the_next_call(tmp_path: Path, trajectories
     msgs = _session(trajectories)
     store = SqliteStore(tmp_path / "s.db")
     mgr = _mgr(store)
-    first = mgr.prepare(msgs[:3], session_id=SESSION, defer_record=True)  # a first turn records now
+    first = mgr.prepare(msgs[:3], session_id=SESSION, defer_record=True)  # a first turn waits too
+    assert SESSION not in {s.id for s in store.list_sessions()}  # nothing written yet
+    mgr.flush_records(SESSION)
     assert len(store.history_ids(SESSION)) == 3
     end = _turn_ends(msgs, 3)[0]
     second = mgr.prepare([*first, *msgs[3:end]], session_id=SESSION, defer_record=True)
@@ -124,6 +126,7 @@ def test_the_turn_after_a_compaction_leaves_its_whole_write_pending_too(tmp_path
     mgr = _mgr(store)
     start, compactions, after_compaction, checked = 3, 0, False, 0
     working = mgr.prepare(msgs[:start], session_id=SESSION, defer_record=True)
+    mgr.flush_records(SESSION)
     for end in _turn_ends(msgs, start):
         events = len(store.events(SESSION))
         working = mgr.prepare([*working, *msgs[start:end]], session_id=SESSION, defer_record=True)
@@ -270,8 +273,10 @@ def test_the_cheap_turn_never_waits_for_the_session_lock(tmp_path: Path) -> None
 def test_the_cheap_turn_releases_the_session_lock_when_it_refuses(tmp_path: Path) -> None:
     mgr = _mgr(SqliteStore(tmp_path / "s.db"))
     first = [{"role": "system", "content": "sys"}, {"role": "user", "content": "one"}]
+    mgr.prepare(first, session_id=SESSION)
+    turn = [*first, {"role": "assistant", "content": "a"}, {"role": "user", "content": "two"}]
     with pytest.raises(CompactionDue, match="written to the store now"):  # raised inside the held block
-        mgr.prepare(first, session_id=SESSION, defer_record=True, may_compact=False)
+        mgr.prepare(turn, session_id=SESSION, may_compact=False)
     free: list[bool] = []
 
     def take() -> None:  # another thread: an RLock left held by this one would refuse it
@@ -290,8 +295,8 @@ def test_the_cheap_turn_refuses_a_write_now_and_a_reset(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "s.db")
     mgr = _mgr(store)
     first = [{"role": "system", "content": "sys"}, {"role": "user", "content": "one"}]
-    with pytest.raises(CompactionDue, match="written to the store now"):  # a first turn records in full
-        mgr.prepare(first, session_id=SESSION, defer_record=True, may_compact=False)
+    with pytest.raises(CompactionDue, match="written to the store now"):  # a first turn without defer_record
+        mgr.prepare(first, session_id=SESSION, may_compact=False)
     out = mgr.prepare(first, session_id=SESSION)
     turn = [*out, {"role": "assistant", "content": "a"}, {"role": "user", "content": "two"}]
     with pytest.raises(CompactionDue, match="written to the store now"):  # without defer_record
