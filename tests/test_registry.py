@@ -177,7 +177,11 @@ def test_create_engine_uses_config_and_context_length() -> None:
     engine = create_engine(Config(), registry=reg, context_length=50_000)
     assert engine.name == "compressor"
     assert engine.context_length == 50_000
-    assert engine.threshold_tokens == 25_000  # compression.threshold 0.50
+    # digests (the default mode) fold old turns from their own threshold, 0.55 of the window
+    assert engine.threshold_tokens == 27_500
+    summary = Config()
+    summary.compression.mode = "summary"
+    assert create_engine(summary, registry=reg, context_length=50_000).threshold_tokens == 25_000  # compression.threshold 0.50
 
 
 # -- resolution order --------------------------------------------------------------------------------
