@@ -218,3 +218,24 @@ def test_batches_weigh_the_cache_reads_the_provider_reported() -> None:
         grown = [*out, *_session(14)[len(msgs):]]
         decisions.append(eng.should_compress_preflight(grown))
     assert decisions == [True, False]
+
+
+def test_a_finished_run_not_worth_folding_leaves_the_next_turns_cheap() -> None:
+    """A finished run of tool exchanges that folding would not free enough of a large window
+    for is declined by ``compress``; the preflight then does not ask for it again on every
+    turn (which sent each turn of a long Claude session to a worker thread for nothing)."""
+    from ctxengine.config import Config
+    from ctxengine.manager import ContextManager
+
+    mgr = ContextManager(Config(), model="claude-sonnet-4.5", store=None)
+    msgs: list[Message] = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Fix the failing test in src/app."}]
+    for i in range(8):
+        msgs.append({"role": "assistant", "content": None, "tool_calls": [{"id": f"c{i}", "type": "function", "function": {"name": "bash", "arguments": json.dumps({"cmd": f"cat src/app/m{i}.py"})}}]})
+        msgs.append({"role": "tool", "tool_call_id": f"c{i}", "content": "\n".join(f"src/app/m{i}.py:{k}: value_{i}_{k} = compute({k}, {i})" for k in range(20))})
+    msgs += [{"role": "assistant", "content": "The test passes now."}, {"role": "user", "content": "Thanks. Now the docs."}]
+    out = mgr.prepare(msgs, session_id="t")
+    out = mgr.prepare([*out, {"role": "assistant", "content": "Done."}, {"role": "user", "content": "And the docs?"}], session_id="t")
+    assert mgr.status("t")["compactions"] == 0  # folding the run frees too little of a 200K window
+    for k in range(3):  # the following turns only append: each is a cheap turn
+        out = [*out, {"role": "assistant", "content": f"step {k}"}, {"role": "user", "content": f"go on {k}"}]
+        assert mgr.prepare(out, session_id="t", may_compact=False) == out

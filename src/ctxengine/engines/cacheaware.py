@@ -95,6 +95,7 @@ class CacheAwareEngine(ContextEngine):
         self._tok: dict[int, tuple[Mapping[str, Any], int]] = {}
         self._expected_stable: int | None = None
         self._stable_ratio = 1.0
+        self._declined: tuple[int, int, int] | None = None  # a finished run compress would not fold
 
     @classmethod
     def from_config(cls, settings: CacheAwareConfig | None = None, services: Services | None = None) -> CacheAwareEngine:
@@ -147,7 +148,12 @@ class CacheAwareEngine(ContextEngine):
         giant, waiting = self._plan(messages)
         if giant or (waiting and self.cold()):
             return True
-        return self.pacing.may_rewrite() and (self._batch_due(messages, waiting) or self._finished_run(messages) is not None)
+        if not self.pacing.may_rewrite():
+            return False
+        if self._batch_due(messages, waiting):
+            return True
+        run = self._finished_run(messages)
+        return run is not None and self._run_key(messages, run) != self._declined  # not asked again
 
     def on_session_reset(self) -> None:
         super().on_session_reset()
@@ -155,6 +161,7 @@ class CacheAwareEngine(ContextEngine):
         self.cache_pace = CachePace()
         self._expected_stable = None
         self._stable_ratio = 1.0
+        self._declined = None
 
     def cold(self) -> bool:
         """True when the cache has expired since the last request: a rewrite costs nothing more."""
@@ -216,6 +223,10 @@ class CacheAwareEngine(ContextEngine):
         if start >= 0:
             runs.append((start, end))
         return runs
+
+    def _run_key(self, messages: Sequence[Message], run: tuple[int, int]) -> tuple[int, int, int]:
+        """What identifies a finished run between turns: where it is and its size."""
+        return run[0], run[1], sum(self._tokens(messages[k]) for k in range(*run))
 
     def _finished_run(self, messages: Sequence[Message]) -> tuple[int, int] | None:
         """The run of the turn that just ended, when a new user turn has just begun and that run
@@ -280,7 +291,11 @@ class CacheAwareEngine(ContextEngine):
             tokens = sum(self._tokens(m) for m in out)
         required = over or bool(giant) or cold
         if not plan or (not required and not self.pacing.worth(before, tokens, self.threshold_tokens)):
+            # a finished run not worth folding now is not worth it on the next turns either,
+            # until the context changes: the preflight does not ask again for it
+            self._declined = self._run_key(messages, finished) if finished is not None else None
             return list(messages)
+        self._declined = None
         ids.commit({content_text(new.get("content")) for _, new in plan.values()})
         stable = first_change(messages, out)
         self._expected_stable = sum(self._tokens(m) for m in out[:stable])
