@@ -17,7 +17,9 @@ config (upstream base URLs pointing at the strict upstream, a temp SQLite store,
 client runs the task under a timeout; half way through (when the upstream has asked for file
 ``steps // 2``) the proxy is stopped (SIGTERM) and started again on the same port and store while
 that step's tool runs slowly (a ``sleep`` in the shell command, or in the bench's own read_file
-tool), so the next request meets a fresh process. Every LLM call goes to 127.0.0.1; the
+tool), so the next request meets a fresh process. aider sends no tools (nothing to slow down) and
+reads 3 files (it follows at most 3 "add this file" replies per message): it is paused (SIGSTOP)
+from the upstream's answer to step 2 until the proxy is up again (SIGCONT). Every LLM call goes to 127.0.0.1; the
 clients' telemetry and update checks are turned off through their environment and config.
 
 Columns: ``done`` the task finished (the upstream sent its final answer); ``steps`` files read;
@@ -27,7 +29,10 @@ compactions the proxy logged; ``inline`` the share of the task's requests the pr
 its event loop (a turn that only appends: no compaction, cut or store write on the way); ``upstream`` input tokens the upstream received (o200k, as the
 strict upstream counts: system, messages and the tool list); ``sent`` what the client sent: that
 plus what the proxy removed (its own logged tokens_in - tokens_out, summed over requests);
-``saved`` the removed share of ``sent``; ``recall`` recall calls answered with the right text /
+``saved`` the removed share of ``sent``; ``fixed`` the share of ``sent`` that no compaction may
+change (the tool definitions, system/developer prompts and user messages the client resends every
+turn: Codex's are ~8K tokens a request), ``rest`` the removed share of the rest (``--json`` also
+lists each request's tokens, fixed part and tool outputs sent whole or cut); ``recall`` recall calls answered with the right text /
 made (the upstream asks ``ctx_grep`` for part01's code once the proxy offers it); ``kept`` the
 session kept its proxy key across the restart and its first request there was no larger than
 the last before plus two files (resumed, not rebuilt), with the restart's duration. Codex does
@@ -59,7 +64,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
 sys.path.insert(0, str(SRC))
 
-from ctxengine.testing.strict_upstream import StrictUpstream, Task  # noqa: E402
+from ctxengine.testing.strict_upstream import StrictUpstream, Task, count_request_tokens  # noqa: E402
 
 CACHE = ROOT / ".bench-clients"
 SLOW_SECONDS = 15.0  # the tool of the restart step runs this long: the proxy's stop + start fits
@@ -77,6 +82,7 @@ PY_PACKAGES = {
     "aider": ["aider-chat"],
 }
 ALL_CLIENTS = ["claude", "codex", "agents-responses", "agents-chat", "llm", "langgraph", "aider"]
+PAUSED_CLIENTS = frozenset({"aider"})  # no tool to slow down: paused while the proxy restarts
 VENV_OF = {
     "agents-responses": "agents",
     "agents-chat": "agents",
@@ -628,19 +634,18 @@ def _run(
         prompt = f"BENCH-TASK: read the {steps} numbered part files of this repository one at a time, in order, and report the line 'MARKER partNN = CODE' of each."
     task = Task(tmp / "ws", steps=steps, prompt=prompt)
     task.write()
-    restart_at = max(2, steps // 2)
-    restart_now = threading.Event()
+    restart = Restarter(max(2, steps // 2), pause=client in PAUSED_CLIENTS and not direct)
     upstream = StrictUpstream(
         task,
         window=window,
         log_path=tmp / "upstream.jsonl",
-        on_step=lambda s: restart_now.set() if s == restart_at else None,
-        slow_step=restart_at if not direct else None,
+        on_step=restart.on_step,
+        slow_step=restart.at if not direct else None,
         slow_seconds=SLOW_SECONDS,
     )
     upstream.start()
     proxy: Proxy | None = None
-    restarted_at: list[float] = []
+    rc: int | None = None
     try:
         if direct:
             openai_url, anthropic_url = upstream.openai_base_url, upstream.anthropic_base_url
@@ -649,14 +654,30 @@ def _run(
             proxy.start()
             openai_url, anthropic_url = proxy.openai_url, proxy.anthropic_url
         spec = client_spec(client, tmp, task, openai_url, anthropic_url, window)
-        env = {
-            k: v for k, v in os.environ.items() if k not in DROP_ENV and not k.startswith("PYTHON")
-        }
-        env.update(QUIET_ENV)
-        env.update(spec.env)
-        env["BENCH_SLOW"] = task.name(restart_at)
-        env["BENCH_SLOW_SECONDS"] = str(SLOW_SECONDS)
-        out = open(tmp / "client.out", "wb")  # noqa: SIM115 - closed below
+        rc = _run_client(spec, task, restart, proxy, tmp, row, timeout)
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        upstream.stop()
+    return _summarise(row, rc, tmp, upstream, proxy, restart.restarted_at, timeout)
+
+
+def _run_client(
+    spec: RunSpec,
+    task: Task,
+    restart: Restarter,
+    proxy: Proxy | None,
+    tmp: Path,
+    row: dict[str, Any],
+    timeout: float,
+) -> int | None:
+    """Run the client to its end or the timeout (None), the proxy restarted on the way."""
+    env = {k: v for k, v in os.environ.items() if k not in DROP_ENV and not k.startswith("PYTHON")}
+    env.update(QUIET_ENV)
+    env.update(spec.env)
+    env["BENCH_SLOW"] = task.name(restart.at)
+    env["BENCH_SLOW_SECONDS"] = str(SLOW_SECONDS)
+    with open(tmp / "client.out", "wb") as out:
         started = time.monotonic()
         proc = subprocess.Popen(
             spec.cmd,
@@ -667,20 +688,7 @@ def _run(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-
-        def restarter() -> None:
-            if proxy is None:
-                return
-            while proc.poll() is None:
-                if restart_now.wait(0.2):
-                    time.sleep(1.0)  # the proxy relays the end of the stream and writes the turn
-                    restarted_at.append(time.time())
-                    proxy.restart()
-                    row["restart_seconds"] = round(time.time() - restarted_at[0], 1)
-                    return
-
-        t = threading.Thread(target=restarter, daemon=True)
-        t.start()
+        t = restart.watch(proc, proxy, row)
         try:
             rc: int | None = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -688,14 +696,68 @@ def _run(
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
             rc = None
-        out.close()
-        row["seconds"] = round(time.monotonic() - started, 1)
-        t.join(timeout=30)
-    finally:
-        if proxy is not None:
-            proxy.stop()
-        upstream.stop()
-    return _summarise(row, rc, tmp, upstream, proxy, restarted_at, timeout)
+    row["seconds"] = round(time.monotonic() - started, 1)
+    t.join(timeout=30)
+    return rc
+
+
+class Restarter:
+    """The proxy's restart half way through a run: once the upstream has answered the request
+    that asks for file ``at``, the proxy is stopped and started again on the same port and store.
+
+    A client with a tool the bench can slow down (a ``sleep`` in its shell command, or the
+    bench's own read_file) runs that step's tool for :data:`SLOW_SECONDS` meanwhile. A client
+    without one (``pause``: aider sends no tools and answers a reply within a fraction of a
+    second) is paused (SIGSTOP of its process group) from the moment the upstream has sent that
+    answer until the proxy is up again (SIGCONT): its next request meets the new process
+    whatever the machine's speed, instead of racing the restart."""
+
+    def __init__(self, at: int, *, pause: bool = False) -> None:
+        self.at = at
+        self.pause = pause
+        self.due = threading.Event()
+        self.restarted_at: list[float] = []
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.paused = False
+
+    def on_step(self, step: int) -> None:
+        """The upstream's ``on_step`` (its thread, right after the answer was sent)."""
+        if step != self.at or self.due.is_set():
+            return
+        if self.pause and self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGSTOP)
+                self.paused = True
+        self.due.set()
+
+    def watch(
+        self, proc: subprocess.Popen[bytes], proxy: Proxy | None, row: dict[str, Any]
+    ) -> threading.Thread:
+        """A thread that restarts ``proxy`` when the step is due, while ``proc`` runs."""
+        self.proc = proc
+
+        def run() -> None:
+            try:
+                while proxy is not None and proc.poll() is None:
+                    if self.due.wait(0.2):
+                        time.sleep(1.0)  # the proxy relays the end of the stream, writes the turn
+                        self.restarted_at.append(time.time())
+                        proxy.restart()
+                        row["restart_seconds"] = round(time.time() - self.restarted_at[0], 1)
+                        return
+            finally:
+                self.resume()
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        return t
+
+    def resume(self) -> None:
+        """Let a paused client go on (SIGCONT)."""
+        if self.paused and self.proc is not None:
+            self.paused = False
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGCONT)
 
 
 def _summarise(
@@ -744,6 +806,7 @@ def _summarise(
     removed = row["proxy_in_tokens"] - row["proxy_out_tokens"]
     row["sent_tokens"] = row["upstream_tokens"] + removed
     row["saved"] = round(removed / row["sent_tokens"], 3) if row["sent_tokens"] else None
+    _fixed_share(row, tmp / "upstream.jsonl", removed)
     row["proxy_outcomes"] = {}
     for _l, r in reqs:
         key = f"{r.get('api')}:{r.get('outcome')}"
@@ -773,6 +836,108 @@ def _summarise(
     return row
 
 
+# --------------------------------------------------------------------------- the fixed part
+
+RECORD = "[ctxengine:"  # the proxy's own records (digests, summaries, cut outputs) start so
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            str(p.get("text") or "") for p in content if isinstance(p, dict) and "text" in p
+        )
+    return ""
+
+
+def _fixed_item(api: str, m: Any) -> bool:
+    """Whether one message or input item is one no compaction may change: a system or developer
+    prompt, or a user message (engines keep every user message verbatim); not a tool result,
+    not the model's turn, not one of the proxy's records."""
+    if not isinstance(m, dict) or _text(m.get("content")).startswith(RECORD):
+        return False
+    role = m.get("role")
+    if api == "responses" and m.get("type") not in (None, "message"):
+        return False
+    if role in ("system", "developer"):
+        return True
+    if role != "user":
+        return False
+    content = m.get("content")
+    return not (
+        isinstance(content, list)
+        and any(isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
+    )
+
+
+def _is_output(api: str, m: Any) -> bool:
+    if not isinstance(m, dict):
+        return False
+    if api == "responses":
+        return str(m.get("type", "")).endswith("_output")
+    if api == "messages":
+        content = m.get("content")
+        return isinstance(content, list) and any(
+            isinstance(b, dict) and b.get("type") == "tool_result" for b in content
+        )
+    return m.get("role") == "tool"
+
+
+def request_parts(path: str, body: dict[str, Any]) -> dict[str, int]:
+    """One request as the strict upstream counts it (o200k), split: ``fixed`` the part no
+    compaction may change (the tool definitions, the system prompt or instructions, the system,
+    developer and user messages: a client resends it whole every turn), ``whole`` and ``cut``
+    the tool outputs sent whole and the ones the proxy cut or folded (counts)."""
+    api = (
+        "responses"
+        if path.rstrip("/").endswith("/responses")
+        else ("messages" if "/messages" in path else "chat")
+    )
+    key = "input" if api == "responses" else "messages"
+    items = body.get(key)
+    items = [{"role": "user", "content": items}] if isinstance(items, str) else list(items or [])
+    kept = {k: body[k] for k in ("system", "instructions", "tools") if body.get(k)}
+    kept[key] = [m for m in items if _fixed_item(api, m)]
+    outputs = [m for m in items if _is_output(api, m)]
+    cut = sum(1 for m in outputs if RECORD in json.dumps(m, ensure_ascii=False))
+    return {
+        "tokens": count_request_tokens(body),
+        "fixed": count_request_tokens(kept),
+        "whole": len(outputs) - cut,
+        "cut": cut,
+    }
+
+
+def task_requests(log: Path) -> list[dict[str, int]]:
+    """:func:`request_parts` of every task request the upstream answered (its log), in order."""
+    out: list[dict[str, int]] = []
+    if not log.exists():
+        return out
+    for line in log.read_text(errors="replace").splitlines():
+        with contextlib.suppress(ValueError):
+            rec = json.loads(line)
+            body = rec.get("body") if isinstance(rec, dict) else None
+            if rec.get("status") != 200 or not isinstance(body, dict):
+                continue
+            if "BENCH-TASK" in json.dumps(body.get("messages") or body.get("input") or ""):
+                out.append(request_parts(str(rec.get("path", "")), body))
+    return out
+
+
+def _fixed_share(row: dict[str, Any], log: Path, removed: int) -> None:
+    """``fixed``: the share of what the client sent that no compaction may change (its tool
+    definitions, system/developer prompts and user messages, resent every turn); ``saved_rest``:
+    the share of the rest that the proxy removed; ``per_request``: each request's parts."""
+    parts = task_requests(log)
+    row["per_request"] = parts
+    fixed = sum(p["fixed"] for p in parts)
+    row["fixed_tokens"] = fixed
+    sent = int(row.get("sent_tokens") or 0)
+    row["fixed"] = round(fixed / sent, 3) if sent else None
+    row["saved_rest"] = round(removed / (sent - fixed), 3) if sent > fixed else None
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -789,6 +954,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         "sent",
         "upstream",
         "saved",
+        "fixed",
+        "rest",
         "recall",
         "kept",
         "secs",
@@ -810,6 +977,8 @@ def table(rows: list[dict[str, Any]]) -> str:
                 str(r.get("sent_tokens", "-")),
                 str(r.get("upstream_tokens", "-")),
                 f"{saved:.0%}" if isinstance(saved, float) else "-",
+                _pct(r.get("fixed")),
+                _pct(r.get("saved_rest")),
                 str(r.get("recall", "-")),
                 str(r.get("kept", "-"))
                 + (
@@ -827,6 +996,10 @@ def table(rows: list[dict[str, Any]]) -> str:
     ]
     out.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(out)
+
+
+def _pct(value: Any) -> str:
+    return f"{value:.0%}" if isinstance(value, float) else "-"
 
 
 def _short(rejected: dict[str, int]) -> str:
