@@ -180,3 +180,25 @@ def test_responses_reasoning_must_come_back_unaltered(upstream: StrictUpstream) 
     assert status == 400 and "could not be verified" in body["error"]["message"]
     status, body = _post(url, {"model": "m", "input": [*items, call, out], "tools": [tool]})
     assert status == 400 and "without its required 'reasoning' item" in body["error"]["message"]
+
+
+def test_a_record_that_mentions_the_recall_tool_is_not_a_recall_call(upstream: StrictUpstream) -> None:
+    """The last step's request asks ``ctx_grep`` once it is offered, even when a cut marker in
+    the conversation names the tool; after a real call it finishes."""
+    url = upstream.openai_base_url + "/chat/completions"
+    grep = {"type": "function", "function": {"name": "ctx_grep", "parameters": {"type": "object"}}}
+    messages: list[dict[str, Any]] = [{"role": "user", "content": upstream.task.prompt}]
+    for i in range(1, 4):
+        _status, body = _post(url, {"model": "m", "messages": messages, "tools": [READ, grep]})
+        call = body["choices"][0]["message"]["tool_calls"][0]
+        text = upstream.task.path(i).read_text()
+        if i == 1:  # the proxy cut it: its marker points to the recall tool
+            text = text[:40] + "\n[... cut; ctx_grep finds the rest ...]"
+        messages += [body["choices"][0]["message"], {"role": "tool", "tool_call_id": call["id"], "content": text}]
+    _status, body = _post(url, {"model": "m", "messages": messages, "tools": [READ, grep]})
+    call = body["choices"][0]["message"]["tool_calls"][0]
+    assert call["function"]["name"] == "ctx_grep"
+    assert upstream.stats["recall_calls"] == 1
+    messages += [body["choices"][0]["message"], {"role": "tool", "tool_call_id": call["id"], "content": "nothing"}]
+    _status, body = _post(url, {"model": "m", "messages": messages, "tools": [READ, grep]})
+    assert body["choices"][0]["message"]["content"].startswith("TASK DONE")

@@ -183,7 +183,9 @@ class StrictUpstream:
         return reply
 
     def _recall_done(self, items: list[Any]) -> bool:
-        return RECALL_TOOL in json.dumps(items)
+        """A recall call is in the conversation: an item or block *named* the recall tool (a
+        record's text that only mentions it, as a cut marker does, is not a call)."""
+        return f'"name": "{RECALL_TOOL}"' in json.dumps(items)
 
     def _final(self) -> Reply:
         with self._lock:
