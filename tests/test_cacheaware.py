@@ -239,3 +239,17 @@ def test_a_finished_run_not_worth_folding_leaves_the_next_turns_cheap() -> None:
     for k in range(3):  # the following turns only append: each is a cheap turn
         out = [*out, {"role": "assistant", "content": f"step {k}"}, {"role": "user", "content": f"go on {k}"}]
         assert mgr.prepare(out, session_id="t", may_compact=False) == out
+
+
+def test_the_newest_output_is_never_cut_to_get_under_the_threshold() -> None:
+    """When nothing foldable gets the context under the threshold, a protected output is cut,
+    but not the one the model has not read yet (it was cut before it was ever seen: a Codex
+    session at 16K read every other file cut); the one it has read is."""
+    msgs = _session(2, lines=300)
+    msgs[-1] = {**msgs[-1], "content": _output(1, 400)}  # the newest is the largest
+    eng = _engine(keep_recent=2, context_length=12_000)
+    out = eng.compress(msgs, current_tokens=eng.threshold_tokens + 1)
+    assert _valid(out)
+    assert out[-1] == msgs[-1]  # the newest output whole
+    assert out[3]["content"].startswith(CUT_MARK)  # the one already read is cut
+    assert eng.last_report is not None and eng.last_report.notes == ["cut the protected output at message 3 to get under the threshold"]

@@ -281,9 +281,10 @@ class CacheAwareEngine(ContextEngine):
             tokens = sum(self._tokens(m) for m in out)
         if tokens >= self.threshold_tokens:
             # no nibbling: what may be folded cannot get under the threshold, so the giant
-            # outputs of the protected tail are cut instead
+            # outputs of the protected tail are cut instead; never the newest ones, which the
+            # model has not read yet (a giant one was cut above; the window cap holds the window)
             sizes = [self._tokens(m) for m in messages]
-            for i in giant_outputs(messages, sizes, start=self._tail_start(messages), excess=tokens - self.threshold_tokens, min_tokens=s.giant_tokens):
+            for i in giant_outputs(messages[: _newest_results(messages)], sizes, start=self._tail_start(messages), excess=tokens - self.threshold_tokens, min_tokens=s.giant_tokens):
                 if not any(a <= i < e for a, (e, _) in plan.items()):
                     plan[i] = (i + 1, self._cut(messages, i, s.giant_tokens, ids))
                     notes.append(f"cut the protected output at message {i} to get under the threshold")
@@ -375,3 +376,11 @@ def _apply(messages: Sequence[Message], plan: Mapping[int, tuple[int, Message]])
             i += 1
     return out
 
+
+def _newest_results(messages: Sequence[Message]) -> int:
+    """Where the trailing tool results begin (the outputs of the last call, which the model has
+    not read yet); ``len(messages)`` when the conversation does not end with tool results."""
+    i = len(messages)
+    while i > 0 and messages[i - 1].get("role") == "tool":
+        i -= 1
+    return i
