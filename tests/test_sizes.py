@@ -28,9 +28,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("ctxengine/engines/kit/tail.py", "plan_head_tail"): "engine redesign",
     # the proxy's request path and its fail-open handling, being reworked
     ("ctxengine/proxy/relay.py", "Relaying._relay"): "proxy fail-open rework",
-    # the summary's fold: twenty keyword parameters the engines pass (signature and
-    # documentation are 37 of its lines); its body is still to be cut further into steps
-    ("ctxengine/summarize/fold.py", "fold_span"): "keyword interface; body to be cut",
 }
 
 
