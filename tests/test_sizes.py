@@ -17,7 +17,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     # kernel's stages; their docstrings are the API reference (prepare's body is four lines)
     ("ctxengine/manager.py", "ContextManager"): "public facade, documented",
     # being split by the kernel and engine redesign of issue 25
-    ("ctxengine/loop.py", "run_compress"): "kernel redesign",
     ("ctxengine/manager.py", "ContextManager.prepare"): "public facade, documented",
     ("ctxengine/engines/compressor.py", "SummaryCompressor"): "engine redesign",
     # its keyword list mirrors the constructor of Hermes' ContextCompressor: a public contract

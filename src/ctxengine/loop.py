@@ -161,6 +161,15 @@ def run_compress(
         except BaseException as exc:  # SystemExit from a plugin must not end the host
             box["exc"] = exc
 
+    elapsed = _timed(engine, call, deadline)
+    _raise_failure(engine, box.get("exc"))
+    changed = copy_input and _edited(given, original)
+    return CompressOutcome(_checked_output(engine, box.get("out"), changed), elapsed, changed)
+
+
+def _timed(engine: ContextEngine, call: Callable[[], None], deadline: float | None) -> float:
+    """Run ``call`` (here, or on a worker thread when there is a ``deadline``: the worker is
+    left running, and remembered, when it misses it) and return how long it took, in ms."""
     t0 = time.perf_counter()
     if deadline is None:
         call()
@@ -175,16 +184,22 @@ def run_compress(
             raise EngineError(
                 f"engine {engine_label(engine)} did not return from compress within {deadline:g} s (context.engine_timeout); its late result will be discarded"
             )
-    elapsed = (time.perf_counter() - t0) * 1000.0
-    exc = box.get("exc")
+    return (time.perf_counter() - t0) * 1000.0
+
+
+def _raise_failure(engine: ContextEngine, exc: BaseException | None) -> None:
+    """What ``compress`` raised, as :class:`EngineError` (a ``KeyboardInterrupt`` as itself)."""
     if exc is not None:
         if isinstance(exc, KeyboardInterrupt):
             raise exc
         raise EngineError(
             f"engine {engine_label(engine)} failed in compress: {type(exc).__name__}: {exc}"
         ) from exc
-    out = box.get("out")
-    changed = copy_input and _edited(given, original)
+
+
+def _checked_output(engine: ContextEngine, out: Any, changed: bool) -> list[Message]:
+    """What ``compress`` returned (``out``); :class:`EngineError` when it is no list of message
+    dicts (rule 1) or the engine ``changed`` the messages it was given (rule 2)."""
     if not isinstance(out, list) or not all(isinstance(m, dict) for m in out):
         raise EngineError(
             f"engine {engine_label(engine)} broke rule 1 (valid in, valid out): compress returned {type(out).__name__}, not a list of message dicts"
@@ -193,7 +208,7 @@ def run_compress(
         raise EngineError(
             f"engine {engine_label(engine)} broke rule 2 (no mutation of the input): compress edited the messages it was given"
         )
-    return CompressOutcome(out, elapsed, changed)
+    return out
 
 
 def check_output(engine: ContextEngine, before: Sequence[Message], out: Sequence[Message]) -> None:
