@@ -22,7 +22,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     # its keyword list mirrors the constructor of Hermes' ContextCompressor: a public contract
     ("ctxengine/engines/compressor.py", "SummaryCompressor.__init__"): "Hermes' constructor",
     ("ctxengine/engines/compressor.py", "SummaryCompressor.compress"): "engine redesign",
-    ("ctxengine/engines/lcm.py", "LcmEngine.compress"): "engine redesign",
     # the proxy's request path and its fail-open handling, being reworked
     ("ctxengine/proxy/relay.py", "Relaying._relay"): "proxy fail-open rework",
 }
