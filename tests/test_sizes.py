@@ -16,12 +16,12 @@ ALLOWED: dict[tuple[str, str], str] = {
     # the public facade: about thirty public methods of a few lines each, delegating to the
     # kernel's stages; their docstrings are the API reference (prepare's body is four lines)
     ("ctxengine/manager.py", "ContextManager"): "public facade, documented",
-    # being split by the kernel and engine redesign of issue 25
     ("ctxengine/manager.py", "ContextManager.prepare"): "public facade, documented",
+    # being split by the engine redesign of issue 25 (its methods are within the limit but
+    # the constructor)
     ("ctxengine/engines/compressor.py", "SummaryCompressor"): "engine redesign",
     # its keyword list mirrors the constructor of Hermes' ContextCompressor: a public contract
     ("ctxengine/engines/compressor.py", "SummaryCompressor.__init__"): "Hermes' constructor",
-    ("ctxengine/engines/compressor.py", "SummaryCompressor.compress"): "engine redesign",
     # the proxy's request path and its fail-open handling, being reworked
     ("ctxengine/proxy/relay.py", "Relaying._relay"): "proxy fail-open rework",
 }
