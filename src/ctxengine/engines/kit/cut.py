@@ -174,6 +174,7 @@ class _Cut:
         self.line_chars = line_chars
 
     def marker(self, removed: int, after: int, unlisted: int, names: list[str] | None = None) -> str:
+        """The marker line: ``removed`` lines gone after line ``after``, ``unlisted`` facts."""
         return _marker(self.ref, removed, len(self.lines), after, self.total_tokens, unlisted, self.recall, names)
 
     def run(self, head_lines: int | None, tail_lines: int | None) -> str:
@@ -220,12 +221,14 @@ class _Cut:
                 rest -= max(1, self.count(out) - self.budget)
 
     def kept(self, lead: list[str], lead_n: int, body: list[str], head: int, tail: int) -> _Kept:
+        """The lines one try keeps: the ``lead``, the first ``head`` and last ``tail`` of ``body``."""
         kept = [*lead, *(_cap(x, self.line_chars) for x in body[:head])]
         kept_tail = [_cap(x, self.line_chars) for x in body[len(body) - tail :]] if tail else []
         lost = unseen(self.facts, "\n".join([*kept, *kept_tail]))
         return _Kept(kept, kept_tail, len(body) - head - tail, lead_n + head, lost)
 
     def assembled(self, kept: _Kept, chosen: Facts, unlisted: int) -> str:
+        """The cut's text: the marker, the ``kept`` lines, the ``chosen`` facts."""
         marker = self.marker(kept.removed, kept.after, unlisted, _left_out(kept.lost, chosen))
         return _assemble(marker, kept.head, kept.tail, chosen)
 
