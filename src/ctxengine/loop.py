@@ -129,6 +129,17 @@ def _edited(given: list[Message], original: list[Message]) -> bool:
     return fingerprint(given) != fingerprint(original)
 
 
+def _raise_failure(engine: ContextEngine, exc: BaseException | None) -> None:
+    """What ``compress`` raised (``exc``), as :class:`EngineError` naming the engine; a
+    ``KeyboardInterrupt`` as itself (the person at the keyboard, not the engine)."""
+    if exc is not None:
+        if isinstance(exc, KeyboardInterrupt):
+            raise exc
+        raise EngineError(
+            f"engine {engine_label(engine)} failed in compress: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
 def run_compress(
     engine: ContextEngine,
     messages: Sequence[Message],
@@ -161,15 +172,6 @@ def run_compress(
         except BaseException as exc:  # SystemExit from a plugin must not end the host
             box["exc"] = exc
 
-    elapsed = _timed(engine, call, deadline)
-    _raise_failure(engine, box.get("exc"))
-    changed = copy_input and _edited(given, original)
-    return CompressOutcome(_checked_output(engine, box.get("out"), changed), elapsed, changed)
-
-
-def _timed(engine: ContextEngine, call: Callable[[], None], deadline: float | None) -> float:
-    """Run ``call`` (here, or on a worker thread when there is a ``deadline``: the worker is
-    left running, and remembered, when it misses it) and return how long it took, in ms."""
     t0 = time.perf_counter()
     if deadline is None:
         call()
@@ -184,22 +186,10 @@ def _timed(engine: ContextEngine, call: Callable[[], None], deadline: float | No
             raise EngineError(
                 f"engine {engine_label(engine)} did not return from compress within {deadline:g} s (context.engine_timeout); its late result will be discarded"
             )
-    return (time.perf_counter() - t0) * 1000.0
-
-
-def _raise_failure(engine: ContextEngine, exc: BaseException | None) -> None:
-    """What ``compress`` raised, as :class:`EngineError` (a ``KeyboardInterrupt`` as itself)."""
-    if exc is not None:
-        if isinstance(exc, KeyboardInterrupt):
-            raise exc
-        raise EngineError(
-            f"engine {engine_label(engine)} failed in compress: {type(exc).__name__}: {exc}"
-        ) from exc
-
-
-def _checked_output(engine: ContextEngine, out: Any, changed: bool) -> list[Message]:
-    """What ``compress`` returned (``out``); :class:`EngineError` when it is no list of message
-    dicts (rule 1) or the engine ``changed`` the messages it was given (rule 2)."""
+    elapsed = (time.perf_counter() - t0) * 1000.0
+    _raise_failure(engine, box.get("exc"))
+    out = box.get("out")
+    changed = copy_input and _edited(given, original)
     if not isinstance(out, list) or not all(isinstance(m, dict) for m in out):
         raise EngineError(
             f"engine {engine_label(engine)} broke rule 1 (valid in, valid out): compress returned {type(out).__name__}, not a list of message dicts"
@@ -208,7 +198,7 @@ def _checked_output(engine: ContextEngine, out: Any, changed: bool) -> list[Mess
         raise EngineError(
             f"engine {engine_label(engine)} broke rule 2 (no mutation of the input): compress edited the messages it was given"
         )
-    return out
+    return CompressOutcome(out, elapsed, changed)
 
 
 def check_output(engine: ContextEngine, before: Sequence[Message], out: Sequence[Message]) -> None:
