@@ -55,7 +55,7 @@ from __future__ import annotations
 import logging
 import time
 from importlib import resources
-from typing import Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from ctxengine.boundaries import sanitize_tool_pairs
 from ctxengine.config import CompressionConfig
@@ -96,8 +96,11 @@ from ctxengine.summarize.assembly import (
 )
 from ctxengine.summarize.base import Summarizer
 from ctxengine.summarize.extractive import ExtractiveSummarizer
-from ctxengine.summarize.fold import Folded, fold_span, max_summary_tokens, summary_budget
+from ctxengine.summarize.fold import fold_span, max_summary_tokens, summary_budget
 from ctxengine.tokens import EstimateCounter, TokenCounter
+
+if TYPE_CHECKING:
+    from ctxengine.summarize.fold import Folded
 
 __all__ = ["CUTS_SUFFICED", "HARD_LIMIT_RATIO", "SUMMARY_END", "SUMMARY_PREFIX", "ContextCompressor"]
 
