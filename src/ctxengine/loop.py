@@ -129,6 +129,17 @@ def _edited(given: list[Message], original: list[Message]) -> bool:
     return fingerprint(given) != fingerprint(original)
 
 
+def _raise_failure(engine: ContextEngine, exc: BaseException | None) -> None:
+    """What ``compress`` raised (``exc``), as :class:`EngineError` naming the engine; a
+    ``KeyboardInterrupt`` as itself (the person at the keyboard, not the engine)."""
+    if exc is not None:
+        if isinstance(exc, KeyboardInterrupt):
+            raise exc
+        raise EngineError(
+            f"engine {engine_label(engine)} failed in compress: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
 def run_compress(
     engine: ContextEngine,
     messages: Sequence[Message],
@@ -176,13 +187,7 @@ def run_compress(
                 f"engine {engine_label(engine)} did not return from compress within {deadline:g} s (context.engine_timeout); its late result will be discarded"
             )
     elapsed = (time.perf_counter() - t0) * 1000.0
-    exc = box.get("exc")
-    if exc is not None:
-        if isinstance(exc, KeyboardInterrupt):
-            raise exc
-        raise EngineError(
-            f"engine {engine_label(engine)} failed in compress: {type(exc).__name__}: {exc}"
-        ) from exc
+    _raise_failure(engine, box.get("exc"))
     out = box.get("out")
     changed = copy_input and _edited(given, original)
     if not isinstance(out, list) or not all(isinstance(m, dict) for m in out):

@@ -55,7 +55,7 @@ from __future__ import annotations
 import logging
 import time
 from importlib import resources
-from typing import Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from ctxengine.boundaries import sanitize_tool_pairs
 from ctxengine.config import CompressionConfig
@@ -98,6 +98,9 @@ from ctxengine.summarize.base import Summarizer
 from ctxengine.summarize.extractive import ExtractiveSummarizer
 from ctxengine.summarize.fold import fold_span, max_summary_tokens, summary_budget
 from ctxengine.tokens import EstimateCounter, TokenCounter
+
+if TYPE_CHECKING:
+    from ctxengine.summarize.fold import Folded
 
 __all__ = ["CUTS_SUFFICED", "HARD_LIMIT_RATIO", "SUMMARY_END", "SUMMARY_PREFIX", "ContextCompressor"]
 
@@ -406,7 +409,6 @@ class SummaryCompressor(SummaryTrigger):
             report.notes.append("no messages: nothing to do")
             return self._finish(report, msgs, t0, changed=False)
         over = before >= self.threshold_tokens
-        reported = before
         # at the threshold the summary folds the older outputs anyway: only giants are cut first
         msgs, cut = self._cut_stage(msgs, toks, batch=not over and focus_topic is None, report=report)
         if over and focus_topic is None and self.cut_before_summary:
@@ -422,22 +424,28 @@ class SummaryCompressor(SummaryTrigger):
                 return self._finish(report, msgs, t0, changed=True, first_changed=cut[0])
             report.notes.append("under the threshold: nothing to do")
             return self._finish(report, msgs, t0, changed=False)
-        if cut:
-            # the threshold was reached: the summary follows the cuts in the same rewrite
-            before = max(0, before - (total - sum(toks)))
-            total = sum(toks)
+        # the threshold was reached: the summary follows the cuts in the same rewrite (the
+        # hard-limit decisions go by the size the caller reported, before any cut)
+        return self._summarized(messages, msgs, toks, cut, focus_topic, reported=before, total=total, report=report, t0=t0)
 
+    def _summarized(
+        self,
+        messages: list[Message],
+        msgs: list[Message],
+        toks: list[int],
+        cut: list[int],
+        focus_topic: str | None,
+        *,
+        reported: int,
+        total: int,
+        report: CompactionReport,
+        t0: float,
+    ) -> list[Message]:
+        """Phases 2 to 4 on ``msgs`` (``messages`` after the cuts ``cut``, ``toks`` their
+        sizes, ``total`` their sum before the cuts): the middle folded into the summary."""
         plan = self._plan(msgs, toks)
         if not plan.middle:
-            out = self._clip_to_limit(msgs, report, self.hard_limit_tokens, plan.head_end)
-            report.notes.append("no message between head and tail to summarize")
-            changed = [i for i, (a, b) in enumerate(zip(out, messages, strict=True)) if a is not b]
-            if not changed:
-                return self._finish(report, list(messages), t0, changed=False)
-            if len(changed) > len(cut):
-                self._frozen = (changed[-1] + 1, out[changed[-1]])
-            return self._finish(report, out, t0, changed=True, first_changed=changed[0])
-
+            return self._without_middle(messages, msgs, cut, plan, report, t0)
         head = msgs[: plan.head_end]
         tail = msgs[plan.tail_start :]
         # the client's live messages (its working set) and the latest user message stay verbatim
@@ -446,32 +454,7 @@ class SummaryCompressor(SummaryTrigger):
 
         # previous summaries in the middle become the text to update, not content to summarize
         self._remember(middle)
-        content_tokens = sum(toks[i] for i in plan.middle)
-        budget = self.summary_budget(content_tokens)
-        folded = fold_span(
-            middle,
-            (*head, *pulled, *tail),
-            previous=self._previous_summary,
-            carried=self._carried,
-            summarizer=self.summarizer,
-            fallback=self._fallback,
-            focus_topic=focus_topic,
-            budget=budget,
-            content_tokens=content_tokens,
-            tokens_of=self._tokens,
-            facts_of=self._facts,
-            hard_limit=self.hard_limit_tokens,
-            context_length=self.context_length,
-            min_output_tokens=MIN_CUT_TOKENS,
-            # the hard-limit decisions go by the size the caller reported (before any cut)
-            over_hard_limit=reported >= self.hard_limit_tokens,
-            abort_on_failure=self.abort_on_summary_failure,
-            notes=report.notes,
-            log=log,
-            # the quotes share the summary's budget: at most half of it (and the setting)
-            quote_budget=min(self.user_quote_budget_tokens, budget // 2),
-            pointer=recall_pointer(self.reach),
-        )
+        folded = self._fold_middle(middle, (*head, *pulled, *tail), sum(toks[i] for i in plan.middle), focus_topic, reported, report)
         self._last_error = folded.error
         if folded.text is None:  # authentication failed below the hard limit (or abort): keep all
             report.fallback = folded.fallback
@@ -499,6 +482,46 @@ class SummaryCompressor(SummaryTrigger):
         report.replaced = sorted(set(cut) | set(plan.middle))
         first = 0 if out and messages and out[0] is not messages[0] else len(head)
         return self._finish(report, out, t0, changed=True, first_changed=first)
+
+    def _without_middle(self, messages: list[Message], msgs: list[Message], cut: list[int], plan: HeadTailPlan, report: CompactionReport, t0: float) -> list[Message]:
+        """Nothing between head and tail to summarize: ``msgs`` clipped to the hard limit."""
+        out = self._clip_to_limit(msgs, report, self.hard_limit_tokens, plan.head_end)
+        report.notes.append("no message between head and tail to summarize")
+        changed = [i for i, (a, b) in enumerate(zip(out, messages, strict=True)) if a is not b]
+        if not changed:
+            return self._finish(report, list(messages), t0, changed=False)
+        if len(changed) > len(cut):
+            self._frozen = (changed[-1] + 1, out[changed[-1]])
+        return self._finish(report, out, t0, changed=True, first_changed=changed[0])
+
+    # phase 3
+    def _fold_middle(self, middle: list[Message], kept: tuple[Message, ...], content_tokens: int, focus_topic: str | None, reported: int, report: CompactionReport) -> Folded:
+        """``middle`` (``content_tokens`` of it) folded next to the ``kept`` messages
+        (:func:`~ctxengine.summarize.fold.fold_span`), the caller having ``reported`` tokens."""
+        budget = self.summary_budget(content_tokens)
+        return fold_span(
+            middle,
+            kept,
+            previous=self._previous_summary,
+            carried=self._carried,
+            summarizer=self.summarizer,
+            fallback=self._fallback,
+            focus_topic=focus_topic,
+            budget=budget,
+            content_tokens=content_tokens,
+            tokens_of=self._tokens,
+            facts_of=self._facts,
+            hard_limit=self.hard_limit_tokens,
+            context_length=self.context_length,
+            min_output_tokens=MIN_CUT_TOKENS,
+            over_hard_limit=reported >= self.hard_limit_tokens,
+            abort_on_failure=self.abort_on_summary_failure,
+            notes=report.notes,
+            log=log,
+            # the quotes share the summary's budget: at most half of it (and the setting)
+            quote_budget=min(self.user_quote_budget_tokens, budget // 2),
+            pointer=recall_pointer(self.reach),
+        )
 
     def _finish(
         self,

@@ -206,62 +206,14 @@ class LcmEngine(ContextEngine):
         units = [u for u in group_spans(msgs) if u[0] >= head]
         tail_start = self._tail_start(msgs, units)
         latest_user = max((i for i, m in enumerate(msgs) if m.get("role") == "user" and not is_summary(m)), default=-1)
-        items: list[_Item] = []
-        for s, e in units:
-            if s >= tail_start:
-                break
-            m = msgs[s]
-            match = NODE_RE.match(content_text(m.get("content"))) if e - s == 1 and m.get("role") in ("user", "assistant") and not m.get("tool_calls") else None
-            if match and self._existing(match.group(1)) is not None:
-                items.append(_Item(s, e, match.group(1), int(match.group(2)), content_text(m.get("content")), m))
-            else:
-                items.append(_Item(s, e))
-        out_middle: list[Message] = []
-        replaced: list[int] = []
+        items = self._items(msgs, units, tail_start)
         notes: list[str] = []
         self._hows = []
         self._fact_cache = {}
         # fold runs of originals (the latest user message is a barrier and stays verbatim)
-        layer: list[_Item | Message] = []
-        run: list[_Item] = []
-
-        def flush() -> None:
-            for chunk in self._chunks(msgs, run):
-                node = self._leaf(msgs, ids, chunk, focus_topic)
-                if node is None:
-                    layer.extend(m for it in chunk for m in msgs[it.start : it.end])
-                    continue
-                layer.append(node)
-                replaced.extend(range(chunk[0].start, chunk[-1].end))
-            run.clear()
-
-        # originals a previous compaction left before a summary (a then-latest user message) stay:
-        # folding them would rewrite the compacted prefix the prompt cache already holds
-        # (a group holding an output cut earlier counts as such a summary: it was one)
-        last_node = max((k for k, it in enumerate(items) if it.is_node or any(is_summary(m) for m in msgs[it.start : it.end])), default=-1)
-        foldable = [m for k, it in enumerate(items) if not it.is_node and k > last_node and not it.start <= latest_user < it.end for m in msgs[it.start : it.end]]
-        self._facts_tight = self._facts_would_overflow(msgs, foldable)
-        for k, it in enumerate(items):
-            if it.is_node:
-                flush()
-                layer.append(it)
-            elif k < last_node or it.start <= latest_user < it.end:
-                flush()
-                layer.extend(msgs[it.start : it.end])
-            else:
-                run.append(it)
-        flush()
+        layer, replaced = self._fold(msgs, ids, items, latest_user, focus_topic)
         layer = self._condense(layer, focus_topic, notes)
-        # summaries of what happened after the latest user message read as the assistant's own
-        # account, so that message stays the last user-role message of the request
-        role = "user"
-        for entry in layer:
-            if isinstance(entry, _Item):
-                out_middle.append(entry.message if entry.message is not None else {"role": role, "content": entry.text})
-            else:
-                out_middle.append(entry)
-                if latest_user >= 0 and entry is msgs[latest_user]:
-                    role = "assistant"
+        out_middle = _laid_out(layer, msgs, latest_user)
         tail = [tail_cuts.get(i, msgs[i]) for i in range(tail_start, len(msgs))]
         replaced.extend(i for i in tail_cuts if i >= tail_start)
         out = [*msgs[:head], *out_middle, *tail]
@@ -348,6 +300,57 @@ class LcmEngine(ContextEngine):
             return str(self.store.get_node(node_id).text)
         except NotFoundError:
             return None
+
+    def _items(self, msgs: list[Message], units: list[tuple[int, int]], tail_start: int) -> list[_Item]:
+        """The units before the fresh tail: a summary node this engine stored (re-emitted as
+        it is) or an original tool group / message."""
+        items: list[_Item] = []
+        for s, e in units:
+            if s >= tail_start:
+                break
+            m = msgs[s]
+            match = NODE_RE.match(content_text(m.get("content"))) if e - s == 1 and m.get("role") in ("user", "assistant") and not m.get("tool_calls") else None
+            if match and self._existing(match.group(1)) is not None:
+                items.append(_Item(s, e, match.group(1), int(match.group(2)), content_text(m.get("content")), m))
+            else:
+                items.append(_Item(s, e))
+        return items
+
+    def _fold(self, msgs: list[Message], ids: list[str], items: list[_Item], latest_user: int, focus_topic: str | None) -> tuple[list[_Item | Message], list[int]]:
+        """``items`` as one layer, each run of foldable originals folded into leaf nodes
+        chunk by chunk (a chunk whose node would not be shorter stays verbatim), and the
+        indices of the messages folded."""
+        layer: list[_Item | Message] = []
+        replaced: list[int] = []
+        run: list[_Item] = []
+
+        def flush() -> None:
+            for chunk in self._chunks(msgs, run):
+                node = self._leaf(msgs, ids, chunk, focus_topic)
+                if node is None:
+                    layer.extend(m for it in chunk for m in msgs[it.start : it.end])
+                    continue
+                layer.append(node)
+                replaced.extend(range(chunk[0].start, chunk[-1].end))
+            run.clear()
+
+        # originals a previous compaction left before a summary (a then-latest user message) stay:
+        # folding them would rewrite the compacted prefix the prompt cache already holds
+        # (a group holding an output cut earlier counts as such a summary: it was one)
+        last_node = max((k for k, it in enumerate(items) if it.is_node or any(is_summary(m) for m in msgs[it.start : it.end])), default=-1)
+        foldable = [m for k, it in enumerate(items) if not it.is_node and k > last_node and not it.start <= latest_user < it.end for m in msgs[it.start : it.end]]
+        self._facts_tight = self._facts_would_overflow(msgs, foldable)
+        for k, it in enumerate(items):
+            if it.is_node:
+                flush()
+                layer.append(it)
+            elif k < last_node or it.start <= latest_user < it.end:
+                flush()
+                layer.extend(msgs[it.start : it.end])
+            else:
+                run.append(it)
+        flush()
+        return layer, replaced
 
     def _summarize(self, span: Sequence[Message], span_tokens: int, focus_topic: str | None) -> tuple[str, str]:
         """The digest body and how it was made: LLM → shorter LLM → deterministic digest."""
@@ -469,6 +472,22 @@ class LcmEngine(ContextEngine):
         status = super().get_status()
         status["session_id"] = self.session_id
         return status
+
+
+def _laid_out(layer: list[_Item | Message], msgs: list[Message], latest_user: int) -> list[Message]:
+    """The messages of ``layer``: a node as its summary message, in the user's role before the
+    latest user message (``msgs[latest_user]``) and the assistant's after it (its account of
+    the work since), so that message stays the last user-role message of the request."""
+    out: list[Message] = []
+    role = "user"
+    for entry in layer:
+        if isinstance(entry, _Item):
+            out.append(entry.message if entry.message is not None else {"role": role, "content": entry.text})
+        else:
+            out.append(entry)
+            if latest_user >= 0 and entry is msgs[latest_user]:
+                role = "assistant"
+    return out
 
 
 def _quoted_users(span: Sequence[Message], text: str) -> str:

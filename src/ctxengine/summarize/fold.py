@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 from ctxengine.facts import Facts, extract_facts
 from ctxengine.messages import Message
@@ -142,61 +143,75 @@ def fold_span(
     happened goes to ``notes``.
     """
     span, previous, facts = summary_span(middle, previous, facts_of)
-    required = facts.merge(carried)
-    if previous is not None and not carried.all():
-        required = required.merge(extract_facts([{"role": "assistant", "content": previous}], include_users=False))
+    required = _required_facts(facts, carried, previous)
     summary, used, error = run_summarizer(
-        summarizer,
-        fallback,
-        span,
-        previous,
-        focus_topic,
-        budget,
-        over_hard_limit=over_hard_limit,
-        abort_on_failure=abort_on_failure,
-        notes=notes,
-        log=log,
+        summarizer, fallback, span, previous, focus_topic, budget,
+        over_hard_limit=over_hard_limit, abort_on_failure=abort_on_failure, notes=notes, log=log,
     )
     if summary is None:  # authentication failed below the hard limit (or abort): keep all
         return Folded(None, used, error, required)
-
-    def extractive(tokens: int) -> str:
-        return fallback.summarize(span, previous_summary=previous, focus_topic=focus_topic, budget_tokens=tokens)
-
-    def shrink(text: str, tokens: int) -> str:
-        return bounded(text, tokens, extractive, notes)
-
-    summary = shrink(summary, budget)
-    if used is None and estimate(summary) >= content_tokens > 0:
-        # a summary that does not shrink what it replaces is no summary: extractive instead
-        notes.append(f"summary of {estimate(summary):,} tokens does not shrink the {content_tokens:,} it replaces: extractive summary used")
-        summary = extractive(budget)
-        used = "extractive"
-    def ledger_of(text: str) -> LedgerResult:
-        return fit_ledger(
-            text,
-            required,
-            kept,
-            tokens_of=tokens_of,
-            facts_of=facts_of,
-            hard_limit=hard_limit,
-            context_length=context_length,
-            min_output_tokens=min_output_tokens,
-            shrink=shrink,
-            budget=budget,
-            quote_budget=quote_budget,
-            quote_tokens=QUOTE_TOKENS,
-            pointer=pointer,
-        )
-
-    ledger = ledger_of(summary)
-    # with a quote budget the ledger shares the summary's budget (fit_ledger): the prose
-    # shrinks to its floor only when not one user message could be quoted (the kept
-    # messages left no room), never to squeeze in more quotes
-    if ledger.unquoted_users and estimate(summary) > MIN_SHRUNK_SUMMARY and (quote_budget is None or not ledger.added.get("users")):
-        # the user's words come before the summary's prose: it shrinks to its floor, kept only
-        # if more user messages fit (see _more_quoted)
-        mark = len(notes)
-        ledger = _more_quoted(ledger, ledger_of(shrink(summary, MIN_SHRUNK_SUMMARY)), notes, mark)
+    text = _SummaryText(span, previous, focus_topic, fallback, budget, notes)
+    summary, used = text.bounded(summary, used, content_tokens)
+    ledger_of = partial(
+        fit_ledger, required=required, kept=kept, tokens_of=tokens_of, facts_of=facts_of,
+        hard_limit=hard_limit, context_length=context_length, min_output_tokens=min_output_tokens,
+        shrink=text.shrink, budget=budget, quote_budget=quote_budget, quote_tokens=QUOTE_TOKENS,
+        pointer=pointer,
+    )
+    ledger = text.with_ledger(summary, ledger_of, quote_budget)
     _note_ledger(ledger, notes, pointer)
     return Folded(ledger.text.strip(), used, error, required, [*ledger.unquoted_users, *ledger.briefed_users])
+
+
+def _required_facts(facts: Facts, carried: Facts, previous: str | None) -> Facts:
+    """The facts the summary must keep: those of the span, those ``carried`` from earlier
+    compactions and, when none were carried, those of the ``previous`` summary."""
+    required = facts.merge(carried)
+    if previous is not None and not carried.all():
+        required = required.merge(extract_facts([{"role": "assistant", "content": previous}], include_users=False))
+    return required
+
+
+@dataclass(slots=True)
+class _SummaryText:
+    """The summarizer's text made a summary of ``span``: bounded to ``budget`` (the extractive
+    summary of the span filling in), replaced when it does not shrink what it replaces, then
+    given its fact ledger. What happened goes to ``notes``."""
+
+    span: list[Message]
+    previous: str | None
+    focus_topic: str | None
+    fallback: Summarizer
+    budget: int
+    notes: list[str]
+
+    def extractive(self, tokens: int) -> str:
+        """The deterministic summary of the span within ``tokens``."""
+        return self.fallback.summarize(self.span, previous_summary=self.previous, focus_topic=self.focus_topic, budget_tokens=tokens)
+
+    def shrink(self, text: str, tokens: int) -> str:
+        """``text`` bounded to ``tokens`` (:func:`~ctxengine.summarize.assembly.bounded`)."""
+        return bounded(text, tokens, self.extractive, self.notes)
+
+    def bounded(self, summary: str, used: str | None, content_tokens: int) -> tuple[str, str | None]:
+        """``summary`` within the budget, and the fallback used (``used`` unless replaced)."""
+        summary = self.shrink(summary, self.budget)
+        if used is None and estimate(summary) >= content_tokens > 0:
+            # a summary that does not shrink what it replaces is no summary: extractive instead
+            self.notes.append(f"summary of {estimate(summary):,} tokens does not shrink the {content_tokens:,} it replaces: extractive summary used")
+            return self.extractive(self.budget), "extractive"
+        return summary, used
+
+    def with_ledger(self, summary: str, ledger_of: Callable[[str], LedgerResult], quote_budget: int | None) -> LedgerResult:
+        """The ledger of ``summary``; of the summary shrunk to its floor instead when that
+        quotes more user messages (:func:`_more_quoted`)."""
+        ledger = ledger_of(summary)
+        # with a quote budget the ledger shares the summary's budget (fit_ledger): the prose
+        # shrinks to its floor only when not one user message could be quoted (the kept
+        # messages left no room), never to squeeze in more quotes
+        if ledger.unquoted_users and estimate(summary) > MIN_SHRUNK_SUMMARY and (quote_budget is None or not ledger.added.get("users")):
+            # the user's words come before the summary's prose: it shrinks to its floor, kept only
+            # if more user messages fit (see _more_quoted)
+            mark = len(self.notes)
+            ledger = _more_quoted(ledger, ledger_of(self.shrink(summary, MIN_SHRUNK_SUMMARY)), self.notes, mark)
+        return ledger

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ctxengine.engines.kit.blocks import fit_facts, render_facts, search_names, unseen
 from ctxengine.engines.kit.records import GREP_TOOL, header, recall_pointer
@@ -136,66 +137,118 @@ def cut_output(
     if total_tokens <= budget_tokens:
         return text
     lines = text.split("\n")
-    n = len(lines)
     if memo is not None:
         found = Facts([], memo.paths(text), memo.urls(text), [], memo.errors(text))
     else:
         found = Facts([], paths_in(text), urls_in(text), [], error_lines(text))
-    all_facts = unseen(found, known=known)
-    n_facts = len(all_facts)
-    # the marker with the largest numbers it can show: the real one is never longer
-    marker_cost = count(_marker(ref, n, n, n, total_tokens, n_facts, recall, search_names(all_facts))) + 1
-    rest = budget_tokens - marker_cost
-    if rest <= 0:
-        floor = _marker(ref, n, n, 0, total_tokens, n_facts, recall)
-        return floor if count(floor) < total_tokens else text
+    facts = unseen(found, known=known)
+    cut = _Cut(text, lines, budget_tokens, count, total_tokens, facts, ref=ref, recall=recall, line_chars=line_chars)
+    return cut.run(head_lines, tail_lines)
 
-    block_all = sum(count(f) + 1 for f in all_facts.all()) + (8 if n_facts else 0)
-    line_budget = rest - block_all if block_all <= rest // 2 else rest // 2
-    lead, lead_n = _lead(lines, line_budget, count, line_chars)
-    body = lines[lead_n:]
-    nb = len(body)
-    line_budget -= sum(count(x) + 1 for x in lead)
-    head, tail = _choose_lines(body, line_budget, count, head_lines, tail_lines, line_chars)
-    while True:
-        kept = [*lead, *(_cap(x, line_chars) for x in body[:head])]
-        kept_tail = [_cap(x, line_chars) for x in body[nb - tail :]] if tail else []
-        kept_text = "\n".join([*kept, *kept_tail])
-        removed = nb - head - tail
-        lost = unseen(all_facts, kept_text)
-        used = sum(count(x) + 1 for x in kept) + sum(count(x) + 1 for x in kept_tail)
-        chosen, unlisted = fit_facts(lost, max(0, rest - used), count=count)
-        out = _assemble(_marker(ref, removed, n, lead_n + head, total_tokens, unlisted, recall, _left_out(lost, chosen)), kept, kept_tail, chosen)
-        if count(out) <= budget_tokens:
-            # the per-fact costs are upper bounds: top up with facts the real slack still holds
-            for _ in range(3):
-                slack = budget_tokens - count(out)
-                if not unlisted or slack <= 2:
-                    break
-                more, _ = fit_facts(unseen(lost, "\n".join(chosen.all())), slack, count=count)
-                if not len(more):
-                    break
-                bigger = chosen.merge(more)
-                left = unlisted - len(more)
-                trial = _assemble(_marker(ref, removed, n, lead_n + head, total_tokens, left, recall, _left_out(lost, bigger)), kept, kept_tail, bigger)
-                if count(trial) > budget_tokens:
-                    break
-                out, chosen, unlisted = trial, bigger, left
-            return out
-        if head == 0 and tail == 0 and not len(chosen):
-            if lead:  # the header alone does not fit: the marker and facts without it
-                lead, lead_n = [], 0
-                body, nb = lines, n
-                continue
-            return out
-        # the sum of parts undercounted the whole (a tokenizer merging across lines): give up
-        # a tail line, else a head line, else facts, and measure again
-        if tail:
-            tail -= 1
-        elif head:
-            head -= 1
-        else:
-            rest -= max(1, count(out) - budget_tokens)
+
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    """The lines one try of a cut keeps (``head`` the lead and head lines, ``tail`` the tail
+    lines), how many lines it removes after line ``after``, and the facts those lines held."""
+
+    head: list[str]
+    tail: list[str]
+    removed: int
+    after: int
+    lost: Facts
+
+
+class _Cut:
+    """One cut of an output over its budget: the output's lines and facts, the budget, the
+    terms of its marker. :meth:`run` gives the text."""
+
+    def __init__(self, text: str, lines: list[str], budget: int, count: Callable[[str], int], total_tokens: int, facts: Facts, *, ref: str | None, recall: bool, line_chars: int) -> None:
+        self.text = text
+        self.lines = lines
+        self.budget = budget
+        self.count = count
+        self.total_tokens = total_tokens
+        self.facts = facts
+        self.ref = ref
+        self.recall = recall
+        self.line_chars = line_chars
+
+    def marker(self, removed: int, after: int, unlisted: int, names: list[str] | None = None) -> str:
+        """The marker line: ``removed`` lines gone after line ``after``, ``unlisted`` facts."""
+        return _marker(self.ref, removed, len(self.lines), after, self.total_tokens, unlisted, self.recall, names)
+
+    def run(self, head_lines: int | None, tail_lines: int | None) -> str:
+        """The cut: the marker, the header, head and tail lines and the facts within the budget;
+        the marker alone (or the text, when shorter) when the budget cannot hold more."""
+        lines, n, n_facts, count = self.lines, len(self.lines), len(self.facts), self.count
+        # the marker with the largest numbers it can show: the real one is never longer
+        rest = self.budget - (count(self.marker(n, n, n_facts, search_names(self.facts))) + 1)
+        if rest <= 0:
+            floor = self.marker(n, 0, n_facts)
+            return floor if count(floor) < self.total_tokens else self.text
+        block_all = sum(count(f) + 1 for f in self.facts.all()) + (8 if n_facts else 0)
+        line_budget = rest - block_all if block_all <= rest // 2 else rest // 2
+        lead, lead_n = _lead(lines, line_budget, count, self.line_chars)
+        line_budget -= sum(count(x) + 1 for x in lead)
+        head, tail = _choose_lines(lines[lead_n:], line_budget, count, head_lines, tail_lines, self.line_chars)
+        return self.fit(lead, lead_n, head, tail, rest)
+
+    def fit(self, lead: list[str], lead_n: int, head: int, tail: int, rest: int) -> str:
+        """The cut keeping ``lead`` (for the first ``lead_n`` lines), ``head`` and ``tail`` body
+        lines and the facts ``rest`` tokens leave room for, measured whole: while over the
+        budget it gives up a tail line, else a head line, else the header, else facts' room."""
+        body = self.lines[lead_n:]
+        while True:
+            kept = self.kept(lead, lead_n, body, head, tail)
+            used = sum(self.count(x) + 1 for x in kept.head) + sum(self.count(x) + 1 for x in kept.tail)
+            chosen, unlisted = fit_facts(kept.lost, max(0, rest - used), count=self.count)
+            out = self.assembled(kept, chosen, unlisted)
+            if self.count(out) <= self.budget:
+                return self.topped_up(out, kept, chosen, unlisted)
+            if head == 0 and tail == 0 and not len(chosen):
+                if lead:  # the header alone does not fit: the marker and facts without it
+                    lead, lead_n = [], 0
+                    body = self.lines
+                    continue
+                return out
+            # the sum of parts undercounted the whole (a tokenizer merging across lines): give up
+            # a tail line, else a head line, else facts, and measure again
+            if tail:
+                tail -= 1
+            elif head:
+                head -= 1
+            else:
+                rest -= max(1, self.count(out) - self.budget)
+
+    def kept(self, lead: list[str], lead_n: int, body: list[str], head: int, tail: int) -> _Kept:
+        """The lines one try keeps: the ``lead``, the first ``head`` and last ``tail`` of ``body``."""
+        kept = [*lead, *(_cap(x, self.line_chars) for x in body[:head])]
+        kept_tail = [_cap(x, self.line_chars) for x in body[len(body) - tail :]] if tail else []
+        lost = unseen(self.facts, "\n".join([*kept, *kept_tail]))
+        return _Kept(kept, kept_tail, len(body) - head - tail, lead_n + head, lost)
+
+    def assembled(self, kept: _Kept, chosen: Facts, unlisted: int) -> str:
+        """The cut's text: the marker, the ``kept`` lines, the ``chosen`` facts."""
+        marker = self.marker(kept.removed, kept.after, unlisted, _left_out(kept.lost, chosen))
+        return _assemble(marker, kept.head, kept.tail, chosen)
+
+    def topped_up(self, out: str, kept: _Kept, chosen: Facts, unlisted: int) -> str:
+        """``out`` with more facts while the real slack holds them: the per-fact costs
+        :func:`fit_facts` goes by are upper bounds."""
+        for _ in range(3):
+            slack = self.budget - self.count(out)
+            if not unlisted or slack <= 2:
+                break
+            more, _ = fit_facts(unseen(kept.lost, "\n".join(chosen.all())), slack, count=self.count)
+            if not len(more):
+                break
+            bigger = chosen.merge(more)
+            left = unlisted - len(more)
+            trial = self.assembled(kept, bigger, left)
+            if self.count(trial) > self.budget:
+                break
+            out, chosen, unlisted = trial, bigger, left
+        return out
 
 
 def _lead(lines: list[str], budget: int, count: Callable[[str], int], line_chars: int) -> tuple[list[str], int]:

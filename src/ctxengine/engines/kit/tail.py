@@ -102,39 +102,13 @@ def plan_head_tail(
     accepts (one the client rewrites in place every turn: its working set, e.g. aider's files)
     stays verbatim too, pulled out of the middle like the latest user message."""
     n = len(msgs)
-    head_end = align_cut(msgs, min(protect_first_n, n), direction="forward")
-    first_user = next((i for i, m in enumerate(msgs) if m.get("role") == "user"), None)
-    if first_user is not None and first_user >= head_end and not is_summary(msgs[first_user]):
-        head_end = align_cut(msgs, first_user + 1, direction="forward")
-    if frozen is not None:
-        k, last = frozen
-        if head_end < k <= n and msgs[k - 1] == last:
-            head_end = align_cut(msgs, k, direction="forward")
-    for i in range(1, head_end):
-        if is_own_summary(msgs[i]):
-            head_end = i
-            break
-    budget = tail_budget
+    head_end = _head_end(msgs, protect_first_n, frozen, is_own_summary)
     cap = soft_cap(sum(toks[:head_end]))
-    start = n
-    acc = 0
-    count = 0
     spans = [(a + head_end, b + head_end) for a, b in group_spans(msgs[head_end:])]
-    for a, b in reversed(spans):
-        g = sum(toks[a:b])
-        if start < n and not (acc + g <= budget or (count < protect_last_n and acc + g <= cap)):
-            break
-        acc += g
-        count += b - a
-        start = a
+    start = _tail_walk(spans, toks, n, tail_budget, protect_last_n, cap)
     # the user's latest message, not an engine's user-role digest or summary after it (rule 5)
     last_user = next((i for i in range(n - 1, -1, -1) if msgs[i].get("role") == "user" and not is_summary(msgs[i])), None)
-    # everything after the head fits the tail (or the middle would hold only the latest
-    # user message): give the middle the oldest groups back, keeping the last group
-    k = 0
-    while k < len(spans) - 1 and (start <= head_end or all(i == last_user for i in range(head_end, start))):
-        start = max(start, spans[k][1])
-        k += 1
+    start = _middle_kept(spans, start, head_end, last_user)
     acc = sum(toks[start:])
     pulled: int | None = None
     if last_user is not None and head_end <= last_user < start:
@@ -145,3 +119,54 @@ def plan_head_tail(
     kept = [i for i in range(head_end, start) if i != pulled and msgs[i].get("role") == "user" and live(msgs[i])] if live is not None else []
     middle = [i for i in range(head_end, start) if i != pulled and i not in kept]
     return HeadTailPlan(head_end, start, pulled, middle, kept)
+
+
+def _head_end(
+    msgs: Sequence[Mapping[str, Any]],
+    protect_first_n: int,
+    frozen: tuple[int, Mapping[str, Any]] | None,
+    is_own_summary: Callable[[Any], bool],
+) -> int:
+    """Where the head ends: ``protect_first_n`` messages, extended to the first user message
+    and to the ``frozen`` prefix, cut back before the first summary after the first message."""
+    n = len(msgs)
+    head_end = align_cut(msgs, min(protect_first_n, n), direction="forward")
+    first_user = next((i for i, m in enumerate(msgs) if m.get("role") == "user"), None)
+    if first_user is not None and first_user >= head_end and not is_summary(msgs[first_user]):
+        head_end = align_cut(msgs, first_user + 1, direction="forward")
+    if frozen is not None:
+        k, last = frozen
+        if head_end < k <= n and msgs[k - 1] == last:
+            head_end = align_cut(msgs, k, direction="forward")
+    for i in range(1, head_end):
+        if is_own_summary(msgs[i]):
+            return i
+    return head_end
+
+
+def _tail_walk(spans: Spans, toks: Sequence[int], n: int, budget: int, protect_last_n: int, cap: int) -> int:
+    """Where the tail begins: whole groups of ``spans`` from the end while they fit ``budget``
+    tokens, or ``cap`` while the tail holds fewer than ``protect_last_n`` messages; ``n`` (no
+    tail) when there are none."""
+    start = n
+    acc = 0
+    count = 0
+    for a, b in reversed(spans):
+        g = sum(toks[a:b])
+        if start < n and not (acc + g <= budget or (count < protect_last_n and acc + g <= cap)):
+            break
+        acc += g
+        count += b - a
+        start = a
+    return start
+
+
+def _middle_kept(spans: Spans, start: int, head_end: int, last_user: int | None) -> int:
+    """``start`` moved on when everything after the head fits the tail (or the middle would
+    hold only the latest user message): the middle gets the oldest groups back, the last group
+    stays in the tail."""
+    k = 0
+    while k < len(spans) - 1 and (start <= head_end or all(i == last_user for i in range(head_end, start))):
+        start = max(start, spans[k][1])
+        k += 1
+    return start
