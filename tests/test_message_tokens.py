@@ -140,7 +140,10 @@ def test_with_the_exact_counter_the_engine_reads_the_sessions_exact_counts(name:
         engine = mgr.engine("s")
         tokens = engine.tokens  # type: ignore[attr-defined]
         assert isinstance(tokens.counter, ExactCounter) and tokens.counter is engine.counter  # type: ignore[attr-defined]
-        assert tokens is mgr._session("s").history.tokens.for_counter(engine.counter)  # type: ignore[attr-defined]
+        history = mgr._session("s").history
+        assert tokens is history.tokens.for_counter(engine.counter)  # type: ignore[attr-defined]
+        # the kernel's own count for decisions (anchored, the configured counter) read it too
+        assert all(m in tokens for m in history.working)
 
 
 @pytest.mark.parametrize("build", [

@@ -56,7 +56,11 @@ class Counting:
     def anchored(self, history: SessionHistory) -> AnchoredCounter:
         """The session's token count for decisions (anchored on the provider's prompt tokens)."""
         wc = self.window
-        if self.session is not wc or type(self.counter) is not EstimateCounter:
+        if self.session is not wc:
+            # the configured counter counts for decisions: each message once, in the session's
+            # counts the engine reads too
+            return AnchoredCounter(self.session, per_message=history.tokens.for_counter(self.session).message)
+        if type(self.counter) is not EstimateCounter:
             return AnchoredCounter(self.session)
 
         # the window counter's count of a message without long texts is its estimate, which

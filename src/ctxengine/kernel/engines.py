@@ -185,7 +185,7 @@ class EngineHost:
         s.counter.reset()
         report = engine.last_report
         if report is None or report.messages_after != len(out):
-            report = CompactionReport(engine.name, len(msgs), len(out), tokens, self.counting.counter.count_messages(out), elapsed_ms=outcome.elapsed_ms)
+            report = CompactionReport(engine.name, len(msgs), len(out), tokens, s.history.tokens.for_counter(self.counting.counter).count_messages(out), elapsed_ms=outcome.elapsed_ms)
         data = report.to_dict()
         data["trigger"] = trigger
         s.last_compaction = data
