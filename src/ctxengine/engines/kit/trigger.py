@@ -37,8 +37,9 @@ are (the deterministic summary is used instead). Compressed output never exceeds
 
 class SummaryTrigger(CachedCuts, ContextEngine):
     """The trigger of a summarizing engine (see the module docstring); the engine calls
-    :meth:`_init_trigger` once its counter and per-message counts (``tokens``) are set, :meth:`_reset_trigger` on a session reset
-    and :meth:`_compacted_to` after each compaction that changed the messages."""
+    :meth:`_init_trigger` once its counter and per-message counts (``tokens``) are set,
+    :meth:`_reset_trigger` on a session reset and :meth:`_compacted_to` after each compaction
+    that changed the messages."""
 
     enabled: bool
     backoff_turns: int
