@@ -387,7 +387,7 @@ def test_engine_tool_results_the_manager_added_stay_when_the_raw_history_is_rese
 
 
 def test_each_message_is_estimated_once_per_session_however_long_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    import ctxengine.history.tokens as history_tokens
+    import ctxengine.tokens as tokens_module
     from ctxengine.history import TurnInput
     from ctxengine.tokens import estimate_message_tokens
 
@@ -397,7 +397,8 @@ def test_each_message_is_estimated_once_per_session_however_long_it_runs(monkeyp
         estimated.append(id(m))
         return estimate_message_tokens(m)
 
-    monkeypatch.setattr(history_tokens, "estimate_message_tokens", counting)
+    # the session's per-message counts (ctxengine.tokens.MessageTokens) take the estimate when built
+    monkeypatch.setattr(tokens_module, "estimate_message_tokens", counting)
     h = SessionHistory()
     working = _head()
     h.finish(TurnInput("first", working, 0, 0), working, working)
@@ -464,8 +465,8 @@ def test_the_token_memo_stays_bounded_by_the_working_context() -> None:
     for k in range(2_000):  # messages asked once each (the planner's fallback for other lists)
         h.message_tokens([{"role": "user", "content": f"m{k}"}])
         h.message_tokens(working)  # and the working context again: read only
-        assert len(h.tokens._memo) <= limit + 1
-    assert all(id(m) in h.tokens._memo for m in working)  # the working context stays memoised
+        assert len(h.tokens.estimates) <= limit + 1
+    assert all(m in h.tokens.estimates for m in working)  # the working context stays memoised
 
 
 # -- cache markers are not edits (Claude Code moves its marker to the newest message each turn) --

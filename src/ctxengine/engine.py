@@ -37,7 +37,7 @@ from pydantic import BaseModel
 from ctxengine.errors import InputError
 from ctxengine.messages import Message
 from ctxengine.models import DEFAULT_CONTEXT_LENGTH
-from ctxengine.tokens import TokenCounter
+from ctxengine.tokens import MessageTokens, TokenCounter
 
 if TYPE_CHECKING:
     from ctxengine.engines.kit.records import RecallReach
@@ -61,7 +61,12 @@ class Services:
 
     ``store`` records originals and answers recall reads (``None`` when storage is off);
     ``recall`` the store-backed recall tools of this session (``None`` without a store);
-    ``counter`` the configured token counter; ``summarizer`` the configured LLM summarizer, if
+    ``counter`` the configured token counter; ``tokens`` the session's per-message counts with
+    it (:class:`~ctxengine.tokens.MessageTokens`: the one memo of each message's count a
+    session has, shared with the kernel's decisions; an engine reads its counts there and keeps
+    no memo of its own, and built without one makes a private one with
+    :meth:`MessageTokens.of <ctxengine.tokens.MessageTokens.of>`, so its code path is the
+    same); ``summarizer`` the configured LLM summarizer, if
     any; ``session_id`` the session the engine serves; ``context_length`` the model's window;
     ``model`` its name; ``config`` the whole :class:`~ctxengine.config.Config` (for engines
     that read more than their own section); ``reach`` whether the recall tools reach the model
@@ -76,6 +81,7 @@ class Services:
     store: SessionRecorder | RecallStore | Any | None = None
     recall: Recall | None = None
     counter: TokenCounter | None = None
+    tokens: MessageTokens | None = None
     summarizer: Any | None = None
     model: str | None = None
     config: Any | None = None
@@ -322,6 +328,10 @@ class ContextEngine(ABC):
                 f"from_config(settings, services): services must be a Services, not {type(services).__name__}"
             )
         offered: dict[str, Any] = services.as_kwargs()
+        if "tokens" in offered and "tokens" not in (keyword_names(cls.__init__) or ()):
+            # newer than the seed: only to an ``__init__`` that names it (one taking
+            # ``**kwargs`` may hand them on to a constructor that refuses unknown keywords)
+            del offered["tokens"]
         if settings is not None:
             offered.update(settings.model_dump() if isinstance(settings, BaseModel) else dict(settings))
         return cls(**accepted_keywords(cls.__init__, offered))

@@ -32,6 +32,7 @@ __all__ = [
     "AnchoredCounter",
     "EstimateCounter",
     "ExactCounter",
+    "MessageTokens",
     "TokenCounter",
     "estimate",
     "estimate_message_tokens",
@@ -58,6 +59,9 @@ _ASCII_BYTES = bytes(range(128))
 
 _MEMO_MIN_CHARS = 256
 _MEMO_MAX_CHARS = 8_000_000
+# the estimator's own text memo, process-wide: an implementation detail of :func:`estimate`
+# (keyed by text, so it answers for deep copies and for every session alike). A message's
+# count is the session's :class:`MessageTokens`, not this.
 _memo: dict[str, int] = {}
 _memo_chars = [0]
 
@@ -65,7 +69,8 @@ _memo_chars = [0]
 def estimate(text: str) -> int:
     """Estimated o200k tokens of ``text``, rounded up (see :func:`_estimate`). Texts of 256
     characters or more are remembered (up to 8M characters in all, then forgotten at once):
-    a compaction asks for the same outputs many times, and a lookup costs less than a count."""
+    a compaction asks for the same outputs many times, and a lookup costs less than a count.
+    Per-message counts are memoised once per session, by :class:`MessageTokens`."""
     if len(text) < _MEMO_MIN_CHARS:
         return _estimate(text)
     hit = _memo.get(text)
@@ -348,6 +353,103 @@ def get_counter(name: str = "estimate") -> TokenCounter:
     raise TokenizerError(f"unknown token counter {name!r}; use 'estimate', 'exact' or 'exact:<encoding>'")
 
 
+class MessageTokens:
+    """One session's count of each message with one counter: the owner of per-message counts.
+
+    The kernel keeps one per session (the session history's estimates,
+    :class:`ctxengine.history.WorkingTokens`, which also keeps it bounded) and hands it to the
+    session's engine (``Services.tokens``); an engine built alone makes a private one
+    (:meth:`of`), so an engine counts the same way either way and keeps no memo of its own.
+
+    Memoised by message identity, each entry holding its message (so an id is never reused
+    while remembered): messages are never edited in place (DESIGN §3.1), so a count cannot go
+    stale. A deep copy is another message (a compaction receives one; the text memo of
+    :func:`estimate` answers for its strings). Past ``limit`` messages the memo starts anew.
+
+    It is a :class:`TokenCounter` too: ``count`` is the counter's, ``count_messages`` sums the
+    memoised counts when the counter counts message by message (``per_message``), else asks
+    the counter. Not locked: the kernel uses it under the session's lock, and a compaction
+    past its deadline may still count through it on its worker thread (:meth:`prune` swaps
+    the memo whole, so a reader never sees it change size under it).
+    """
+
+    __slots__ = ("_memo", "_one", "counter", "limit", "name", "per_message")
+
+    def __init__(self, counter: TokenCounter | None = None, *, limit: int = 200_000) -> None:
+        self.counter: TokenCounter = counter if counter is not None else EstimateCounter()
+        self.name = self.counter.name
+        self.per_message = bool(getattr(self.counter, "per_message", False))
+        self.limit = int(limit)
+        self._memo: dict[int, tuple[Mapping[str, Any], int]] = {}
+        # the estimate is counted directly (no one-message list per count)
+        self._one: Callable[[Mapping[str, Any]], int] = estimate_message_tokens if type(self.counter) is EstimateCounter else self._count_one
+
+    @classmethod
+    def of(cls, counter: TokenCounter | None) -> MessageTokens:
+        """``counter`` itself when it is a session's :class:`MessageTokens` (what the host
+        hands an engine), else a private one counting with ``counter`` (default: the estimate)."""
+        return counter if isinstance(counter, MessageTokens) else cls(counter)
+
+    def __len__(self) -> int:
+        return len(self._memo)
+
+    def __contains__(self, message: object) -> bool:
+        """Whether this very message (not an equal one) is remembered."""
+        hit = self._memo.get(id(message))
+        return hit is not None and hit[0] is message
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> MessageTokens:
+        # what is remembered is keyed by the identity of the originals: a copy starts empty
+        return MessageTokens(copy.deepcopy(self.counter, memo), limit=self.limit)
+
+    def _count_one(self, message: Mapping[str, Any]) -> int:
+        return self.counter.count_messages([message])
+
+    def message(self, message: Mapping[str, Any]) -> int:
+        """Tokens of ``message``, counted once while it is remembered."""
+        hit = self._memo.get(id(message))
+        if hit is not None and hit[0] is message:
+            return hit[1]
+        t = self._one(message)
+        if len(self._memo) > self.limit:
+            self._memo = {}
+        self._memo[id(message)] = (message, t)
+        return t
+
+    def counts(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """Tokens of each message of ``messages`` (:meth:`message` for each, in one pass)."""
+        memo = self._memo
+        one = self._one
+        out = []
+        for m in messages:
+            hit = memo.get(id(m))
+            if hit is not None and hit[0] is m:
+                out.append(hit[1])
+                continue
+            t = one(m)
+            memo[id(m)] = (m, t)
+            out.append(t)
+        if len(memo) > self.limit:
+            self.prune(messages)
+        return out
+
+    def prune(self, keep: Sequence[Mapping[str, Any]]) -> None:
+        """Forget every message but ``keep``."""
+        ids = {id(m) for m in keep}
+        # the items copied at once: a compaction past its deadline may still be counting
+        # through this memo on its worker thread
+        self._memo = {k: v for k, v in list(self._memo.items()) if k in ids}
+
+    def count(self, text: str) -> int:
+        return self.counter.count(text)
+
+    def count_messages(self, messages: Sequence[Mapping[str, Any]]) -> int:
+        """The counter's count of ``messages``, from the memo when it is a sum of messages."""
+        if self.per_message:
+            return sum(self.counts(messages))
+        return self.counter.count_messages(messages)
+
+
 class AnchoredCounter:
     """Token count anchored on the last provider-reported prompt tokens.
 
@@ -371,7 +473,8 @@ class AnchoredCounter:
         # counters that sum per-message counts say so (``per_message = True``)
         self._additive = bool(getattr(self.counter, "per_message", False))
         # ``per_message(m)``: ``counter.count_messages([m])`` from a memo the owner keeps anyway
-        # (an engine's per-message token memo), so a new message is not counted twice a turn
+        # (the session's per-message counts, :class:`MessageTokens`), so a new message is not
+        # counted twice a turn
         self._one: Callable[[Mapping[str, Any]], int] = per_message if per_message is not None and self._additive else self._count_one
 
     def _count_one(self, message: Mapping[str, Any]) -> int:

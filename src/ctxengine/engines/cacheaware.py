@@ -54,7 +54,7 @@ from ctxengine.engines.kit.tail import tail_by_exchanges
 from ctxengine.facts import extract_facts
 from ctxengine.messages import Message, content_text, tool_call_name
 from ctxengine.models import DEFAULT_CONTEXT_LENGTH
-from ctxengine.tokens import EstimateCounter, TokenCounter, estimate
+from ctxengine.tokens import MessageTokens, TokenCounter, estimate
 
 __all__ = ["CacheAwareEngine", "CacheAwareSettings"]
 
@@ -82,17 +82,22 @@ class CacheAwareEngine(ContextEngine):
     ) -> None:
         """``cache_ttl`` is the TTL the host marks requests with (``5m``, ``1h`` or ``auto``),
         ``clock`` the time in seconds (a replay's simulated clock): together they say when the
-        cache is cold (item 6 of the module docstring)."""
+        cache is cold (item 6 of the module docstring). ``counter`` counts tokens
+        (``context.token_counter``, default the estimate); a session's
+        :class:`~ctxengine.tokens.MessageTokens` (what ``from_config`` passes) is also where
+        each message's count is read, else the engine counts into a private one."""
         self.settings = s = with_overrides(CacheAwareConfig, settings, overrides)
         self.cache_ttl = cache_ttl
         self.clock = clock
         self.cache_pace = CachePace()
-        self.counter: TokenCounter = counter or EstimateCounter()  # context.token_counter
+        # each message's count: the session's (Services.tokens), else the engine's own over
+        # ``counter`` (context.token_counter)
+        self.tokens = MessageTokens.of(counter)
+        self.counter: TokenCounter = self.tokens.counter
         self.threshold_ratio = s.fold_ratio
         super().__init__(context_length=context_length, threshold=threshold)
         self.originals = originals
         self.pacing = Pacing(min_gain=s.min_gain, rewrite_every=s.rewrite_every)
-        self._tok: dict[int, tuple[Mapping[str, Any], int]] = {}
         self._expected_stable: int | None = None
         self._stable_ratio = 1.0
         self._declined: tuple[int, int, int] | None = None  # a finished run compress would not fold
@@ -114,14 +119,7 @@ class CacheAwareEngine(ContextEngine):
         return "cacheaware"
 
     def _tokens(self, m: Mapping[str, Any]) -> int:
-        hit = self._tok.get(id(m))
-        if hit is not None and hit[0] is m:
-            return hit[1]
-        t = self.counter.count_messages([m])
-        if len(self._tok) > 200_000:
-            self._tok.clear()
-        self._tok[id(m)] = (m, t)
-        return t
+        return self.tokens.message(m)
 
     # -- the contract -----------------------------------------------------------------------
     def on_session_start(self, session_id: str, **kwargs: Any) -> None:

@@ -97,7 +97,7 @@ from ctxengine.summarize.assembly import (
 from ctxengine.summarize.base import Summarizer
 from ctxengine.summarize.extractive import ExtractiveSummarizer
 from ctxengine.summarize.fold import fold_span, max_summary_tokens, summary_budget
-from ctxengine.tokens import EstimateCounter, TokenCounter
+from ctxengine.tokens import MessageTokens, TokenCounter
 
 if TYPE_CHECKING:
     from ctxengine.summarize.fold import Folded
@@ -123,7 +123,8 @@ class SummaryCompressor(SummaryTrigger):
 
     ``summarizer`` writes summaries; ``None`` uses the deterministic
     :class:`~ctxengine.summarize.extractive.ExtractiveSummarizer`, so the engine works with no
-    LLM and no API key. ``counter`` counts tokens (the fast estimate by default).
+    LLM and no API key. ``counter`` counts tokens (the fast estimate by default; a session's
+    :class:`~ctxengine.tokens.MessageTokens` is also where each message's count is read).
     """
 
     Settings: ClassVar[type[CompressionConfig]] = CompressionConfig
@@ -228,7 +229,8 @@ class SummaryCompressor(SummaryTrigger):
             summarizer = hermes_summarizer(self.summary_model, self.base_url, self.api_key, self.provider)
         self.summarizer: Summarizer = summarizer or ExtractiveSummarizer()
         self._fallback = ExtractiveSummarizer()
-        self.counter: TokenCounter = counter or EstimateCounter()
+        self.tokens = MessageTokens.of(counter)  # each message's count: the session's, else the engine's own
+        self.counter: TokenCounter = self.tokens.counter
         self.recall = recall
         # whether the recall tools reach the model (the host sets it each turn): what the
         # texts written in place of originals say about where they are
@@ -246,7 +248,7 @@ class SummaryCompressor(SummaryTrigger):
         self._summaries = 0
         if resolve_mode(mode, summarizer=summarizer) == "digest":
             self._use_digests(
-                digest_policy(None, window, store=services.get("store"), counter=self.counter, reach=self.reach, session_id=services.get("session_id"))
+                digest_policy(None, window, store=services.get("store"), counter=self.tokens, reach=self.reach, session_id=services.get("session_id"))
             )
         if not self.quiet_mode:
             log.info(
@@ -310,7 +312,7 @@ class SummaryCompressor(SummaryTrigger):
                 services.config,
                 engine.context_length,
                 store=services.store,
-                counter=engine.counter,
+                counter=engine.tokens,
                 reach=engine.reach,
                 session_id=services.session_id,
                 # a threshold other than the default says where old turns fold

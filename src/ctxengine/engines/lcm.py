@@ -70,7 +70,7 @@ from ctxengine.recall import (
 )
 from ctxengine.redact import redact
 from ctxengine.summarize.base import Summarizer
-from ctxengine.tokens import EstimateCounter, TokenCounter, estimate
+from ctxengine.tokens import MessageTokens, TokenCounter, estimate
 
 __all__ = ["NODE_RE", "LcmEngine", "LcmStore", "digest"]
 
@@ -138,7 +138,8 @@ class LcmEngine(ContextEngine):
         self.leaf_chunk_tokens = int(leaf_chunk_tokens)
         self.leaf_fact_tokens = int(leaf_fact_tokens)
         self.summarizer = summarizer
-        self.counter: TokenCounter = counter or EstimateCounter()
+        self.tokens = MessageTokens.of(counter)  # each message's count: the session's, else the engine's own
+        self.counter: TokenCounter = self.tokens.counter
         self.session_id = session_id
         self._hows: list[str] = []
         self._facts_tight = False
@@ -183,7 +184,7 @@ class LcmEngine(ContextEngine):
         return tokens >= self.threshold_tokens > 0
 
     def should_compress_preflight(self, messages: list[Message]) -> bool:
-        return self.counter.count_messages(messages) >= self.threshold_tokens > 0
+        return self.tokens.count_messages(messages) >= self.threshold_tokens > 0
 
     # -- compaction ---------------------------------------------------------------------------------
     def compress(self, messages: list[Message], current_tokens: int | None = None, focus_topic: str | None = None) -> list[Message]:
@@ -193,7 +194,7 @@ class LcmEngine(ContextEngine):
         """
         t0 = time.perf_counter()
         msgs = list(messages)
-        before = self.counter.count_messages(msgs)
+        before = self.tokens.count_messages(msgs)
         report = CompactionReport(self.name, len(msgs), len(msgs), before, before)
         if not msgs:
             self.last_report = report
@@ -217,7 +218,7 @@ class LcmEngine(ContextEngine):
         tail = [tail_cuts.get(i, msgs[i]) for i in range(tail_start, len(msgs))]
         replaced.extend(i for i in tail_cuts if i >= tail_start)
         out = [*msgs[:head], *out_middle, *tail]
-        after = self.counter.count_messages(out)
+        after = self.tokens.count_messages(out)
         if after >= before:
             # never grow the context: nothing worth folding yet
             out = list(msgs)
@@ -245,7 +246,7 @@ class LcmEngine(ContextEngine):
         for i, m in enumerate(msgs):
             if m.get("role") != "tool" or is_summary(m):
                 continue
-            tokens = self.counter.count_messages([m])
+            tokens = self.tokens.message(m)
             if tokens <= limit:
                 continue
             children = [("message", ids[i])]
@@ -260,14 +261,14 @@ class LcmEngine(ContextEngine):
     def _tail_start(self, msgs: list[Message], units: list[tuple[int, int]]) -> int:
         """First index of the fresh tail: whole units from the end, at most
         ``fresh_tail_messages`` messages and ``fresh_tail_ratio`` of the window, at least one unit."""
-        return tail_by_budget(msgs, max_messages=self.fresh_tail_messages, max_tokens=int(self.context_length * self.fresh_tail_ratio), count=self.counter.count_messages, spans=units)
+        return tail_by_budget(msgs, max_messages=self.fresh_tail_messages, max_tokens=int(self.context_length * self.fresh_tail_ratio), count=self.tokens.count_messages, spans=units)
 
     def _chunks(self, msgs: list[Message], run: list[_Item]) -> list[list[_Item]]:
         chunks: list[list[_Item]] = []
         cur: list[_Item] = []
         size = 0
         for it in run:
-            t = self.counter.count_messages(msgs[it.start : it.end])
+            t = self.tokens.count_messages(msgs[it.start : it.end])
             # a small start (a short user message) joins the next group rather than stand alone
             if cur and size + t > self.leaf_chunk_tokens and size >= self.leaf_chunk_tokens // 4:
                 chunks.append(cur)
@@ -284,7 +285,7 @@ class LcmEngine(ContextEngine):
         children = [("message", i) for i in span_ids]
         nid = node_id(0, children)
         text = self._existing(nid)
-        span_tokens = self.counter.count_messages(span)
+        span_tokens = self.tokens.count_messages(span)
         if text is None:
             header = node_text_header(nid, 0, len(span), len(span))
             body, how = self._summarize(span, span_tokens, focus_topic)
@@ -397,7 +398,7 @@ class LcmEngine(ContextEngine):
         if not foldable:
             return False
         folded = {id(m) for m in foldable}
-        kept = self.counter.count_messages([m for m in msgs if id(m) not in folded])
+        kept = self.tokens.count_messages([m for m in msgs if id(m) not in folded])
         facts = self._facts(foldable)
         shown = sum(estimate(f) + 2 for f in facts.all())
         return kept + shown > self.context_length

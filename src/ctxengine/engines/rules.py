@@ -77,7 +77,7 @@ from ctxengine.messages import (
     tool_calls,
 )
 from ctxengine.models import DEFAULT_CONTEXT_LENGTH
-from ctxengine.tokens import EstimateCounter, TokenCounter, estimate
+from ctxengine.tokens import MessageTokens, TokenCounter, estimate
 
 __all__ = ["MARK", "RulesEngine", "RulesSettings"]
 
@@ -115,7 +115,10 @@ class RulesEngine(ContextEngine):
         **overrides: Any,
     ) -> None:
         self.settings = s = with_overrides(CompactionConfig, settings, overrides)
-        self.counter: TokenCounter = counter or EstimateCounter()  # context.token_counter
+        # each message's count: the session's (Services.tokens), else the engine's own over
+        # ``counter`` (context.token_counter)
+        self.tokens = MessageTokens.of(counter)
+        self.counter: TokenCounter = self.tokens.counter
         super().__init__(context_length=context_length, threshold=s.trigger_threshold)
         self.originals = originals
         self.pacing = Pacing(min_gain=s.min_gain, rewrite_every=0)
@@ -135,8 +138,9 @@ class RulesEngine(ContextEngine):
         )
 
     def tokens_of(self, message: Mapping[str, Any]) -> int:
-        """Tokens of one message with the configured counter (``context.token_counter``)."""
-        return self.counter.count_messages([message])
+        """Tokens of one message with the configured counter (``context.token_counter``),
+        read from the session's per-message counts."""
+        return self.tokens.message(message)
 
     @property
     def name(self) -> str:
@@ -161,7 +165,7 @@ class RulesEngine(ContextEngine):
         return self.settings.enabled and self.pacing.armed(tokens, self.threshold_tokens, self.context_length)
 
     def should_compress_preflight(self, messages: list[Message]) -> bool:
-        return self.should_compress(self.counter.count_messages(messages))
+        return self.should_compress(self.tokens.count_messages(messages))
 
     def on_session_reset(self) -> None:
         super().on_session_reset()

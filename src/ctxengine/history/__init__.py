@@ -40,8 +40,8 @@ sending a new dict, not by editing the old one in place.
 
 By concern: :mod:`~ctxengine.history.turn` (:class:`TurnInput`, :data:`TurnKind`),
 :mod:`~ctxengine.history.markers` (markers set aside), :mod:`~ctxengine.history.session`
-(:class:`SessionHistory`), :mod:`~ctxengine.history.tokens` (each message's estimate, the
-working context's running sums).
+(:class:`SessionHistory`), :mod:`~ctxengine.history.tokens` (the session's per-message counts,
+the one cache its engine reads too; the working context's running sums).
 
 Only the new messages are validated, recorded and counted: :meth:`TurnInput.check` validates
 from the last turn boundary before them, and :meth:`SessionHistory.record` appends them after

@@ -1,6 +1,6 @@
-"""A session's per-message token estimates and the running sums of its working context
-(each message estimated once per session, for the decisions);
-see :mod:`ctxengine.history`."""
+"""A session's per-message token counts (the one cache the kernel hands the session's
+engine) and the running sums of its working context (for the decisions and the cache
+planner); see :mod:`ctxengine.history`."""
 
 from __future__ import annotations
 
@@ -8,51 +8,55 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ctxengine.messages import Message, is_summary
-from ctxengine.tokens import estimate_message_tokens
+from ctxengine.tokens import EstimateCounter, MessageTokens, TokenCounter
 
 __all__ = ["WorkingTokens"]
 
 
 class WorkingTokens:
-    """Each message's estimate, memoised by identity and bounded by the working context, and
+    """The owner of a session's per-message counts: ``estimates``, each message's estimate
+    (a :class:`~ctxengine.tokens.MessageTokens`, the one the session's engine counts with
+    when the configured counter is the estimate), kept bounded by the working context; the
+    configured counter's own per-message counts when it is another (:meth:`for_counter`); and
     the running token sums and last summary's index of the working context (the planner's
     inputs). Not thread-safe on its own: used under the session's lock (a compaction past its
-    deadline may still read it: :meth:`prune` swaps the memo whole)."""
+    deadline may still read the counts: :meth:`MessageTokens.prune` swaps a memo whole)."""
 
-    __slots__ = ("_last_summary", "_memo", "_sums")
+    __slots__ = ("_last_summary", "_other", "_sums", "estimates")
 
     def __init__(self) -> None:
-        self._memo: dict[int, tuple[Mapping[str, Any], int]] = {}
+        self.estimates = MessageTokens(EstimateCounter())
+        self._other: MessageTokens | None = None  # the configured counter's, when not the estimate
         self._sums: list[int] = []  # running token sums of ``working``
         self._last_summary = -1  # index of the last summary in ``working``
 
+    def for_counter(self, counter: TokenCounter) -> MessageTokens:
+        """The session's per-message counts with ``counter`` (what its engine counts with):
+        the estimates for the estimate, else one cache of ``counter``'s, kept for the session."""
+        if type(counter) is EstimateCounter:
+            return self.estimates
+        other = self._other
+        if other is None or other.counter is not counter:
+            other = self._other = MessageTokens(counter)
+        return other
+
     def counts(self, messages: Sequence[Mapping[str, Any]], working: Sequence[Message]) -> list[int]:
         """Estimated tokens of each message, each message estimated once per session."""
-        memo = self._memo
-        out = []
-        grew = False
-        for m in messages:
-            hit = memo.get(id(m))
-            if hit is not None and hit[0] is m:
-                out.append(hit[1])
-                continue
-            t = estimate_message_tokens(m)
-            memo[id(m)] = (m, t)
-            out.append(t)
-            grew = True
+        cache = self.estimates
+        n = len(cache)
+        out = cache.counts(messages)
         # (checked when the memo grew: most calls, a turn's messages asked again, only read it)
-        if grew and len(memo) > 4 * max(len(messages), len(working)) + 256:
+        if len(cache) > n and len(cache) > 4 * max(len(messages), len(working)) + 256:
             # bounded by the working context (and this call's messages), which stay memoised:
             # a call for a turn's few new messages must not forget the session's other ones
             self.prune([*working, *messages])
         return out
 
     def prune(self, keep: Sequence[Mapping[str, Any]]) -> None:
-        """Forget every message but ``keep``."""
-        ids = {id(m) for m in keep}
-        # the items copied at once: an engine's compress that ran past its deadline may still
-        # be counting through this memo on its worker thread (ctxengine.kernel.counting.SessionEstimate)
-        self._memo = {k: v for k, v in list(self._memo.items()) if k in ids}
+        """Forget every message but ``keep`` (in each of the session's per-message counts)."""
+        self.estimates.prune(keep)
+        if self._other is not None:
+            self._other.prune(keep)
 
     def follow(self, old: list[Message], new: list[Message]) -> None:
         """Keep the running token sums and the last summary's index of the working context

@@ -9,7 +9,7 @@ session it works on) explicitly.
 ``sessions``              the open sessions: created, reset, resumed, ended
 ``inputs``                the input stage: what is new, validated
 ``recording``             the store: opened, originals recorded, deferred writes, events
-``counting``              the counters, each session's anchor, the usage engines see
+``counting``              the counters, the per-message counts engines read, anchors, usage
 ``engines``               the engine host: build, window, fallback, ``compress`` + output guard
 ``tools``                 tool dispatch: the tool list, its cost, engine and recall calls
 ``compaction``            hygiene, the engine's trigger, the no-thrash rest, the quick check

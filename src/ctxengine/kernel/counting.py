@@ -3,16 +3,16 @@ each session's count anchored on the provider's prompt tokens, and the usage an 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from ctxengine.engine import Usage, normalize_usage
 from ctxengine.history import SessionHistory
 from ctxengine.kernel.state import SessionState
-from ctxengine.tokens import AnchoredCounter, EstimateCounter, TokenCounter
+from ctxengine.tokens import AnchoredCounter, EstimateCounter, MessageTokens, TokenCounter
 from ctxengine.window import ToolTokens, WindowCounter
 
-__all__ = ["Counting", "SessionEstimate", "without_tools"]
+__all__ = ["Counting", "without_tools"]
 
 
 def without_tools(usage: Any, u: Usage, tools: int) -> Any:
@@ -33,24 +33,13 @@ def without_tools(usage: Any, u: Usage, tools: int) -> Any:
     }
 
 
-class SessionEstimate(EstimateCounter):
-    """The estimate an engine of one session counts with: the same numbers as
-    :class:`EstimateCounter`, memoised per message in the session's history (which keeps them
-    for the cache planner), so each new message is estimated once a turn, not once by the
-    engine's trigger and again when the turn is remembered."""
-
-    def __init__(self, history: SessionHistory) -> None:
-        self._history = history
-
-    def count_messages(self, messages: Sequence[Mapping[str, Any]]) -> int:
-        return sum(self._history.message_tokens(messages))
-
-
 class Counting:
-    """``counter``: the configured counter (engines count with it); ``window``: o200k, exact,
-    memoised per text (the window cap); ``session``: what decisions count new messages with
-    (the window counter when the configured one is the estimate: the estimate is 16 % low on a
-    /sys listing); ``tools``: the tool definitions' counts, memoised per distinct list."""
+    """``counter``: the configured counter (engines count with it, each message once per
+    session: :meth:`for_engine`); ``window``: o200k, exact, memoised per text (the window cap's
+    own counter, not per message: see :mod:`ctxengine.window.counting`); ``session``: what
+    decisions count new messages with (the window counter when the configured one is the
+    estimate: the estimate is 16 % low on a /sys listing); ``tools``: the tool definitions'
+    counts, memoised per distinct list."""
 
     def __init__(self, counter: TokenCounter) -> None:
         self.counter = counter
@@ -58,22 +47,28 @@ class Counting:
         self.session: TokenCounter = self.window if isinstance(counter, EstimateCounter) else counter
         self.tools = ToolTokens(self.session.count, self.window.exact_text)
 
-    def for_engine(self, history: SessionHistory | None) -> TokenCounter:
-        """The counter a session's engine gets: the estimate memoised in the session's history."""
-        if history is not None and type(self.counter) is EstimateCounter:
-            return SessionEstimate(history)
-        return self.counter
+    def for_engine(self, history: SessionHistory | None) -> MessageTokens | None:
+        """The per-message counts a session's engine reads (``Services.tokens``): the session's
+        own, kept by its history with the configured counter (the estimates the trigger, the
+        planner and the engine share when that is the estimate); ``None`` without a session."""
+        return history.tokens.for_counter(self.counter) if history is not None else None
 
     def anchored(self, history: SessionHistory) -> AnchoredCounter:
         """The session's token count for decisions (anchored on the provider's prompt tokens)."""
         wc = self.window
-        if self.session is not wc or type(self.counter) is not EstimateCounter:
+        if self.session is not wc:
+            # the configured counter counts for decisions: each message once, in the session's
+            # counts the engine reads too
+            return AnchoredCounter(self.session, per_message=history.tokens.for_counter(self.session).message)
+        if type(self.counter) is not EstimateCounter:
             return AnchoredCounter(self.session)
 
         # the window counter's count of a message without long texts is its estimate, which
         # the session's history memoises (the engine's trigger and the planner count with it)
+        estimates = history.tokens.estimates
+
         def one(m: Mapping[str, Any]) -> int:
-            return wc.count_message(m, lambda x: history.message_tokens((x,))[0])
+            return wc.count_message(m, estimates.message)
 
         return AnchoredCounter(wc, per_message=one)
 

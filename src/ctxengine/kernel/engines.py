@@ -63,7 +63,8 @@ class EngineHost:
             session_id=sid,
             store=store,
             recall=recall,
-            counter=self.counting.for_engine(history),
+            counter=self.counting.counter,
+            tokens=self.counting.for_engine(history),
             model=self.window.model,
             config=self.config,
             reach=reach,
@@ -77,7 +78,7 @@ class EngineHost:
 
     def new_engine(self, sid: str, name: str | None = None, history: SessionHistory | None = None, reach: RecallReach | None = None) -> ContextEngine:
         """A fresh engine for session ``sid`` (never shared between sessions); ``history`` is
-        the session's, whose per-message estimates the engine's counter shares."""
+        the session's, whose per-message counts the engine reads (``Services.tokens``)."""
         length = self.window.context_length
         if self.engine_factory is not None and name is None:
             engine = self.engine_factory()
@@ -184,7 +185,7 @@ class EngineHost:
         s.counter.reset()
         report = engine.last_report
         if report is None or report.messages_after != len(out):
-            report = CompactionReport(engine.name, len(msgs), len(out), tokens, self.counting.counter.count_messages(out), elapsed_ms=outcome.elapsed_ms)
+            report = CompactionReport(engine.name, len(msgs), len(out), tokens, s.history.tokens.for_counter(self.counting.counter).count_messages(out), elapsed_ms=outcome.elapsed_ms)
         data = report.to_dict()
         data["trigger"] = trigger
         s.last_compaction = data

@@ -3,8 +3,9 @@
 ``from_config(settings, services)`` is the contract (:class:`~ctxengine.engine.ContextEngine`):
 each engine declares one pydantic settings model (its ``Settings``, the config section named
 after the engine) and reads nothing else. The registry adapts engines of other shapes once,
-where they are registered (:func:`ctxengine.registry.adapt`). :func:`session_counter` and
-:func:`configured_summarizer` read the two services an engine takes from the whole config.
+where they are registered (:func:`ctxengine.registry.adapt`). :func:`session_counter` (the
+session's per-message token counts, else its counter) and :func:`configured_summarizer` read the
+two services an engine takes from the whole config.
 :func:`settings_and_services` serves engines written for an older page of the docs, whose
 ``from_config(*args, **kwargs)`` accepted both ``(settings, services)`` and
 ``(config, context_length, **services)``.
@@ -99,8 +100,14 @@ def checked(model: type[S], settings: S | Mapping[str, Any] | None, services: Se
 
 
 def session_counter(services: Services) -> TokenCounter | None:
-    """``services.counter``, else the counter ``context.token_counter`` of ``services.config``
-    names, else ``None`` (the engine's default, the fast estimate)."""
+    """What an engine counts with: the session's per-message counts ``services.tokens`` (a
+    :class:`~ctxengine.tokens.MessageTokens` over the configured counter, shared with the
+    kernel), else ``services.counter``, else the counter ``context.token_counter`` of
+    ``services.config`` names, else ``None`` (the engine's default, the fast estimate). An
+    engine reads each message's count from :meth:`MessageTokens.of(counter)
+    <ctxengine.tokens.MessageTokens.of>`: the session's, or a private one built over the counter."""
+    if services.tokens is not None:
+        return services.tokens
     if services.counter is not None:
         return services.counter
     cfg = services.config

@@ -9,7 +9,8 @@ window) is cut wherever it sits, before it is ever sent. Cut text is never cut a
 settled prefix stays byte-stable.
 
 :class:`CachedCuts` is a mixin for an engine: it reads the engine's settings attributes
-(declared below) and keeps the per-call scan, the token memo and the originals it removed.
+(declared below) and its per-message token counts (``tokens``, the session's), and keeps the
+per-call scan and the originals it removed.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ctxengine.facts import FactMemo, Facts, extract_facts
 from ctxengine.messages import Message, content_text, message_text, tool_call_args, tool_calls
 from ctxengine.summarize.assembly import own_summary
 from ctxengine.summarize.extractive import PRUNED_MARKER
-from ctxengine.tokens import TokenCounter
+from ctxengine.tokens import MessageTokens, TokenCounter
 
 __all__ = [
     "BATCH",
@@ -112,6 +113,9 @@ class CachedCuts:
 
     context_length: int
     counter: TokenCounter
+    tokens: MessageTokens
+    """Each message's count (the session's, :attr:`ctxengine.engine.Services.tokens`, else the
+    engine's own over ``counter``): the engine sets it with its counter."""
     keep_recent: int
     batch: int
     batch_tokens: int
@@ -122,7 +126,6 @@ class CachedCuts:
     _calls: int
     _stable_ratio: float
     _originals: list[str]
-    _tok_memo: dict[int, tuple[Message, int]]
     _fact_memo: dict[int, tuple[Message, Facts]]
     _text_facts: FactMemo
     _scan_state: CutScan | None
@@ -146,7 +149,6 @@ class CachedCuts:
         self.cut_min_tokens = max(self.cut_tokens + 1, int(cut_min_tokens))
         self.giant_ratio = float(giant_ratio)
         self.cost_aware = bool(cost_aware)
-        self._tok_memo = {}
         self._fact_memo = {}
         self._text_facts = FactMemo()
         self._reset_cuts()
@@ -159,14 +161,7 @@ class CachedCuts:
         self._stable_ratio = 1.0
 
     def _tokens(self, m: Message) -> int:
-        hit = self._tok_memo.get(id(m))
-        if hit is not None and hit[0] is m:
-            return hit[1]
-        t = self.counter.count_messages([m])
-        if len(self._tok_memo) > 200_000:
-            self._tok_memo.clear()
-        self._tok_memo[id(m)] = (m, t)
-        return t
+        return self.tokens.message(m)
 
     def _facts(self, m: Message) -> Facts:
         """The facts of one message, memoised per message object (a message is extracted once

@@ -37,8 +37,9 @@ are (the deterministic summary is used instead). Compressed output never exceeds
 
 class SummaryTrigger(CachedCuts, ContextEngine):
     """The trigger of a summarizing engine (see the module docstring); the engine calls
-    :meth:`_init_trigger` once its counter is set, :meth:`_reset_trigger` on a session reset
-    and :meth:`_compacted_to` after each compaction that changed the messages."""
+    :meth:`_init_trigger` once its counter and per-message counts (``tokens``) are set,
+    :meth:`_reset_trigger` on a session reset and :meth:`_compacted_to` after each compaction
+    that changed the messages."""
 
     enabled: bool
     backoff_turns: int
@@ -47,7 +48,7 @@ class SummaryTrigger(CachedCuts, ContextEngine):
         self.backoff_turns = int(backoff_turns)
         self._streak = Streak(limit=max(1, int(max_consecutive)))
         self.enabled = bool(enabled)
-        # the anchored count reads the scan's per-message memo: each new message is counted once
+        # the anchored count reads the session's per-message counts: each new message is counted once
         self._anchor = AnchoredCounter(self.counter, per_message=self._tokens)
         self._reset_trigger()
 

@@ -114,7 +114,7 @@ def settings_from_hermes_config(hermes_config: Mapping[str, Any] | None) -> Herm
 def _clone(engine: CtxEngine, shared: Sequence[Any]) -> CtxEngine:
     """A copy of ``engine`` whose own state (attributes, the lists/dicts/sets they hold and its
     ctxengine helper objects) can change without touching ``engine``; ``shared`` objects (store,
-    summarizer, counter) stay shared.
+    summarizer, counter, the per-message token counts) stay shared.
 
     One level deep: engines replace or extend their containers, and a deep copy of a long
     session's state would cost more than the compaction itself.
@@ -337,7 +337,7 @@ class HermesAdapter:
 
     @staticmethod
     def _shared_services(engine: CtxEngine) -> list[Any]:
-        return [getattr(engine, attr, None) for attr in ("store", "_store", "summarizer", "_fallback", "counter", "recall")]
+        return [getattr(engine, attr, None) for attr in ("store", "_store", "summarizer", "_fallback", "counter", "tokens", "recall")]
 
     @staticmethod
     def _problem(engine: CtxEngine, before: list[Message], out: Any) -> str | None:
