@@ -16,11 +16,18 @@ from typing import Any
 import orjson
 
 from ctxengine.errors import InputError
-from ctxengine.messages import PLAIN_NO_FLOAT, Message, json_problem, message_text, plain_json_kind
+from ctxengine.messages import (
+    PLAIN_NO_FLOAT,
+    Message,
+    identical_prefix,
+    json_problem,
+    message_text,
+    plain_json_kind,
+)
 from ctxengine.textsafe import clean, escape_surrogates
 from ctxengine.tokens import MESSAGE_OVERHEAD_TOKENS
 
-__all__ = ["Memo", "Prepared", "blob_hash", "canonical_json", "compaction_id", "message_id", "prepare", "search_text"]
+__all__ = ["Memo", "Prepared", "blob_hash", "canonical_json", "compaction_id", "message_id", "prepare", "same_json", "same_prefix", "search_text"]
 
 _ID_CHARS = 32  # 128 bits of SHA-256: collision-free for any store, half the index size
 
@@ -70,6 +77,65 @@ def compaction_id(session_id: str, before_tip: str | None, after_tip: str | None
     """Id of a compaction event: its session, the tips before and after, and its engine."""
     key = json.dumps([session_id, before_tip, after_tip, engine])
     return "c" + hashlib.sha256(key.encode()).hexdigest()[: _ID_CHARS - 1]
+
+
+_MISSING = object()
+
+
+def same_json(a: Any, b: Any) -> bool:
+    """True when ``a`` and ``b`` certainly have the same :func:`canonical_json` (so the same
+    blob hash), False when they differ or when that cannot be told cheaply.
+
+    Stricter than ``==``, which calls ``1``, ``1.0`` and ``True`` equal (their JSON differs):
+    types must match exactly (dicts with string keys, lists, strings, integers, booleans,
+    ``None``; floats by their ``repr``, the JSON they are written as), anything else is not
+    the same. Shared objects are not visited again: a copy that shares its strings with the
+    original (an engine's deep copy) is told the same in a few microseconds, without
+    serialising or hashing anything."""
+    stack = [(a, b)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        x, y = pop()
+        if x is y:
+            continue
+        t = type(x)
+        if t is not type(y):
+            return False
+        if t is dict:
+            if len(x) != len(y):
+                return False
+            for k, v in x.items():
+                if type(k) is not str:
+                    return False
+                w = y.get(k, _MISSING)
+                if v is not w:
+                    if w is _MISSING:
+                        return False
+                    push((v, w))
+        elif t is list:
+            if len(x) != len(y):
+                return False
+            stack.extend((v, w) for v, w in zip(x, y, strict=True) if v is not w)
+        elif t is str or t is int or t is bool:
+            if x != y:
+                return False
+        elif t is float:
+            if repr(x) != repr(y):
+                return False
+        else:
+            return False
+    return True
+
+
+def same_prefix(messages: Sequence[Any], objs: Sequence[Any]) -> int:
+    """How many leading messages of ``messages`` and ``objs`` are the same objects or
+    :func:`same_json` copies of them (identity first: one C-level pass for a list that grew
+    from the other)."""
+    n = min(len(messages), len(objs))
+    k = identical_prefix(messages, objs)
+    while k < n and same_json(messages[k], objs[k]):
+        k += 1
+    return k
 
 
 # -- a message prepared for writing --------------------------------------------------------------

@@ -26,8 +26,8 @@ from typing import Any
 import orjson
 
 from ctxengine.errors import StoreError
-from ctxengine.messages import Message, identical_prefix
-from ctxengine.store.ids import Prepared, search_text
+from ctxengine.messages import Message
+from ctxengine.store.ids import Prepared, same_prefix, search_text
 from ctxengine.store.sql import Chain
 from ctxengine.store.writes import Writes
 
@@ -51,7 +51,7 @@ class AppendJournal(Writes):
     def _quick_history(self, session_id: str, session_pk: int, messages: list[Message]) -> list[str] | None:
         hit = self._chains.get(session_id)
         k = len(hit[1]) if hit is not None else 0
-        if self._journal and hit is not None and k and len(messages) > k and identical_prefix(messages, hit[0][:k]) == k:
+        if self._journal and hit is not None and k and len(messages) > k and same_prefix(messages, hit[0]) == k:
             # the history this object wrote last, and more (the turn after a compaction)
             new = self._prepare_chain(messages[k:], hit[1][k - 1][1])
             return [mid for _, mid in hit[1][:k]] + self._journal_append(session_id, session_pk, hit, k, messages[k:], new, kind="messages")

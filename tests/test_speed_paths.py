@@ -1,0 +1,103 @@
+"""The compacting turn's fast paths give the results of the slow ones: JSON copies told from
+lookalikes, an engine's untouched copies given back as the caller's messages, a worker thread
+reused for calls under a deadline."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from ctxengine.engine import ContextEngine
+from ctxengine.loop import run_compress
+from ctxengine.messages import Message
+from ctxengine.store.ids import canonical_json, same_json, same_prefix
+from ctxengine.workers import call_within
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ({"x": 1}, {"x": 1.0}),
+        ({"x": 1}, {"x": True}),
+        ({"x": 0.0}, {"x": -0.0}),
+        ({"x": [1, 2]}, {"x": [1, 2, 3]}),
+        ({"x": "a"}, {"y": "a"}),
+        ({"x": None}, {"x": "None"}),
+        ({"x": {"y": 1}}, {"x": {"y": 2}}),
+    ],
+)
+def test_lookalikes_whose_json_differs_are_not_the_same(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert canonical_json(a) != canonical_json(b)
+    assert not same_json(a, b) and not same_json(b, a)
+
+
+def test_copies_are_the_same_json() -> None:
+    m = {"role": "assistant", "content": "x" * 5000, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"cmd": "ls"}'}}], "n": 3, "f": 1.5, "b": False}
+    copy = {**m, "tool_calls": [{**m["tool_calls"][0], "function": dict(m["tool_calls"][0]["function"])}]}
+    decoded = {"role": "assistant", "content": "".join(["x"] * 5000), "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"cmd": "ls"}'}}], "n": 3, "f": 1.5, "b": False}
+    assert same_json(m, copy) and same_json(m, decoded)
+    assert canonical_json(m) == canonical_json(decoded)
+    originals = [m, {"role": "user", "content": "hi"}, {"role": "tool", "content": "a"}]
+    assert same_prefix([copy, {"role": "user", "content": "hi"}, {"role": "tool", "content": "b"}], originals) == 2
+    assert same_prefix(originals, originals) == 3
+
+
+def test_an_engine_s_untouched_copies_come_back_as_the_caller_s_messages() -> None:
+    msgs: list[Message] = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "u"},
+        {"role": "assistant", "content": "a"},
+    ]
+
+    class Keep(ContextEngine):
+        @property
+        def name(self) -> str:
+            return "keep"
+
+        def update_from_response(self, usage: Any) -> None:
+            self._record_usage(usage)
+
+        def should_compress(self, prompt_tokens: int | None = None) -> bool:
+            return True
+
+        def compress(self, messages: list[Message], current_tokens: int | None = None, focus_topic: str | None = None) -> list[Message]:
+            assert messages[0] is not msgs[0]  # the engine works on a copy
+            return [messages[0], {"role": "user", "content": "[summary]"}, messages[1]]
+
+    out = run_compress(Keep(), msgs, deadline=5.0).output
+    assert out == [msgs[0], {"role": "user", "content": "[summary]"}, msgs[1]]
+    assert out[0] is msgs[0] and out[2] is msgs[1]
+
+
+def test_calls_under_a_deadline_reuse_an_idle_worker() -> None:
+    names: list[str] = []
+    threads: list[threading.Thread] = []
+
+    def call() -> None:
+        names.append(threading.current_thread().name)
+        threads.append(threading.current_thread())
+
+    for _ in range(3):
+        assert not call_within(call, 5.0, name="ctxengine-test-call").is_alive()
+    assert names == ["ctxengine-test-call"] * 3
+    assert threads[0] is threads[1] is threads[2] and threads[0] is not threading.current_thread()
+
+
+def test_a_call_past_its_deadline_keeps_its_worker_and_the_next_call_gets_another() -> None:
+    release = threading.Event()
+    seen: list[threading.Thread] = []
+
+    def slow() -> None:
+        seen.append(threading.current_thread())
+        release.wait(10)
+
+    t0 = time.perf_counter()
+    late = call_within(slow, 0.05, name="ctxengine-test-slow")
+    assert late.is_alive() and time.perf_counter() - t0 < 5
+    quick = call_within(lambda: seen.append(threading.current_thread()), 5.0, name="ctxengine-test-quick")
+    assert not quick.is_alive() and seen[1] is not seen[0]
+    release.set()
+    assert late.wait(5.0) and not late.is_alive()
