@@ -101,3 +101,37 @@ def test_a_call_past_its_deadline_keeps_its_worker_and_the_next_call_gets_anothe
     assert not quick.is_alive() and seen[1] is not seen[0]
     release.set()
     assert late.wait(5.0) and not late.is_alive()
+
+
+def test_a_copy_is_prepared_as_its_original_and_a_lookalike_is_not() -> None:
+    from ctxengine.store.ids import prepare
+
+    text = "line /src/app/main.py\n" * 40
+    m: Message = {"role": "tool", "tool_call_id": "c1", "content": text, "n": 1}
+    first = prepare([m], "p0", {})[0]
+    copy: Message = dict(m)
+    assert prepare([copy], "p0", {})[0] == first  # remembered by its text, for any store
+    lookalike: Message = {**m, "n": True}  # same text, other JSON
+    other = prepare([lookalike], "p0", {})[0]
+    assert other.blob != first.blob and other.canonical == canonical_json(lookalike)
+
+
+def test_the_journal_fold_writes_what_a_direct_write_writes(tmp_path: Any) -> None:
+    from ctxengine.store import SqliteStore
+    from ctxengine.store.journal import _read_row
+
+    msgs: list[Message] = [{"role": "user", "content": f"message {k} " + "x" * 300} for k in range(6)]
+    store = SqliteStore(tmp_path / "j.db")
+    ids = store.record_messages("s", msgs[:2])
+    ids += store.append_messages("s", msgs[2:4], after=ids[-1])
+    kept = dict(store._journal_kept)
+    assert len(kept) == 1
+    (meta, body, prepared), = kept.values()
+    assert _read_row(0, meta, body) == prepared
+    ids += store.append_messages("s", msgs[4:], after=ids[-1])
+    assert store.history("s") == msgs  # a read folds the journal
+    assert not store._journal_kept
+    direct = SqliteStore(tmp_path / "d.db", journal=False)
+    assert direct.record_messages("s", msgs) == ids
+    store.close()
+    direct.close()
