@@ -135,3 +135,46 @@ def test_the_journal_fold_writes_what_a_direct_write_writes(tmp_path: Any) -> No
     assert direct.record_messages("s", msgs) == ids
     store.close()
     direct.close()
+
+
+def _tool_history(n: int) -> list[Message]:
+    msgs: list[Message] = [{"role": "system", "content": "sys"}, {"role": "user", "content": "fix the build"}]
+    for k in range(n):
+        call = {"id": f"c{k}", "type": "function", "function": {"name": "bash", "arguments": f'{{"command": "cat src/mod{k}.py"}}'}}
+        msgs += [{"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "tool", "tool_call_id": f"c{k}", "content": f"src/mod{k}.py\n" + "line of code\n" * 300}]
+    return msgs
+
+
+def _replay_store(path: Any, *, defer: bool) -> tuple[dict[str, Any], int]:
+    """A session replayed turn by turn (a prepared-list caller); the store's record at the end
+    and how many compactions were checked pending until ``flush_records``."""
+    from ctxengine.config import Config
+    from ctxengine.manager import ContextManager
+    from ctxengine.store import SqliteStore
+
+    store = SqliteStore(path)
+    mgr = ContextManager(Config(), model="gpt-4o", context_length=16_000, store=store)
+    msgs = _tool_history(24)
+    working = mgr.prepare(msgs[:4], session_id="s", defer_record=defer)
+    checked, seen = 0, 4
+    for end in range(6, len(msgs) + 1, 2):
+        before = mgr.counters("s")["compactions"]
+        working = mgr.prepare([*working, *msgs[seen:end]], session_id="s", defer_record=defer)
+        seen = end
+        if mgr.counters("s")["compactions"] > before and defer:
+            assert len(store.compactions("s")) == before  # left for after the response
+            mgr.flush_records("s")
+            assert len(store.compactions("s")) == before + 1 and store.history("s") == working
+            checked += 1
+        mgr.flush_records("s")
+    record = {"compactions": [c.id for c in store.compactions("s")], "history": store.history("s"), "originals": store.originals("s")}
+    assert record["compactions"] and mgr.status("s")["store_errors"] == 0
+    store.close()
+    return record, checked
+
+
+def test_a_deferring_caller_s_compaction_is_recorded_after_the_response(tmp_path: Any) -> None:
+    sync, _ = _replay_store(tmp_path / "sync.db", defer=False)
+    deferred, checked = _replay_store(tmp_path / "deferred.db", defer=True)
+    assert checked >= 1
+    assert deferred == sync
