@@ -84,6 +84,21 @@ def test_fast_error_scan_equals_the_definition_on_any_text(text: str) -> None:
     assert error_lines(text) == _reference_error_lines(text)
 
 
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(
+            ["error", "errors", "ERROR", "_error", "error_", "2error", "Exception", "exceptions", "java.lang.IOException", "x.yError", "_Error",
+             "permission denied", "permission", "denied", "not found", "no such file", "cannot find symbol", "segmentation fault",
+             "traceback", "failed", "failure", "fatal", "panic", "Failed:", " ", "\n", ".", "-", "x", "9", "0 errors"]
+        ),
+        max_size=30,
+    ).map("".join)
+)
+def test_the_words_found_decide_a_line_as_the_pattern_does(text: str) -> None:
+    assert error_lines(text) == _reference_error_lines(text)
+
+
 @pytest.mark.slow
 def test_fast_scans_equal_the_definitions_on_every_trajectory(trajectories: list[dict[str, Any]], dataset: Any) -> None:
     texts = [m["content"] for t in trajectories for m in t["messages"] if isinstance(m.get("content"), str)]

@@ -148,6 +148,36 @@ _ERROR_WORDS = re.compile("|".join(_ERROR_WORD_LIST))
 """Every line :data:`_ERROR_RE` matches holds one of these words once lowercased; a literal
 scan for them skips most lines without running the costlier case-insensitive pattern."""
 
+_BARE_WORDS = frozenset(("not found", "no such file", "cannot find symbol"))
+"""Words of :data:`_ERROR_WORD_LIST` that :data:`_ERROR_RE` matches wherever they occur."""
+
+
+def _word_char(low: str, i: int) -> bool:
+    """Whether ``low[i]`` is a word character (``\\w`` in ASCII text; outside it: no)."""
+    return 0 <= i < len(low) and (low[i].isalnum() or low[i] == "_")
+
+
+def _matches_at(low: str, word: str, at: int) -> bool:
+    """Whether :data:`_ERROR_RE` surely matches the ASCII lowercased text ``low`` at the
+    keyword ``word`` found at ``at`` (False: it may still match elsewhere on the line)."""
+    if word in _BARE_WORDS:
+        return True
+    if word == "denied":
+        return low.startswith("permission ", at - 11) and at >= 11
+    end = at + len(word)
+    if word in ("error", "exception") and not _word_char(low, end):
+        # \b[A-Z]\w*(?:Error|Exception)\b, case-insensitive: a word starting with a letter
+        # before the keyword (IOException, java.lang.IllegalStateException)
+        start = at
+        while _word_char(low, start - 1):
+            start -= 1
+        if start < at and low[start].isalpha():
+            return True
+    if word == "error" and low.startswith("s", end):
+        end += 1  # \berrors\b
+    return not _word_char(low, at - 1) and not _word_char(low, end)
+
+
 _OTHER_BREAKS = "\r\x0b\x0c\x1c\x1d\x1e"
 """Line breaks ``str.splitlines`` honours in ASCII text besides ``\\n``."""
 
@@ -161,28 +191,30 @@ def error_lines(text: str) -> list[str]:
     """
     out: dict[str, None] = {}
 
-    def keep(line: str) -> None:
+    def keep(line: str, sure: bool = False) -> None:
         s = line.strip()
-        if s and len(s) >= 4 and _ERROR_RE.search(s) and not _ERROR_NOISE_RE.match(s):
+        if s and len(s) >= 4 and (sure or _ERROR_RE.search(s)) and not _ERROR_NOISE_RE.match(s):
             out[s[:MAX_ERROR_LINE].rstrip()] = None
 
     if text.isascii() and not any(c in text for c in _OTHER_BREAKS):
         # lines split at "\n" only and lower() keeps offsets: visit just the keyword lines,
         # found by one C-level str.find pass per word (a regex alternation of the words runs
-        # several times slower), in the order of the text
+        # several times slower), in the order of the text; a line where a word found is
+        # already a match of the pattern is not searched again
         low = text.lower()
-        starts: set[int] = set()
+        starts: dict[int, bool] = {}
         for word in _ERROR_WORD_LIST:
             at = low.find(word)
             while at >= 0:
-                starts.add(low.rfind("\n", 0, at) + 1)
+                start = low.rfind("\n", 0, at) + 1
+                starts[start] = starts.get(start, False) or _matches_at(low, word, at)
                 end = low.find("\n", at + len(word))
                 if end < 0:
                     break
                 at = low.find(word, end)
         for start in sorted(starts):
             end = text.find("\n", start)
-            keep(text[start:] if end < 0 else text[start:end])
+            keep(text[start:] if end < 0 else text[start:end], starts[start])
         return list(out)
     for line in text.splitlines():
         if line.isascii() and _ERROR_WORDS.search(line.lower()) is None:

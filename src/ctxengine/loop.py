@@ -26,7 +26,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -37,6 +36,7 @@ from ctxengine.engine import ContextEngine
 from ctxengine.errors import EngineError
 from ctxengine.messages import Message, content_text, is_summary, validate
 from ctxengine.registry import compress_takes_focus
+from ctxengine.workers import Running, call_within
 
 __all__ = [
     "CompressOutcome",
@@ -80,7 +80,7 @@ def should_compact(engine: ContextEngine, tokens: int, messages: list[Message]) 
         ) from exc
 
 
-_WORKERS: weakref.WeakKeyDictionary[ContextEngine, threading.Thread] = weakref.WeakKeyDictionary()
+_WORKERS: weakref.WeakKeyDictionary[ContextEngine, Running] = weakref.WeakKeyDictionary()
 """The worker of each engine's last compress that ran past its deadline."""
 
 
@@ -176,11 +176,7 @@ def run_compress(
     if deadline is None:
         call()
     else:
-        worker = threading.Thread(
-            target=call, name=f"ctxengine-compress-{engine_label(engine)}", daemon=True
-        )
-        worker.start()
-        worker.join(deadline)
+        worker = call_within(call, deadline, name=f"ctxengine-compress-{engine_label(engine)}")
         if worker.is_alive():
             _WORKERS[engine] = worker
             raise EngineError(
@@ -198,7 +194,16 @@ def run_compress(
         raise EngineError(
             f"engine {engine_label(engine)} broke rule 2 (no mutation of the input): compress edited the messages it was given"
         )
-    return CompressOutcome(out, elapsed, changed)
+    return CompressOutcome(_given_back(out, given, original) if copy_input else out, elapsed, changed)
+
+
+def _given_back(out: list[Message], given: list[Message], original: list[Message]) -> list[Message]:
+    """``out`` with each message the engine returned as it got it (its copy, checked unedited)
+    replaced by the caller's own, equal one: the host's memos by message object (the session's
+    token counts, the store's recorded chain and serialisations) keep hitting after a
+    compaction instead of counting, serialising and hashing every kept message again."""
+    back = {id(g): o for g, o in zip(given, original, strict=True)}
+    return [back.get(id(m), m) for m in out]
 
 
 def check_output(engine: ContextEngine, before: Sequence[Message], out: Sequence[Message]) -> None:

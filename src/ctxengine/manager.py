@@ -429,7 +429,8 @@ class ContextManager:
         caller): the turn's result is the same. The write runs
         anyway before anything else reads or writes the session's record: the next call for
         the session, a compaction or a window cut in this turn, a recall or tool call,
-        :meth:`end_session`.
+        :meth:`end_session`. A compaction in such a turn leaves its own record (the event and
+        the compacted context) pending the same way, after the turn's write.
 
         ``may_compact=False`` asks for the cheap turn only (a caller that would rather not hand
         the call to a worker thread when it is quick, e.g. an event loop): when this call would

@@ -90,6 +90,7 @@ class Recorder:
         gives the store ids of all of ``history`` (``None`` without a store or when recording
         failed); with ``defer``, an appending turn is left pending (:meth:`flush`) and asking
         for its ids records it now."""
+        s.defer_writes = defer
         if self.store is None:
             return lambda: None
         if defer:
@@ -126,22 +127,46 @@ class Recorder:
         job, s.pending = s.pending, None
         return job() if job is not None else None
 
-    def compaction(self, s: SessionState, data: dict[str, Any], before: list[Message], after: list[Message], *, what: str = "a compaction") -> None:
-        """Record a compaction event (the session's tip moves to ``after``)."""
-        if self.store is None:
+    def compaction(
+        self, s: SessionState, data: dict[str, Any], before: list[Message], after: list[Message], *, what: str = "a compaction", defer: bool = True
+    ) -> None:
+        """Record a compaction event (the session's tip moves to ``after``). In a turn whose
+        caller defers its store write (``prepare(defer_record=True)``) the event is left
+        pending like the turn's own write, after anything already pending: it is written by
+        :meth:`flush`, before anything else reads or writes the session's record (``defer=False``:
+        written now, after what is pending)."""
+        store = self.store
+        if store is None:
             return
-        try:
-            self.store.record_compaction(s.id, data, s.history.plain(before), s.history.plain(after))
-        except Exception as exc:  # the agent keeps going; status() reports it
-            s.store_errors += 1
-            log.warning("session store: recording %s of %s failed: %s", what, s.id, exc)
+        before_plain, after_plain = s.history.plain(before), s.history.plain(after)
+
+        def write() -> list[str] | None:
+            try:
+                store.record_compaction(s.id, data, before_plain, after_plain)
+            except Exception as exc:  # the agent keeps going; status() reports it
+                s.store_errors += 1
+                log.warning("session store: recording %s of %s failed: %s", what, s.id, exc)
+            return None
+
+        if not (defer and s.defer_writes):
+            self.flush(s)
+            write()
+            return
+        earlier = s.pending
+
+        def later() -> list[str] | None:
+            if earlier is not None:
+                earlier()
+            return write()
+
+        s.pending = later
 
     def cut(self, s: SessionState, before: list[Message], after: list[Message], tokens_before: int, tokens_after: int) -> None:
         """Record the window cap's cut like a compaction (the session's tip moves to ``after``),
-        so that the store knows the cut messages for what they are: the next turn appends to
+        at once (what is pending first), so that the store knows the cut messages for what they are: the next turn appends to
         ``after``, and the session's originals (a restart's resume, a router's seed, an export)
         are the messages as sent, never their cut copies."""
         if self.store is None:
             return
         data: dict[str, Any] = {"engine": "window-cap", "trigger": "window", "messages_before": len(before), "messages_after": len(after), "tokens_before": tokens_before, "tokens_after": tokens_after}
-        self.compaction(s, data, before, after, what="a window cut")
+        self.compaction(s, data, before, after, what="a window cut", defer=False)

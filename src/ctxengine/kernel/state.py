@@ -108,6 +108,7 @@ class SessionState:
     fallback_reason: str | None = None
     history: SessionHistory = field(default_factory=SessionHistory)
     pending: Callable[[], list[str] | None] | None = None  # a turn's deferred recording (prepare(defer_record=True))
+    defer_writes: bool = False  # this turn's caller defers its store writes (its compaction's record too)
     tally: WindowTally = field(default_factory=WindowTally)  # the window cap's running sums
     pace: CachePace = field(default_factory=CachePace)  # cache_ttl: auto (caching.CachePace)
     # what the last prepared request carries besides its messages (tool definitions): the

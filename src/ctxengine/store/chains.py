@@ -10,9 +10,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ctxengine.errors import StoreError
-from ctxengine.messages import Message, identical_prefix
+from ctxengine.messages import Message
 from ctxengine.redact import redact_messages
-from ctxengine.store.ids import Prepared, prepare
+from ctxengine.store.ids import Prepared, prepare, same_prefix
 from ctxengine.store.sql import Chain, SqlCore, chunks
 
 __all__ = ["ChainWriter"]
@@ -242,10 +242,12 @@ class ChainWriter(SqlCore):
     # -- the chains last written, by session ----------------------------------------------------------
     def _known_chain(self, cur: Any, session_id: str, messages: Sequence[Message]) -> list[tuple[int, str]]:
         """``(pk, id)`` of the longest prefix of ``messages`` this store object wrote (or read)
-        last for ``session_id`` as a history from the root, matched by identity: the same
-        message objects chained from the root have the same ids, and stored rows are never
-        edited or deleted, so their keys need no lookup. A session recorded again in full
-        (after a compaction, a cap) then hashes and looks up only its new messages.
+        last for ``session_id`` as a history from the root, matched by identity or, past the
+        identical part, as copies of the same JSON (:func:`~ctxengine.store.ids.same_prefix`:
+        an engine records the deep copy of the context it was given): the same messages
+        chained from the root have the same ids, and stored rows are never edited or deleted,
+        so their keys need no lookup. A session recorded again in full (after a compaction, a
+        cap, by an engine) then hashes and looks up only its new messages.
 
         Call it inside a write transaction (which has folded the append journal): the keys of
         messages appended through the journal are looked up then, once (the memo keeps them)."""
@@ -253,7 +255,7 @@ class ChainWriter(SqlCore):
         if hit is None or not messages:
             return []
         objs, chain = hit
-        k = identical_prefix(messages, objs)
+        k = same_prefix(messages, objs)
         if k and any(pk is None for pk, _ in chain):
             pks = self._ids_to_pks(cur, "messages", [mid for pk, mid in chain if pk is None])
             missing = [mid for pk, mid in chain if pk is None and mid not in pks]

@@ -26,8 +26,8 @@ from typing import Any
 import orjson
 
 from ctxengine.errors import StoreError
-from ctxengine.messages import Message, identical_prefix
-from ctxengine.store.ids import Prepared, search_text
+from ctxengine.messages import Message
+from ctxengine.store.ids import Prepared, same_prefix, search_text
 from ctxengine.store.sql import Chain
 from ctxengine.store.writes import Writes
 
@@ -48,10 +48,16 @@ class AppendJournal(Writes):
     _journaled: bool = False
     """This object appended to the journal since it last folded it."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._journal_kept: dict[int, tuple[str, str, list[Prepared]]] = {}
+        """The rows this object journaled and not folded yet, by key: their meta and body as
+        written and their messages prepared (the fold checks both texts before using them)."""
+
     def _quick_history(self, session_id: str, session_pk: int, messages: list[Message]) -> list[str] | None:
         hit = self._chains.get(session_id)
         k = len(hit[1]) if hit is not None else 0
-        if self._journal and hit is not None and k and len(messages) > k and identical_prefix(messages, hit[0][:k]) == k:
+        if self._journal and hit is not None and k and len(messages) > k and same_prefix(messages, hit[0]) == k:
             # the history this object wrote last, and more (the turn after a compaction)
             new = self._prepare_chain(messages[k:], hit[1][k - 1][1])
             return [mid for _, mid in hit[1][:k]] + self._journal_append(session_id, session_pk, hit, k, messages[k:], new, kind="messages")
@@ -84,6 +90,7 @@ class AppendJournal(Writes):
         body = "\n".join(p.canonical for p in prepared)  # canonical JSON has no raw line break
         key = self._journal_insert((session_pk, kind, after, meta, body, time.time()))
         self._journaled = True
+        self._journal_kept[key] = (meta, body, prepared)
         if key >= _FOLD_EVERY:
             try:
                 with self._write():
@@ -100,15 +107,11 @@ class AppendJournal(Writes):
         if not rows:
             return 0
         placed: dict[str, tuple[int, int]] = {}  # id -> (pk, position) of what this fold wrote
+        kept = self._journal_kept
         for jpk, spk, kind, after, meta, body, created in rows:
-            items = json.loads(meta)
-            bodies = str(body).split("\n")
-            if len(bodies) != len(items):
-                raise StoreError(f"append journal row {jpk} is damaged: {len(items)} ids for {len(bodies)} messages")
-            prepared = [
-                Prepared(canonical, str(blob), str(mid), str(role), search_text(json.loads(canonical)), int(tokens))
-                for (mid, blob, role, tokens), canonical in zip(items, bodies, strict=True)
-            ]
+            mine = kept.pop(int(jpk), None)
+            # a row this object wrote, as it wrote it: its messages are prepared already
+            prepared = mine[2] if mine is not None and mine[0] == meta and mine[1] == body else _read_row(jpk, meta, body)
             at = placed.get(after)
             if at is None:
                 row = self._one(cur, "SELECT pk, position FROM messages WHERE id = ?", (after,))
@@ -129,5 +132,19 @@ class AppendJournal(Writes):
                 placed[mid] = (pk, at[1] + i)
         self._x(cur, "DELETE FROM append_journal WHERE pk <= ?", (rows[-1][0],))
         self._journaled = False
+        for k in [k for k in kept if k <= rows[-1][0]]:
+            kept.pop(k, None)
         return len(rows)
+
+
+def _read_row(jpk: Any, meta: Any, body: Any) -> list[Prepared]:
+    """The messages of one journal row, prepared for writing from what the row holds."""
+    items = json.loads(meta)
+    bodies = str(body).split("\n")
+    if len(bodies) != len(items):
+        raise StoreError(f"append journal row {jpk} is damaged: {len(items)} ids for {len(bodies)} messages")
+    return [
+        Prepared(canonical, str(blob), str(mid), str(role), search_text(json.loads(canonical)), int(tokens))
+        for (mid, blob, role, tokens), canonical in zip(items, bodies, strict=True)
+    ]
 

@@ -14,11 +14,11 @@ import json
 from collections.abc import Sequence
 
 from ctxengine.engines.kit.blocks import fit_facts, render_facts, search_names, unseen
-from ctxengine.facts import Facts, extract_facts
+from ctxengine.facts import FactMemo, Facts, extract_facts
 from ctxengine.messages import Message, content_text, is_summary, tool_call_name, tool_calls
 from ctxengine.tokens import estimate
 
-__all__ = ["ACTION_CHARS", "actions", "digest"]
+__all__ = ["ACTION_CHARS", "SHARED_FACTS", "actions", "digest"]
 
 ACTION_CHARS = 160
 """Characters of a tool call's arguments an action line shows (the rest is retrievable)."""
@@ -48,6 +48,12 @@ def actions(span: Sequence[Message], max_chars: int = ACTION_CHARS) -> list[str]
     return out
 
 
+SHARED_FACTS = FactMemo()
+"""The facts of the texts digests were made of, for every engine of the process: an engine
+folds the copy of its context it is given on each call, whose strings are the caller's, and
+folds a run a second time when the first pass did not get under its target."""
+
+
 def digest(
     span: Sequence[Message],
     *,
@@ -55,12 +61,14 @@ def digest(
     fact_tokens: int | None,
     facts: Facts | None = None,
     recall_hint: str = "ctx_grep",
+    memo: FactMemo | None = None,
 ) -> str:
     """The digest of ``span`` (see the module docstring). ``fact_tokens`` ``None`` lists every
-    fact (no store: facts stay in context)."""
+    fact (no store: facts stay in context). ``memo``: where the facts of long texts are
+    remembered (default :data:`SHARED_FACTS`), so each is scanned once."""
     if facts is None:
         # records folded again still hold facts (their blocks and kept lines)
-        facts = extract_facts(span)
+        facts = extract_facts(span, memo=SHARED_FACTS if memo is None else memo)
     lines: list[str] = []
     for m in span:
         if is_summary(m) and m.get("role") != "tool":
