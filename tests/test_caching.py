@@ -120,15 +120,34 @@ def _long(n_pairs: int, size: int = 400) -> list[dict[str, Any]]:
     return msgs
 
 
-def test_planner_marks_end_previous_end_stable_prefix_and_system() -> None:
+def test_planner_marks_end_previous_end_stable_prefix_turn_start_and_system() -> None:
     msgs = _long(10)
     msgs[5] = {"role": "tool", "tool_call_id": "c1", "content": "[ctxengine:cut] run output"}
-    # the previous request's end is within the end's lookback: no bridge needed
-    assert plan_breakpoints(msgs, min_cache_tokens=1024) == [0, 5, len(msgs) - 1]
-    # a parallel tool group of 25 results puts it out of reach: the bridge takes a slot
+    # the previous request's end is within the end's lookback: no bridge needed; the user's
+    # message (index 1) starts the current turn
+    assert plan_breakpoints(msgs, min_cache_tokens=1024) == [0, 1, 5, len(msgs) - 1]
+    # a parallel tool group of 25 results puts it out of reach: the bridge takes a slot, and
+    # the system prompt (read through the turn's start anyway) gives up its own
     calls = [{"id": f"p{k}", "type": "function", "function": {"name": "run", "arguments": "{}"}} for k in range(25)]
     wide = [*msgs, {"role": "assistant", "content": None, "tool_calls": calls}, *({"role": "tool", "tool_call_id": f"p{k}", "content": "ok"} for k in range(25))]
-    assert plan_breakpoints(wide, min_cache_tokens=1024) == [0, 5, len(msgs) - 1, len(wide) - 1]
+    assert plan_breakpoints(wide, min_cache_tokens=1024) == [1, 5, len(msgs) - 1, len(wide) - 1]
+
+
+def test_planner_keeps_the_current_turns_start_warm_for_the_fold_that_ends_it() -> None:
+    # an earlier turn folded (a digest), then a new user turn whose own steps were digested
+    # too: the stable prefix is the newest digest, and the new turn's start keeps its entry,
+    # where folding the whole turn when it ends starts rewriting
+    msgs = _long(6)
+    msgs[2] = {"role": "assistant", "content": "[ctxengine:digest] the first task"}
+    del msgs[3]
+    turn = len(msgs)
+    msgs += [{"role": "user", "content": "next task " * 200}, {"role": "assistant", "content": "[ctxengine:digest] its first steps"}]
+    msgs += _long(3)[2:]
+    bps = plan_breakpoints(msgs, min_cache_tokens=1024)
+    assert bps == [0, turn, turn + 1, len(msgs) - 1]
+    # a user-role digest is not a turn's start
+    msgs[turn + 1] = {**msgs[turn + 1], "role": "user"}
+    assert turn in plan_breakpoints(msgs, min_cache_tokens=1024)
 
 
 def test_planner_skips_prefixes_below_the_minimum() -> None:

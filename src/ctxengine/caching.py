@@ -15,8 +15,11 @@ Two placements, both returning a deep copy with markers (the caller's list is ne
     message before the last assistant turn, marked only if the end's own 20-block lookback
     does not reach it); the end of the *stable prefix*, the last compaction record or summary,
     so that the next compaction, which only rewrites what follows it, finds the compacted prefix
-    warm; and the system prompt. With ``system_and_3`` every compaction rewrites all but the
-    system prompt, because the rolling window's lookback never reaches back to the cut.
+    warm; the start of the current turn (the last user message that is not a summary), where a
+    folding engine starts rewriting when it folds a whole finished turn (its entry would expire
+    while the stable prefix moves on through the turn's own digests); and the system prompt.
+    With ``system_and_3`` every compaction rewrites all but the system prompt, because the
+    rolling window's lookback never reaches back to the cut.
 
 Markers are placed as the seed's table says: string content becomes one text part carrying
 ``cache_control``; list content gets it on its last part; ``None``/empty content gets it on the
@@ -251,6 +254,9 @@ def plan_breakpoints(
         stable = next((i for i in range(n - 1, -1, -1) if is_summary(messages[i])), -1)
     if stable >= 0:
         wanted.append(stable)
+    turn = _turn_start(messages)
+    if turn >= 0:
+        wanted.append(turn)
     if messages[0].get("role") == "system":
         wanted.append(0)
     out: list[int] = []
@@ -263,6 +269,15 @@ def plan_breakpoints(
         if len(out) == MAX_BREAKPOINTS:
             break
     return sorted(out)
+
+
+def _turn_start(messages: Sequence[Mapping[str, Any]]) -> int:
+    """The last user message that is not a summary (-1: none): where the current turn starts."""
+    for i in range(len(messages) - 1, -1, -1):
+        m = messages[i]
+        if m.get("role") == "user" and not is_summary(m):
+            return i
+    return -1
 
 
 def _bridge(messages: Sequence[Mapping[str, Any]], previous: Sequence[Mapping[str, Any]] | None, lookback: int) -> int:
