@@ -12,9 +12,10 @@ that policy, built on the shared kit (:mod:`ctxengine.engines.kit`):
    turns before the recent ones are folded into digests (``fold_batches``: the actions as
    ``tool: command line`` plus the facts seen) or each output is cut to a record (head and tail
    lines plus the facts of the removed middle). One rewrite per batch, never one per call.
-3. **Fold the finished turn** when a new user turn begins (it rewrites almost nothing but the
-   new user message, which is written anyway), and fold old turns down to ``fold_target`` when
-   the context passes ``fold_ratio`` of the window.
+3. **Fold the finished turn** when a new user turn begins, its earlier digests with it, into
+   one digest (it rewrites almost nothing but the new user message, which is written anyway,
+   and every later call reads one digest per finished turn), and fold old turns down to
+   ``fold_target`` when the context passes ``fold_ratio`` of the window.
 4. **Cut a giant new output before it is ever sent** (over ``giant_ratio`` of the window): it
    was never cached, so cutting it costs nothing, and it could not fit anyway.
 5. **Never touch the settled prefix again**, and never thrash (:class:`~.kit.pacing.Pacing`):
@@ -229,8 +230,9 @@ class CacheAwareEngine(ContextEngine):
         return run[0], run[1], sum(self._tokens(messages[k]) for k in range(*run))
 
     def _finished_run(self, messages: Sequence[Message]) -> tuple[int, int] | None:
-        """The run of the turn that just ended, when a new user turn has just begun and that run
-        holds ``fold_run_tokens`` or more."""
+        """The run of the turn that just ended with the digests before it (back to the turn's
+        user message), when a new user turn has just begun and that span holds
+        ``fold_run_tokens`` or more."""
         s = self.settings
         if s.fold_run_tokens <= 0 or not messages or messages[-1].get("role") != "user":
             return None
@@ -243,6 +245,8 @@ class CacheAwareEngine(ContextEngine):
         a, b = runs[-1]
         if b < u and b < self._tail_start(messages) and any(messages[k].get("role") != "user" for k in range(b, u)):
             return None
+        while a > 0 and is_marked(messages[a - 1]) and messages[a - 1].get("role") in ("assistant", "user"):
+            a -= 1  # the turn's earlier digests are folded with it: one digest per finished turn
         if sum(self._tokens(messages[k]) for k in range(a, b)) < s.fold_run_tokens:
             return None
         return a, b
