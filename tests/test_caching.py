@@ -133,27 +133,29 @@ def test_planner_marks_end_previous_end_stable_prefix_turn_start_and_system() ->
     assert plan_breakpoints(wide, min_cache_tokens=1024) == [1, 5, len(msgs) - 1, len(wide) - 1]
 
 
-def test_planner_keeps_the_current_turns_start_warm_for_the_fold_that_ends_it() -> None:
+def test_planner_keeps_the_starts_of_the_current_and_the_previous_turn_warm() -> None:
     # an earlier turn folded (a digest), then a new user turn whose own steps were digested
-    # too: the stable prefix is the newest digest, and the new turn's start keeps its entry,
-    # where folding the whole turn when it ends starts rewriting
+    # too: the stable prefix is the newest digest; the new turn's start keeps its entry (where
+    # folding the whole turn when it ends starts rewriting), and so does the previous turn's
+    # (where folding what it left whole, with its digest, starts rewriting)
     msgs = _long(6)
     msgs[2] = {"role": "assistant", "content": "[ctxengine:digest] the first task"}
     del msgs[3]
     turn = len(msgs)
     msgs += [{"role": "user", "content": "next task " * 200}, {"role": "assistant", "content": "[ctxengine:digest] its first steps"}]
     msgs += _long(3)[2:]
-    bps = plan_breakpoints(msgs, min_cache_tokens=1024)
-    assert bps == [0, turn, turn + 1, len(msgs) - 1]
-    # a user-role digest is not a turn's start
+    assert plan_breakpoints(msgs, min_cache_tokens=1024) == [1, turn, turn + 1, len(msgs) - 1]
+    # a user-role digest starts no turn
     msgs[turn + 1] = {**msgs[turn + 1], "role": "user"}
-    assert turn in plan_breakpoints(msgs, min_cache_tokens=1024)
+    assert plan_breakpoints(msgs, min_cache_tokens=1024) == [1, turn, turn + 1, len(msgs) - 1]
+    # the previous request is known and the end's lookback reaches its end: no bridge
+    assert plan_breakpoints(msgs, min_cache_tokens=1024, previous=msgs[:-2]) == [1, turn, turn + 1, len(msgs) - 1]
 
 
 def test_planner_skips_prefixes_below_the_minimum() -> None:
     msgs = [{"role": "system", "content": "short"}, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}, {"role": "user", "content": "more"}]
     assert plan_breakpoints(msgs, min_cache_tokens=1024) == []
-    assert plan_breakpoints(msgs, min_cache_tokens=0) == [0, 3]
+    assert plan_breakpoints(msgs, min_cache_tokens=0) == [0, 1, 3]  # the end (the turn's start), the previous turn's, the system prompt
 
 
 def test_planner_bridges_to_where_the_previous_request_diverged() -> None:
