@@ -191,6 +191,22 @@ def test_a_finished_turn_is_folded_with_its_earlier_digests_into_one(store: Sqli
     assert missing.all() and all(eng.retrievable(f) for f in missing.all())
 
 
+def test_what_an_earlier_turn_left_whole_is_folded_with_its_digest(store: SqliteStore) -> None:
+    eng = _engine(store, keep_recent=2, batch=4, batch_tokens=10**9, fold_batches=True, fold_run_tokens=500)
+    msgs = [*_session(6), {"role": "user", "content": "Next task: update the docs."}]
+    ended = eng.compress(msgs)  # the finished turn: one digest, its last two exchanges whole
+    assert ended[2]["content"].startswith(DIGEST_MARK) and ended[3:] == msgs[-5:]
+    nxt = [{**m, "tool_call_id": f"n{m['tool_call_id']}"} if m["role"] == "tool" else m for m in _session(6)[2:]]
+    nxt = [{**m, "tool_calls": [{**m["tool_calls"][0], "id": f"n{m['tool_calls'][0]['id']}"}]} if m["role"] == "assistant" else m for m in nxt]
+    out = eng.compress([*ended, *nxt])
+    assert _valid(out)
+    # the earlier turn: one digest (its digest and the exchanges it left), then its user message
+    assert out[2]["content"].startswith(DIGEST_MARK) and out[3] == msgs[-1]
+    assert "Earlier: [ctxengine:digest" in out[2]["content"] and "- bash: cat src/f5.txt" in out[2]["content"]
+    assert out[4]["content"].startswith(DIGEST_MARK) and out[-4:] == nxt[-4:]
+    assert len(out) == 9
+
+
 def test_batches_fold_into_digests_of_actions_and_facts(store: SqliteStore) -> None:
     eng = _engine(store, keep_recent=2, batch=4, fold_batches=True)
     msgs = _session(8)
