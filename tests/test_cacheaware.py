@@ -174,6 +174,39 @@ def test_a_finished_turn_is_folded_when_the_next_one_starts() -> None:
     assert "bash" in out[2]["content"]
 
 
+def test_a_finished_turn_is_folded_with_its_earlier_digests_into_one(store: SqliteStore) -> None:
+    eng = _engine(store, keep_recent=1, batch=3, batch_tokens=10**9, fold_batches=True, fold_run_tokens=500)
+    msgs = _session(5)
+    first = eng.compress(msgs)  # a batch of the turn: one digest, the last exchange whole
+    assert sum(str(m.get("content", "")).startswith(DIGEST_MARK) for m in first) == 1
+    msgs = [*first, *_session(9)[len(msgs) :], {"role": "user", "content": "Next task: update the docs."}]
+    assert eng.should_compress_preflight(msgs)
+    out = eng.compress(msgs)
+    digests = [m for m in out if str(m.get("content", "")).startswith(DIGEST_MARK)]
+    # the turn's first digest and the rest of its run are one digest now; the last exchange,
+    # the most recent output, stays whole before the new user message
+    assert len(digests) == 1 and out[2] is digests[0] and out[-3:] == msgs[-3:] and _valid(out)
+    assert "- bash: cat src/f7.txt" in digests[0]["content"]
+    missing = missing_facts(extract_facts(_session(9)), context_text(out))
+    assert missing.all() and all(eng.retrievable(f) for f in missing.all())
+
+
+def test_what_an_earlier_turn_left_whole_is_folded_with_its_digest(store: SqliteStore) -> None:
+    eng = _engine(store, keep_recent=2, batch=4, batch_tokens=10**9, fold_batches=True, fold_run_tokens=500)
+    msgs = [*_session(6), {"role": "user", "content": "Next task: update the docs."}]
+    ended = eng.compress(msgs)  # the finished turn: one digest, its last two exchanges whole
+    assert ended[2]["content"].startswith(DIGEST_MARK) and ended[3:] == msgs[-5:]
+    nxt = [{**m, "tool_call_id": f"n{m['tool_call_id']}"} if m["role"] == "tool" else m for m in _session(6)[2:]]
+    nxt = [{**m, "tool_calls": [{**m["tool_calls"][0], "id": f"n{m['tool_calls'][0]['id']}"}]} if m["role"] == "assistant" else m for m in nxt]
+    out = eng.compress([*ended, *nxt])
+    assert _valid(out)
+    # the earlier turn: one digest (its digest and the exchanges it left), then its user message
+    assert out[2]["content"].startswith(DIGEST_MARK) and out[3] == msgs[-1]
+    assert "Earlier: [ctxengine:digest" in out[2]["content"] and "- bash: cat src/f5.txt" in out[2]["content"]
+    assert out[4]["content"].startswith(DIGEST_MARK) and out[-4:] == nxt[-4:]
+    assert len(out) == 9
+
+
 def test_batches_fold_into_digests_of_actions_and_facts(store: SqliteStore) -> None:
     eng = _engine(store, keep_recent=2, batch=4, fold_batches=True)
     msgs = _session(8)

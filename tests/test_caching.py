@@ -120,21 +120,42 @@ def _long(n_pairs: int, size: int = 400) -> list[dict[str, Any]]:
     return msgs
 
 
-def test_planner_marks_end_previous_end_stable_prefix_and_system() -> None:
+def test_planner_marks_end_previous_end_stable_prefix_turn_start_and_system() -> None:
     msgs = _long(10)
     msgs[5] = {"role": "tool", "tool_call_id": "c1", "content": "[ctxengine:cut] run output"}
-    # the previous request's end is within the end's lookback: no bridge needed
-    assert plan_breakpoints(msgs, min_cache_tokens=1024) == [0, 5, len(msgs) - 1]
-    # a parallel tool group of 25 results puts it out of reach: the bridge takes a slot
+    # the previous request's end is within the end's lookback: no bridge needed; the user's
+    # message (index 1) starts the current turn
+    assert plan_breakpoints(msgs, min_cache_tokens=1024) == [0, 1, 5, len(msgs) - 1]
+    # a parallel tool group of 25 results puts it out of reach: the bridge takes a slot, and
+    # the system prompt (read through the turn's start anyway) gives up its own
     calls = [{"id": f"p{k}", "type": "function", "function": {"name": "run", "arguments": "{}"}} for k in range(25)]
     wide = [*msgs, {"role": "assistant", "content": None, "tool_calls": calls}, *({"role": "tool", "tool_call_id": f"p{k}", "content": "ok"} for k in range(25))]
-    assert plan_breakpoints(wide, min_cache_tokens=1024) == [0, 5, len(msgs) - 1, len(wide) - 1]
+    assert plan_breakpoints(wide, min_cache_tokens=1024) == [1, 5, len(msgs) - 1, len(wide) - 1]
+
+
+def test_planner_keeps_the_starts_of_the_current_and_the_previous_turn_warm() -> None:
+    # an earlier turn folded (a digest), then a new user turn whose own steps were digested
+    # too: the stable prefix is the newest digest; the new turn's start keeps its entry (where
+    # folding the whole turn when it ends starts rewriting), and so does the previous turn's
+    # (where folding what it left whole, with its digest, starts rewriting)
+    msgs = _long(6)
+    msgs[2] = {"role": "assistant", "content": "[ctxengine:digest] the first task"}
+    del msgs[3]
+    turn = len(msgs)
+    msgs += [{"role": "user", "content": "next task " * 200}, {"role": "assistant", "content": "[ctxengine:digest] its first steps"}]
+    msgs += _long(3)[2:]
+    assert plan_breakpoints(msgs, min_cache_tokens=1024) == [1, turn, turn + 1, len(msgs) - 1]
+    # a user-role digest starts no turn
+    msgs[turn + 1] = {**msgs[turn + 1], "role": "user"}
+    assert plan_breakpoints(msgs, min_cache_tokens=1024) == [1, turn, turn + 1, len(msgs) - 1]
+    # the previous request is known and the end's lookback reaches its end: no bridge
+    assert plan_breakpoints(msgs, min_cache_tokens=1024, previous=msgs[:-2]) == [1, turn, turn + 1, len(msgs) - 1]
 
 
 def test_planner_skips_prefixes_below_the_minimum() -> None:
     msgs = [{"role": "system", "content": "short"}, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}, {"role": "user", "content": "more"}]
     assert plan_breakpoints(msgs, min_cache_tokens=1024) == []
-    assert plan_breakpoints(msgs, min_cache_tokens=0) == [0, 3]
+    assert plan_breakpoints(msgs, min_cache_tokens=0) == [0, 1, 3]  # the end (the turn's start), the previous turn's, the system prompt
 
 
 def test_planner_bridges_to_where_the_previous_request_diverged() -> None:

@@ -12,11 +12,16 @@ Two placements, both returning a deep copy with markers (the caller's list is ne
     this order of priority: the end of the request (the next call reads it); the *bridge*, the
     last message this request shares with the previous one (after a compaction, the point up to
     which the old cache entries still match; when the previous request is not known, the
-    message before the last assistant turn, marked only if the end's own 20-block lookback
-    does not reach it); the end of the *stable prefix*, the last compaction record or summary,
+    message before the last assistant turn), marked only when the end's own 20-block lookback
+    does not reach it; the end of the *stable prefix*, the last compaction record or summary,
     so that the next compaction, which only rewrites what follows it, finds the compacted prefix
-    warm; and the system prompt. With ``system_and_3`` every compaction rewrites all but the
-    system prompt, because the rolling window's lookback never reaches back to the cut.
+    warm; the starts of the current turn and of the one before (the last user message that is
+    not a summary, and the last one before that turn's user messages), where a folding engine
+    starts rewriting when it folds a finished turn, or what that turn left whole, into one
+    digest (their entries would expire while the stable prefix moves on through the newer
+    digests); and the system prompt, which every other entry covers. With ``system_and_3``
+    every compaction rewrites all but the system prompt, because the rolling window's lookback
+    never reaches back to the cut.
 
 Markers are placed as the seed's table says: string content becomes one text part carrying
 ``cache_control``; list content gets it on its last part; ``None``/empty content gets it on the
@@ -251,6 +256,7 @@ def plan_breakpoints(
         stable = next((i for i in range(n - 1, -1, -1) if is_summary(messages[i])), -1)
     if stable >= 0:
         wanted.append(stable)
+    wanted += [i for i in _turn_starts(messages) if i >= 0]
     if messages[0].get("role") == "system":
         wanted.append(0)
     out: list[int] = []
@@ -263,6 +269,24 @@ def plan_breakpoints(
         if len(out) == MAX_BREAKPOINTS:
             break
     return sorted(out)
+
+
+def _turn_starts(messages: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
+    """The last user message that is not a summary (where the current turn starts) and the last
+    one before that turn's user messages (where the turn before started); -1: none."""
+
+    def user(m: Mapping[str, Any]) -> bool:
+        return m.get("role") == "user" and not is_summary(m)
+
+    i = len(messages) - 1
+    while i >= 0 and not user(messages[i]):
+        i -= 1
+    turn = i
+    while i >= 0 and user(messages[i]):
+        i -= 1
+    while i >= 0 and not user(messages[i]):
+        i -= 1
+    return turn, i
 
 
 def _bridge(messages: Sequence[Mapping[str, Any]], previous: Sequence[Mapping[str, Any]] | None, lookback: int) -> int:
@@ -282,10 +306,9 @@ def _bridge(messages: Sequence[Mapping[str, Any]], previous: Sequence[Mapping[st
     else:
         last_assistant = next((i for i in range(n - 1, -1, -1) if messages[i].get("role") == "assistant"), -1)
         bridge = last_assistant - 1 if last_assistant > 0 else -1
-    if bridge >= 0 and (previous is not None or sum(message_blocks(messages[k]) for k in range(bridge + 1, n)) > lookback):
-        # without the previous request the guess is only needed beyond the end's lookback;
-        # with it, marking the shared end measured cheaper than freeing the slot for the system
-        # prompt (it is where the next compaction's rewrite starts reading)
+    if bridge >= 0 and sum(message_blocks(messages[k]) for k in range(bridge + 1, n)) > lookback:
+        # within the end's lookback the end's own breakpoint reads it: the slot goes to a turn's
+        # start, which measured cheaper (bench --compose 5)
         return bridge
     return -1
 

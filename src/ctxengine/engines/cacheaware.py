@@ -11,10 +11,12 @@ that policy, built on the shared kit (:mod:`ctxengine.engines.kit`):
    ``batch_tokens``), and the rewrite pays for the cache it invalidates, the runs of agent
    turns before the recent ones are folded into digests (``fold_batches``: the actions as
    ``tool: command line`` plus the facts seen) or each output is cut to a record (head and tail
-   lines plus the facts of the removed middle). One rewrite per batch, never one per call.
-3. **Fold the finished turn** when a new user turn begins (it rewrites almost nothing but the
-   new user message, which is written anyway), and fold old turns down to ``fold_target`` when
-   the context passes ``fold_ratio`` of the window.
+   lines plus the facts of the removed middle). One rewrite per batch, never one per call. The
+   exchanges an earlier turn left whole are folded with that turn's digest, into one.
+3. **Fold the finished turn** when a new user turn begins, its earlier digests with it, into
+   one digest (it rewrites almost nothing but the new user message, which is written anyway,
+   and every later call reads one digest per finished turn), and fold old turns down to
+   ``fold_target`` when the context passes ``fold_ratio`` of the window.
 4. **Cut a giant new output before it is ever sent** (over ``giant_ratio`` of the window): it
    was never cached, so cutting it costs nothing, and it could not fit anyway.
 5. **Never touch the settled prefix again**, and never thrash (:class:`~.kit.pacing.Pacing`):
@@ -222,13 +224,34 @@ class CacheAwareEngine(ContextEngine):
             runs.append((start, end))
         return runs
 
+    def _batch_runs(self, messages: Sequence[Message]) -> list[tuple[int, int]]:
+        """The runs a batch folds (:meth:`_runs`); a run left from an earlier turn (its last
+        exchanges, kept whole when the next turn began) starts at the digests before it, so that
+        turn's digest and what it left become one digest: the rewrite starts there anyway (the
+        user message after it is written again either way) and every later call reads one."""
+        last_user = next((k for k in range(len(messages) - 1, -1, -1) if messages[k].get("role") == "user" and not is_marked(messages[k])), -1)
+        out: list[tuple[int, int]] = []
+        for a, b in self._runs(messages):
+            if b <= last_user:
+                a = self._digests_before(messages, a)
+            out.append((a, b))
+        return out
+
+    @staticmethod
+    def _digests_before(messages: Sequence[Message], a: int) -> int:
+        """Where the digests right before ``messages[a]`` begin (``a`` when there are none)."""
+        while a > 0 and is_marked(messages[a - 1]) and messages[a - 1].get("role") in ("assistant", "user"):
+            a -= 1
+        return a
+
     def _run_key(self, messages: Sequence[Message], run: tuple[int, int]) -> tuple[int, int, int]:
         """What identifies a finished run between turns: where it is and its size."""
         return run[0], run[1], sum(self._tokens(messages[k]) for k in range(*run))
 
     def _finished_run(self, messages: Sequence[Message]) -> tuple[int, int] | None:
-        """The run of the turn that just ended, when a new user turn has just begun and that run
-        holds ``fold_run_tokens`` or more."""
+        """The run of the turn that just ended with the digests before it (back to the turn's
+        user message), when a new user turn has just begun and that span holds
+        ``fold_run_tokens`` or more."""
         s = self.settings
         if s.fold_run_tokens <= 0 or not messages or messages[-1].get("role") != "user":
             return None
@@ -241,6 +264,7 @@ class CacheAwareEngine(ContextEngine):
         a, b = runs[-1]
         if b < u and b < self._tail_start(messages) and any(messages[k].get("role") != "user" for k in range(b, u)):
             return None
+        a = self._digests_before(messages, a)  # the turn's earlier digests: one digest per finished turn
         if sum(self._tokens(messages[k]) for k in range(a, b)) < s.fold_run_tokens:
             return None
         return a, b
@@ -262,7 +286,7 @@ class CacheAwareEngine(ContextEngine):
         cold = bool(waiting) and self.cold()
         batch = cold or ((over or self.pacing.may_rewrite()) and self._batch_due(messages, waiting))
         if batch and s.fold_batches:
-            self._fold(messages, self._runs(messages), plan, ids, -1)
+            self._fold(messages, self._batch_runs(messages), plan, ids, -1)
             notes.append("folded a batch of older exchanges into digests")
         elif batch or over:
             for i in waiting:
