@@ -214,18 +214,18 @@ class LcmConfig(_Section):
 class CacheAwareConfig(_Section):
     """The ``cacheaware`` engine (``cacheaware:``) and the compressor's digest mode; defaults
     measured on the long sessions and the 32K single runs of ../shared/data (DESIGN §3.8): the
-    last 2 tool exchanges stay whole, older ones are folded in batches of 8 into digests of
+    last 2 tool exchanges stay whole, older ones are folded in batches of 6 into digests of
     actions and facts, down to 25 % of the window when the context passes 55 %."""
 
     keep_recent: int = Field(2, ge=0, description="Tool exchanges at the end kept whole (the agent is still using them).")
-    batch: int = Field(8, ge=1, description="Compact once this many older whole outputs wait…")
+    batch: int = Field(6, ge=1, description="Compact once this many older whole outputs wait…")
     batch_tokens: int = Field(6000, ge=0, description="…or once they hold this many tokens.")
     cut_min_tokens: int = Field(120, ge=0, description="Outputs shorter than this are never cut.")
     fold_batches: bool = Field(True, description="Fold a due batch into a digest of actions and facts (off: cut each output to a record).")
     record_tokens: int = Field(160, ge=40, description="Size of one cut record (head and tail lines plus facts).")
     head_lines: int = Field(3, ge=0)
     tail_lines: int = Field(2, ge=0)
-    digest_tokens: int = Field(400, ge=100, description="Size of one digest (actions, facts, assistant notes).")
+    digest_tokens: int = Field(300, ge=100, description="Size of one digest (actions, facts, assistant notes).")
     fact_tokens: int = Field(60, ge=0, description="Verbatim facts one record or digest lists when a store keeps the originals (the rest is one ctx_grep away); without a store every fact is listed.")
     giant_ratio: float = Field(0.08, gt=0.0, le=1.0, description="A new output larger than this share of the window is cut before it is sent.")
     giant_tokens: int = Field(1500, ge=100, description="Size a giant output is cut to.")
