@@ -286,3 +286,15 @@ def test_the_newest_output_is_never_cut_to_get_under_the_threshold() -> None:
     assert out[-1] == msgs[-1]  # the newest output whole
     assert out[3]["content"].startswith(CUT_MARK)  # the one already read is cut
     assert eng.last_report is not None and eng.last_report.notes == ["cut the protected output at message 3 to get under the threshold"]
+
+
+def test_a_batch_that_cannot_be_worth_folding_is_not_asked_for() -> None:
+    """In a window far larger than the session a due batch can never free ``min_gain`` of the
+    threshold, and ``compress`` declines it: the preflight does not ask for it every turn (each
+    such turn ran a compaction that changed nothing, ~12 ms)."""
+    msgs = _session(12)
+    small = _engine(keep_recent=2, batch=4, batch_tokens=10**9, min_gain=0.02, context_length=200_000)
+    assert small.should_compress_preflight(msgs)
+    huge = _engine(keep_recent=2, batch=4, batch_tokens=10**9, min_gain=0.02, context_length=10_000_000)
+    assert not huge.should_compress_preflight(msgs)
+    assert huge.compress(msgs) == msgs  # what it would have run: nothing changes

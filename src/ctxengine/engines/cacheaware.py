@@ -150,7 +150,7 @@ class CacheAwareEngine(ContextEngine):
             return True
         if not self.pacing.may_rewrite():
             return False
-        if self._batch_due(messages, waiting):
+        if self._batch_due(messages, waiting) and self._may_be_worth(messages):
             return True
         run = self._finished_run(messages)
         return run is not None and self._run_key(messages, run) != self._declined  # not asked again
@@ -204,6 +204,14 @@ class CacheAwareEngine(ContextEngine):
         saved = sum(max(0, t - s.record_tokens) for t in sizes)
         stable = int(sum(toks[: waiting[0]]) * self._stable_ratio)
         return compaction_break_even(before, before - saved, stable) <= max(s.min_horizon, self.pacing.turn)
+
+    def _may_be_worth(self, messages: Sequence[Message]) -> bool:
+        """Whether a batch could free enough to be done (``compress`` declines one freeing less
+        than ``min_gain`` of the threshold): at most everything in the runs before the protected
+        tail is freed. In a window far larger than the session no batch ever is, and the
+        preflight then does not send every turn to a compaction that changes nothing."""
+        most = sum(self._tokens(messages[k]) for a, b in self._runs(messages) for k in range(a, b))
+        return self.pacing.worth(most, 0, self.threshold_tokens)
 
     def _runs(self, messages: Sequence[Message]) -> list[tuple[int, int]]:
         """Runs of agent turns (assistant messages with their results; never user messages,
