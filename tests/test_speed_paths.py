@@ -178,3 +178,19 @@ def test_a_deferring_caller_s_compaction_is_recorded_after_the_response(tmp_path
     deferred, checked = _replay_store(tmp_path / "deferred.db", defer=True)
     assert checked >= 1
     assert deferred == sync
+
+
+def test_the_process_wide_memo_by_text_holds_at_most_its_characters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It keeps its strings alive for every store of the process: bounded by characters, and a
+    message prepared after it started anew is still prepared exactly."""
+    from ctxengine.store import ids
+
+    monkeypatch.setattr(ids, "_BY_TEXT_MAX_CHARS", 10_000)
+    monkeypatch.setattr(ids, "_by_text", {})
+    monkeypatch.setattr(ids, "_by_text_chars", [0])
+    msgs = [{"role": "tool", "tool_call_id": f"c{i}", "content": f"{i} " + "x" * 3_000} for i in range(10)]
+    first = ids.prepare(msgs, None)
+    assert sum(len(v[0]) for v in ids._by_text.values()) <= 10_000
+    assert ids._by_text_chars[0] <= 10_000
+    again = ids.prepare([dict(m) for m in msgs], None)  # copies sharing the strings
+    assert [(p.id, p.canonical) for p in again] == [(p.id, p.canonical) for p in first]

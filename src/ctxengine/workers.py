@@ -5,6 +5,11 @@ deadline passes. Starting a thread for each call costs a thread's creation and a
 with it before the call even begins; an idle worker is handed the call instead and the
 caller waits for it alone. A worker whose call outlives its deadline keeps running it and
 is not handed another one until it returns; a new worker is started when none is idle.
+
+Not :class:`concurrent.futures.ThreadPoolExecutor`: its threads are joined when the
+interpreter exits, so an engine hung past its deadline would keep the process from exiting,
+and its fixed pool queues a new call behind hung ones; here workers are daemon threads and a
+hung call never delays another.
 """
 
 from __future__ import annotations

@@ -158,8 +158,13 @@ _BY_TEXT_MIN = 256
 """Characters of ``content`` from which a message is also remembered by its text (see
 :func:`prepare`): below that, serialising and hashing it costs about as much as a lookup."""
 
+_BY_TEXT_MAX_CHARS = 32_000_000
+"""Characters of ``content`` the by-text memo holds at most (then it starts anew): it keeps
+its strings alive, and is process-wide."""
+
 _by_text: dict[int, tuple[str, Message, Prepared]] = {}
 """Prepared messages by the ``content`` string they hold, for all stores of the process."""
+_by_text_chars = [0]
 
 
 def _known(m: Message, memo: Memo | None) -> Prepared | None:
@@ -184,9 +189,11 @@ def _remember(m: Message, p: Prepared, memo: Memo | None) -> None:
         memo[id(m)] = (m, p)
     content = m.get("content")
     if type(content) is str and len(content) >= _BY_TEXT_MIN:
-        if len(_by_text) >= _MEMO_SIZE:
+        if len(_by_text) >= _MEMO_SIZE or _by_text_chars[0] + len(content) > _BY_TEXT_MAX_CHARS:
             _by_text.clear()
+            _by_text_chars[0] = 0
         _by_text[id(content)] = (content, m, p)
+        _by_text_chars[0] += len(content)
 
 
 def prepare(messages: Sequence[Message], parent_id: str | None, memo: Memo | None = None) -> list[Prepared]:
