@@ -26,6 +26,7 @@ class TrimEngine(ContextEngine):
     """Cut the tool outputs no compaction has settled yet, except the most recent ones."""
 
     deterministic = True
+    calls_model = False  # compress is local work: a proxy may run it on its event loop
     Settings: ClassVar[type[TrimSettings]] = TrimSettings
 
     def __init__(self, *, context_length: int = 128_000, settings: TrimSettings | None = None, originals: Originals | None = None) -> None:

@@ -49,3 +49,16 @@ def test_builtin_engine_keeps_the_contract(name: str, services: dict[str, Any]) 
         assert report.checks[invariant] > 0, (invariant, str(report))
     if report.deterministic:
         assert report.checks[6] > 0 and report.checks[8] > 0, str(report)
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_ENGINES))
+def test_whether_a_builtin_engine_calls_a_model(name: str, services: dict[str, Any]) -> None:
+    """``calls_model`` is False only while no summarizing model is configured: a host (the
+    proxy's event loop) runs such a compaction where a call taking seconds must not run."""
+    registry = EngineRegistry(entry_points=False)
+    local = registry.create(name, Config(), context_length=WINDOW, **services)
+    assert local.calls_model is False
+    if name in ("compressor", "lcm"):  # they summarize with the configured model
+        cfg = Config.from_dict({"auxiliary": {"compression": {"model": "gpt-4o-mini", "base_url": "http://127.0.0.1:9/v1"}}})
+        assert registry.create(name, cfg, context_length=WINDOW, **services).calls_model is True
+    assert ContextEngine.calls_model is True  # any other engine (a plugin) is taken to call one

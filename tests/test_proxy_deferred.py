@@ -167,8 +167,11 @@ def test_a_turn_lost_to_a_crash_is_recorded_with_the_next(stub: StubServer, tmp_
         assert _stored(store, "openai", "c") == _texts(msgs[1:])
 
 
-def test_a_turn_that_compacts_is_planned_in_a_worker_thread(stub: StubServer, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """Compaction may call a summarizer for seconds: never on the event loop."""
+@pytest.mark.parametrize("summarizer", ["llm", "extractive", "extractive-over-the-bound"])
+def test_where_a_turn_that_compacts_is_planned(stub: StubServer, tmp_path: Path, caplog: pytest.LogCaptureFixture, summarizer: str) -> None:
+    """A compaction that may call a summarizer for seconds never runs on the event loop; one
+    that is local work (the extractive summary) on a small context is planned there like a
+    quick turn."""
     loop_threads: set[int] = set()
     compacting_threads: set[int] = set()
     real = EngineHost.compress
@@ -179,8 +182,13 @@ def test_a_turn_that_compacts_is_planned_in_a_worker_thread(stub: StubServer, tm
 
     stub.responder = lambda req: StubReply.ok("ack " + "z" * 40)
     # the summarizing path: it compacts a chat of user turns (digests fold tool exchanges)
-    cfg = make_config(stub, tmp_path, context={"engine": "compressor"}, compression={"mode": "summary"}, model={"context_length": 6000})
+    llm = {"compression": {"model": "gpt-4o-mini", "base_url": stub.openai_base_url, "api_key_env": "CTXENGINE_TEST_SUMMARY_KEY"}}
+    cfg = make_config(
+        stub, tmp_path, context={"engine": "compressor"}, compression={"mode": "summary"}, model={"context_length": 6000}, **({"auxiliary": llm} if summarizer == "llm" else {}),
+        **({"proxy": {"inline_compaction_tokens": 0}} if summarizer.endswith("bound") else {}),
+    )
     with pytest.MonkeyPatch.context() as mp, caplog.at_level(logging.DEBUG, logger="ctxengine.proxy"):
+        mp.setenv("CTXENGINE_TEST_SUMMARY_KEY", KEY)
         mp.setattr(EngineHost, "compress", spy)
         with ProxyServer(cfg) as p:
             assert p._thread is not None
@@ -194,11 +202,15 @@ def test_a_turn_that_compacts_is_planned_in_a_worker_thread(stub: StubServer, tm
             assert p.proxy.manager(OPENAI, "gpt-4o").status("compacting")["compactions"] >= 1
             inline = _metric(p, "ctxengine_proxy_plans_total", api="openai", where="inline")
             worker = _metric(p, "ctxengine_proxy_plans_total", api="openai", where="worker")
-    assert compacting_threads and not compacting_threads & loop_threads
-    assert inline >= 5 and worker >= 2 and inline + worker == 30
-    # each request's log line says where it was planned, and why a worker thread
     planned = [getattr(r, "fields", {}).get("planned") for r in caplog.records if r.getMessage() == "request"]
-    assert planned.count("inline") == inline
+    assert planned.count("inline") == inline and inline + worker == 30
+    if summarizer == "extractive":  # local work: the loop compacts, only opening took a worker
+        assert compacting_threads and compacting_threads <= loop_threads
+        assert inline >= 29 and "worker: the engine compacts" not in planned
+        return
+    assert compacting_threads and not compacting_threads & loop_threads
+    assert inline >= 5 and worker >= 2
+    # each request's log line says where it was planned, and why a worker thread
     assert any(str(p).startswith("worker: ") and p != "worker: " for p in planned)
     assert "worker: the engine compacts" in planned
 

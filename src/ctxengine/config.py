@@ -277,6 +277,15 @@ class ProxyConfig(_Section):
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Larger request bodies get a 413.")
     recall_tools: bool = Field(True, description="Offer the engine's recall tools and answer them in the proxy (only when the client sends tools of its own).")
     max_tool_rounds: int = Field(3, ge=1, description="Extra upstream round trips per request for the engine's own tools.")
+    inline_compaction_tokens: int = Field(
+        32_000,
+        ge=0,
+        description=(
+            "A turn whose compaction is local work (an engine that calls no model: digests, the extractive summary, rules) on at most this many "
+            "tokens of messages is planned on the event loop with a local store, like a turn that only appends; larger ones, and every "
+            "compaction that may call a model, go to a worker thread. 0: every compaction goes to a worker thread."
+        ),
+    )
     timeout: float = Field(600.0, gt=0, description="Upstream timeout in seconds.")
     session_idle_seconds: float = Field(
         3600.0, gt=0, description="A session idle this long is ended in memory (its record stays in the store; a returning client resumes from it)."

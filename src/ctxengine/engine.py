@@ -264,6 +264,10 @@ class ContextEngine(ABC):
     threshold_ratio: float = 0.5
     #: True when ``compress`` is a pure function of its input (no LLM, no clock).
     deterministic: bool = False
+    #: False when ``compress`` never waits for a model or a server (local CPU work, bounded by
+    #: its input): a host may then run it where it would not run a call taking seconds (the
+    #: proxy plans such a turn on its event loop). True, the safe default, for any other engine.
+    calls_model: bool = True
     #: The report of the most recent ``compress`` call, if any.
     last_report: CompactionReport | None = None
     #: The engine's settings model (a pydantic model class), or ``None`` for engines without

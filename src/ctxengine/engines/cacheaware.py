@@ -68,6 +68,7 @@ class CacheAwareEngine(ContextEngine):
     """See the module docstring. Deterministic: same input, same output."""
 
     deterministic = True
+    calls_model = False
     Settings: ClassVar[type[CacheAwareConfig]] = CacheAwareConfig
 
     def __init__(

@@ -228,6 +228,7 @@ class SummaryCompressor(SummaryTrigger):
         if summarizer is None and self.summary_model:
             summarizer = hermes_summarizer(self.summary_model, self.base_url, self.api_key, self.provider)
         self.summarizer: Summarizer = summarizer or ExtractiveSummarizer()
+        self.calls_model = not isinstance(self.summarizer, ExtractiveSummarizer)  # digests and the extractive summary are local work
         self._fallback = ExtractiveSummarizer()
         self.tokens = MessageTokens.of(counter)  # each message's count: the session's, else the engine's own
         self.counter: TokenCounter = self.tokens.counter

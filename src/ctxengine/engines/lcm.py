@@ -145,6 +145,7 @@ class LcmEngine(ContextEngine):
         self._facts_tight = False
         self._fact_cache: dict[int, Facts] = {}
         self.deterministic = summarizer is None
+        self.calls_model = summarizer is not None
         self._recall: Recall | None = None
 
     @classmethod

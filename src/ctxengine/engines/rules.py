@@ -103,6 +103,7 @@ class RulesEngine(ContextEngine):
     """Seed 004's deterministic compaction (see the module docstring)."""
 
     deterministic = True
+    calls_model = False
     Settings: ClassVar[type[CompactionConfig]] = CompactionConfig
 
     def __init__(

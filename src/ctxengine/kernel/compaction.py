@@ -111,13 +111,13 @@ class Compaction:
         tokens = s.counter.count(msgs) + extra
         if self.config.compression.enabled and not s.streak.resting:
             if self.hygiene_due(s, tokens, msgs):
-                raise CompactionDue("session hygiene fires")
+                raise CompactionDue("session hygiene fires", local=True, tokens=tokens - extra)
             try:
                 due = should_compact(s.engine, tokens - extra, msgs)
             except EngineError as exc:
                 raise CompactionDue(f"the engine's trigger failed: {exc}") from exc
             if due:
-                raise CompactionDue("the engine compacts")
+                raise CompactionDue("the engine compacts", local=True, tokens=tokens - extra)
         if self.cap.over(s, msgs, extra_window):
-            raise CompactionDue("the window cap cuts")
+            raise CompactionDue("the window cap cuts", local=True, tokens=tokens - extra)
         return tokens

@@ -30,11 +30,18 @@ class CompactionDue(CtxEngineError):
     """``prepare(..., may_compact=False)`` would do more than map the input and append it: a
     compaction, a window cut, an engine reset, tool calls to answer, a store write now, or it
     would wait for the session's lock (``reason`` says which). Raised before the session
-    changed; the same call with ``may_compact=True`` does the turn."""
+    changed; the same call with ``may_compact=True`` does the turn.
 
-    def __init__(self, reason: str) -> None:
+    ``local``: what is due is work of this process alone (the engine's or session hygiene's
+    compaction, the window cap's cut), not a store read or write now, tool calls to answer
+    or a wait for the session's lock; ``tokens`` is then the turn's count of its messages
+    (tool definitions aside): what that work goes through."""
+
+    def __init__(self, reason: str, *, local: bool = False, tokens: int = 0) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.local = local
+        self.tokens = tokens
 
 
 class HeldNow:

@@ -149,9 +149,10 @@ class Planning(Settling):
         :data:`OPENING`: :meth:`_open` opens it in a worker thread, resumed from the store,
         and the plan is tried here again); no idle sweep due; no other
         thread planning the session or holding its lock; and a turn that only appends
-        (``prepare(may_compact=False)``: no compaction, which may call a summarizer for
-        seconds, no window cut, no store write now). A worker thread costs 0.2-0.8 ms of
-        hand-over each way; the quick turn is a fraction of a millisecond."""
+        (``prepare(may_compact=False)``: no store write now, no tool calls to answer), or one
+        whose compaction or window cut is local work (:meth:`_compacts_inline`). A worker
+        thread costs 0.2-0.8 ms of hand-over each way; the quick turn is a fraction of a
+        millisecond."""
         if not self._local_store:
             return "a shared store"
         now = time.monotonic()
@@ -166,12 +167,28 @@ class Planning(Settling):
             try:
                 plan = self._plan_locked(api, s, body, raw, quick=True)
             except CompactionDue as exc:
-                return exc.reason
+                if not self._compacts_inline(api, s, exc):
+                    return exc.reason
+                plan = self._plan_locked(api, s, body, raw)
         finally:
             s.lock.release()
         plan.started, plan.finished, plan.planned = started, time.perf_counter(), "inline"
         self.metrics.child(self.metrics.plans, api.name, "inline").inc()
         return plan
+
+    def _compacts_inline(self, api: Api, s: ProxySession, due: CompactionDue) -> bool:
+        """Whether the compaction (or window cut) ``due`` is planned on the event loop too: it
+        is local work (no store read, no tool calls, no wait for a lock), the session's engine
+        calls no model (``calls_model`` False: digests, the extractive summary, rules; a summary
+        by an LLM takes seconds) and the messages are at most ``proxy.inline_compaction_tokens``
+        (a digest compaction of 30K tokens is 5-15 ms of CPU, which a worker thread spends
+        under the same interpreter lock plus its hand-over; its store record waits for the
+        response like a quick turn's)."""
+        limit = self.settings.inline_compaction_tokens
+        if not due.local or due.tokens > limit or s.model is None:
+            return False
+        mgr = self._managers.get((api.name, s.model))
+        return mgr is not None and getattr(mgr.engine(s.id), "calls_model", True) is False
 
     def end_idle_sessions(self, now: float | None = None) -> int:
         """End the sessions idle longer than ``proxy.session_idle_seconds`` (``on_session_end``,

@@ -168,6 +168,7 @@ class Settling(ProxyBase):
                     "compactions": plan.compactions,
                     "planned": plan.planned or None,
                     "opened": True if plan.opened else None,
+                    "plan_ms": round((plan.finished - plan.started) * 1000, 2) if plan.finished else None,
                     "ms": round((time.perf_counter() - started) * 1000, 2),
                 }
             },
