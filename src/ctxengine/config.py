@@ -232,6 +232,7 @@ class CacheAwareConfig(_Section):
     fold_ratio: float = Field(0.55, gt=0.0, le=1.0, description="Fold old turns when the context passes this share of the window…")
     fold_target: float = Field(0.25, gt=0.0, lt=1.0, description="…down to this share.")
     fold_run_tokens: int = Field(2000, ge=0, description="When a new user turn begins, fold the previous turn's run if it holds this many tokens (0: off).")
+    fold_tasks: bool = Field(True, description="Once a later user turn has begun, fold a finished one, its user messages with it (the store keeps them), into a digest.")
     cost_aware: bool = Field(True, description="Compact a batch only when it pays for its cache rewrite.")
     min_horizon: int = Field(8, ge=1)
     min_gain: float = Field(0.02, ge=0.0, lt=1.0, description="A compaction freeing less than this share of the threshold is not done.")
