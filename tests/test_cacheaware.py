@@ -219,7 +219,7 @@ def _next_task(k: int, groups: int) -> list[Message]:
 
 
 def test_a_finished_task_folds_with_its_user_message_once_the_next_one_begins(store: SqliteStore) -> None:
-    eng = _engine(store, keep_recent=2, batch=100, batch_tokens=10**9, fold_run_tokens=500)
+    eng = _engine(store, keep_recent=2, batch=100, batch_tokens=10**9, fold_run_tokens=500, task_users="all")
     first = [{"role": "system", "content": "You are an agent."}, *_next_task(1, 6)]
     msgs = [*first, _next_task(2, 0)[0]]
     assert eng.should_compress_preflight(msgs)
@@ -240,6 +240,22 @@ def test_a_finished_task_folds_with_its_user_message_once_the_next_one_begins(st
     assert _valid(again) and again[1] == out[1] and again[2]["content"].startswith(DIGEST_MARK)
     assert "User: Task 2: update docs/part2.md." in again[2]["content"] and "- bash: cat src/f5.txt" in again[2]["content"]
     assert again[3:] == second[-5:] and again[-1]["content"].startswith("Task 3:")
+
+
+def test_by_default_a_finished_task_folds_only_the_user_messages_sent_again_later(store: SqliteStore) -> None:
+    eng = _engine(store, keep_recent=2, batch=100, batch_tokens=10**9, fold_run_tokens=500)
+    demo: Message = {"role": "user", "content": "Here is a demonstration of how to work.\n" + "open src/Demo.java, then edit it. " * 60}
+    first = _next_task(1, 6)
+    msgs = [{"role": "system", "content": "You are an agent."}, demo, *first, demo, _next_task(2, 0)[0]]
+    out = eng.compress(msgs)
+    assert _valid(out) and out[0] == msgs[0]
+    # the demonstration comes again with the next task: its first copy folds; the first task's
+    # own request stays verbatim between the digests of what came before and after it
+    assert out[1]["content"].startswith(DIGEST_MARK) and out[1]["role"] == "user" and "User: Here is a demonstration" in out[1]["content"]
+    assert out[2] == first[0]
+    assert out[3]["content"].startswith(DIGEST_MARK) and "- bash: cat src/f3.txt" in out[3]["content"]
+    assert out[4:] == msgs[-6:]
+    assert sum(m == demo for m in out) == 1 and eng.retrievable(demo["content"])
 
 
 def test_without_a_store_or_with_fold_tasks_off_user_messages_are_never_folded(store: SqliteStore) -> None:

@@ -376,13 +376,29 @@ class CacheAwareEngine(ContextEngine):
         self.last_report = CompactionReport(self.name, len(messages), len(out), before, tokens, replaced=replaced, notes=notes, elapsed_ms=(time.perf_counter() - t0) * 1000.0)
         return out
 
+    def _task_pieces(self, messages: Sequence[Message], task: tuple[int, int]) -> list[tuple[int, int]]:
+        """``task`` split around the user messages it keeps: with ``task_users: repeated`` a user
+        message is folded only when its text is sent again later (a harness's demonstration
+        that comes with every task); the others stay verbatim where they are."""
+        a, b = task
+        if self.settings.task_users == "all":
+            return [task]
+        later = {content_text(m.get("content")) for m in messages[b:] if m.get("role") == "user"}
+        kept = [k for k in range(a, b) if messages[k].get("role") == "user" and not is_marked(messages[k]) and content_text(messages[k].get("content")) not in later]
+        pieces: list[tuple[int, int]] = []
+        for k in [*kept, b]:
+            if k > a:
+                pieces.append((a, k))
+            a = k + 1
+        return pieces
+
     def _fold_task(self, messages: Sequence[Message], plan: dict[int, tuple[int, Message]], ids: Refs, notes: list[str]) -> None:
-        """Fold the finished task (:meth:`_task_span`), if any, into one digest in ``plan``."""
+        """Fold the finished task (:meth:`_task_span`), if any, into digests in ``plan``."""
         task = self._task_span(messages)
         if task is not None:
-            self._fold(messages, [task], plan, ids, -1, role="user")
-            if task[0] in plan:
-                notes.append("folded the finished task, its user messages with it, into a digest")
+            self._fold(messages, self._task_pieces(messages, task), plan, ids, -1, role="user")
+            if any(task[0] <= k < task[1] for k in plan):
+                notes.append("folded the finished task into digests")
 
     def _fact_tokens(self) -> int | None:
         return self.settings.fact_tokens if self.originals is not None else None
