@@ -215,7 +215,8 @@ class CacheAwareConfig(_Section):
     """The ``cacheaware`` engine (``cacheaware:``) and the compressor's digest mode; defaults
     measured on the long sessions and the 32K single runs of ../shared/data (DESIGN §3.8): the
     last 2 tool exchanges stay whole, older ones are folded in batches of 6 into digests of
-    actions and facts, down to 25 % of the window when the context passes 55 %."""
+    actions and facts, down to 25 % of the window when the context passes 55 %; a finished
+    task is folded once a later one has begun."""
 
     keep_recent: int = Field(2, ge=0, description="Tool exchanges at the end kept whole (the agent is still using them).")
     batch: int = Field(6, ge=1, description="Compact once this many older whole outputs wait…")
