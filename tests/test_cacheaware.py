@@ -145,7 +145,7 @@ def test_without_a_store_every_fact_stays_in_context() -> None:
 
 
 def test_old_turns_fold_into_digests_over_the_threshold_keeping_users(store: SqliteStore) -> None:
-    eng = _engine(store, context_length=6_000, keep_recent=2, batch=1, fold_ratio=0.25, fold_target=0.1)
+    eng = _engine(store, context_length=6_000, keep_recent=2, batch=1, fold_ratio=0.25, fold_target=0.1, fold_tasks=False)
     msgs: list[Message] = [{"role": "system", "content": "sys"}]
     for t in range(4):
         msgs.append({"role": "user", "content": f"task {t}: fix src/t{t}.py"})
@@ -175,7 +175,7 @@ def test_a_finished_turn_is_folded_when_the_next_one_starts() -> None:
 
 
 def test_a_finished_turn_is_folded_with_its_earlier_digests_into_one(store: SqliteStore) -> None:
-    eng = _engine(store, keep_recent=1, batch=3, batch_tokens=10**9, fold_batches=True, fold_run_tokens=500)
+    eng = _engine(store, keep_recent=1, batch=3, batch_tokens=10**9, fold_batches=True, fold_run_tokens=500, fold_tasks=False)
     msgs = _session(5)
     first = eng.compress(msgs)  # a batch of the turn: one digest, the last exchange whole
     assert sum(str(m.get("content", "")).startswith(DIGEST_MARK) for m in first) == 1
@@ -192,7 +192,7 @@ def test_a_finished_turn_is_folded_with_its_earlier_digests_into_one(store: Sqli
 
 
 def test_what_an_earlier_turn_left_whole_is_folded_with_its_digest(store: SqliteStore) -> None:
-    eng = _engine(store, keep_recent=2, batch=4, batch_tokens=10**9, fold_batches=True, fold_run_tokens=500)
+    eng = _engine(store, keep_recent=2, batch=4, batch_tokens=10**9, fold_batches=True, fold_run_tokens=500, fold_tasks=False)
     msgs = [*_session(6), {"role": "user", "content": "Next task: update the docs."}]
     ended = eng.compress(msgs)  # the finished turn: one digest, its last two exchanges whole
     assert ended[2]["content"].startswith(DIGEST_MARK) and ended[3:] == msgs[-5:]
@@ -205,6 +205,64 @@ def test_what_an_earlier_turn_left_whole_is_folded_with_its_digest(store: Sqlite
     assert "Earlier: [ctxengine:digest" in out[2]["content"] and "- bash: cat src/f5.txt" in out[2]["content"]
     assert out[4]["content"].startswith(DIGEST_MARK) and out[-4:] == nxt[-4:]
     assert len(out) == 9
+
+
+def _next_task(k: int, groups: int) -> list[Message]:
+    """A later task of the same session: its user message and run (ids of its own)."""
+    out: list[Message] = [{"role": "user", "content": f"Task {k}: update docs/part{k}.md.\n" + "Here is how to work. " * 40}]
+    for m in _session(groups)[2:]:
+        if m["role"] == "tool":
+            out.append({**m, "tool_call_id": f"t{k}{m['tool_call_id']}"})
+        else:
+            out.append({**m, "tool_calls": [{**m["tool_calls"][0], "id": f"t{k}{m['tool_calls'][0]['id']}"}]})
+    return out
+
+
+def test_a_finished_task_folds_with_its_user_message_once_the_next_one_begins(store: SqliteStore) -> None:
+    eng = _engine(store, keep_recent=2, batch=100, batch_tokens=10**9, fold_run_tokens=500, task_users="all")
+    first = [{"role": "system", "content": "You are an agent."}, *_next_task(1, 6)]
+    msgs = [*first, _next_task(2, 0)[0]]
+    assert eng.should_compress_preflight(msgs)
+    out = eng.compress(msgs)
+    assert _valid(out) and out[0] == msgs[0]
+    # the first task (its user message, its run but the protected tail) is one digest; its
+    # last two exchanges (the model has not seen the newest yet) and the new task stay whole
+    assert out[1]["content"].startswith(DIGEST_MARK) and out[1]["role"] == "user"
+    assert "User: Task 1: update docs/part1.md." in out[1]["content"] and "- bash: cat src/f3.txt" in out[1]["content"]
+    assert out[2:] == msgs[-5:]
+    assert not any(m["content"] == first[1]["content"] for m in out) and eng.retrievable(first[1]["content"])
+    missing = missing_facts(extract_facts(msgs), context_text(out))
+    assert missing.all() and all(eng.retrievable(f) for f in missing.all())
+    # what the first task left whole folds with the second task at the third one; the latest
+    # user message stays verbatim
+    second = [*out, *_next_task(2, 5)[1:], _next_task(3, 0)[0]]
+    again = eng.compress(second)
+    assert _valid(again) and again[1] == out[1] and again[2]["content"].startswith(DIGEST_MARK)
+    assert "User: Task 2: update docs/part2.md." in again[2]["content"] and "- bash: cat src/f5.txt" in again[2]["content"]
+    assert again[3:] == second[-5:] and again[-1]["content"].startswith("Task 3:")
+
+
+def test_by_default_a_finished_task_folds_only_the_user_messages_sent_again_later(store: SqliteStore) -> None:
+    eng = _engine(store, keep_recent=2, batch=100, batch_tokens=10**9, fold_run_tokens=500)
+    demo: Message = {"role": "user", "content": "Here is a demonstration of how to work.\n" + "open src/Demo.java, then edit it. " * 60}
+    first = _next_task(1, 6)
+    msgs = [{"role": "system", "content": "You are an agent."}, demo, *first, demo, _next_task(2, 0)[0]]
+    out = eng.compress(msgs)
+    assert _valid(out) and out[0] == msgs[0]
+    # the demonstration comes again with the next task: its first copy folds; the first task's
+    # own request stays verbatim between the digests of what came before and after it
+    assert out[1]["content"].startswith(DIGEST_MARK) and out[1]["role"] == "user" and "User: Here is a demonstration" in out[1]["content"]
+    assert out[2] == first[0]
+    assert out[3]["content"].startswith(DIGEST_MARK) and "- bash: cat src/f3.txt" in out[3]["content"]
+    assert out[4:] == msgs[-6:]
+    assert sum(m == demo for m in out) == 1 and eng.retrievable(demo["content"])
+
+
+def test_without_a_store_or_with_fold_tasks_off_user_messages_are_never_folded(store: SqliteStore) -> None:
+    msgs = [{"role": "system", "content": "You are an agent."}, *_next_task(1, 6), _next_task(2, 0)[0]]
+    for eng in (_engine(keep_recent=2, batch=100, batch_tokens=10**9, fold_run_tokens=500), _engine(store, keep_recent=2, batch=100, batch_tokens=10**9, fold_run_tokens=500, fold_tasks=False)):
+        out = eng.compress(msgs)
+        assert _valid(out) and out[1] == msgs[1] and out[2]["content"].startswith(DIGEST_MARK) and out[-1] == msgs[-1]
 
 
 def test_batches_fold_into_digests_of_actions_and_facts(store: SqliteStore) -> None:

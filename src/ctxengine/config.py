@@ -215,7 +215,8 @@ class CacheAwareConfig(_Section):
     """The ``cacheaware`` engine (``cacheaware:``) and the compressor's digest mode; defaults
     measured on the long sessions and the 32K single runs of ../shared/data (DESIGN §3.8): the
     last 2 tool exchanges stay whole, older ones are folded in batches of 6 into digests of
-    actions and facts, down to 25 % of the window when the context passes 55 %."""
+    actions and facts, down to 25 % of the window when the context passes 55 %; a finished
+    task is folded once a later one has begun."""
 
     keep_recent: int = Field(2, ge=0, description="Tool exchanges at the end kept whole (the agent is still using them).")
     batch: int = Field(6, ge=1, description="Compact once this many older whole outputs wait…")
@@ -232,6 +233,8 @@ class CacheAwareConfig(_Section):
     fold_ratio: float = Field(0.55, gt=0.0, le=1.0, description="Fold old turns when the context passes this share of the window…")
     fold_target: float = Field(0.25, gt=0.0, lt=1.0, description="…down to this share.")
     fold_run_tokens: int = Field(2000, ge=0, description="When a new user turn begins, fold the previous turn's run if it holds this many tokens (0: off).")
+    fold_tasks: bool = Field(True, description="With a store, once a later user turn has begun, fold the finished one (its run, and the user messages task_users names) into digests.")
+    task_users: Literal["repeated", "all"] = Field("repeated", description="The finished turn's user messages folded with it: those sent again later (a harness's demonstration that comes with every task; the text stays in context), or all (the store keeps them).")
     cost_aware: bool = Field(True, description="Compact a batch only when it pays for its cache rewrite.")
     min_horizon: int = Field(8, ge=1)
     min_gain: float = Field(0.02, ge=0.0, lt=1.0, description="A compaction freeing less than this share of the threshold is not done.")

@@ -16,7 +16,12 @@ that policy, built on the shared kit (:mod:`ctxengine.engines.kit`):
 3. **Fold the finished turn** when a new user turn begins, its earlier digests with it, into
    one digest (it rewrites almost nothing but the new user message, which is written anyway,
    and every later call reads one digest per finished turn), and fold old turns down to
-   ``fold_target`` when the context passes ``fold_ratio`` of the window.
+   ``fold_target`` when the context passes ``fold_ratio`` of the window. With a store
+   (``fold_tasks``), a finished task is folded whole once a later one has begun: its user
+   messages (a harness's demonstration and the issue, thousands of tokens every later call
+   would read again) with its run and digests and what the task before it left whole, into one
+   digest that shows their beginning; the originals stay one ``ctx_expand`` away. The
+   protected tail and the current task's user messages stay whole.
 4. **Cut a giant new output before it is ever sent** (over ``giant_ratio`` of the window): it
    was never cached, so cutting it costs nothing, and it could not fit anyway.
 5. **Never touch the settled prefix again**, and never thrash (:class:`~.kit.pacing.Pacing`):
@@ -59,6 +64,9 @@ from ctxengine.models import DEFAULT_CONTEXT_LENGTH
 from ctxengine.tokens import MessageTokens, TokenCounter, estimate
 
 __all__ = ["CacheAwareEngine", "CacheAwareSettings"]
+
+USER_CHARS = 300
+"""Characters of a folded task's user message a digest shows (the store keeps the original)."""
 
 CacheAwareSettings = CacheAwareConfig
 """The engine's settings model (the ``cacheaware:`` section of the config)."""
@@ -278,6 +286,36 @@ class CacheAwareEngine(ContextEngine):
             return None
         return a, b
 
+    def _task_span(self, messages: Sequence[Message]) -> tuple[int, int] | None:
+        """The finished task to fold once a later one has begun: its user messages (the
+        request, whose originals the store keeps), its run and digests, and the last exchanges
+        the task before it left whole; never the protected tail. None when no user message
+        with a run after it precedes the current one, when the span holds less than
+        ``fold_run_tokens``, without a store (a user message is never lost) and with
+        ``fold_tasks`` off."""
+        s = self.settings
+        if not s.fold_tasks or self.originals is None or not messages:
+            return None
+
+        def user(k: int) -> bool:
+            return messages[k].get("role") == "user" and not is_marked(messages[k])
+
+        u = next((k for k in range(len(messages) - 1, -1, -1) if user(k)), -1)
+        while u > 0 and user(u - 1):
+            u -= 1  # where the current task's user messages begin
+        end = min(u, self._tail_start(messages))
+        p = next((k for k in range(end - 1, -1, -1) if user(k)), -1)
+        if p < 0 or not any(messages[k].get("role") == "assistant" and not is_marked(messages[k]) for k in range(p + 1, end)):
+            return None
+        while p > 0 and user(p - 1):
+            p -= 1
+        a = p
+        while a > 0 and not is_marked(messages[a - 1]) and messages[a - 1].get("role") in ("assistant", "tool"):
+            a -= 1  # what the task before left whole
+        if sum(self._tokens(messages[k]) for k in range(a, end)) < s.fold_run_tokens:
+            return None
+        return a, end
+
     # -- compaction -------------------------------------------------------------------------
     def compress(self, messages: list[Message], current_tokens: int | None = None, focus_topic: str | None = None) -> list[Message]:
         t0 = time.perf_counter()
@@ -293,15 +331,17 @@ class CacheAwareEngine(ContextEngine):
         for i in giant:
             plan[i] = (i + 1, self._cut(messages, i, s.giant_tokens, ids))
         cold = bool(waiting) and self.cold()
+        if over or cold or self.pacing.may_rewrite():
+            self._fold_task(messages, plan, ids, notes)
         batch = cold or ((over or self.pacing.may_rewrite()) and self._batch_due(messages, waiting))
         if batch and s.fold_batches:
             self._fold(messages, self._batch_runs(messages), plan, ids, -1)
             notes.append("folded a batch of older exchanges into digests")
         elif batch or over:
-            for i in waiting:
-                plan.setdefault(i, (i + 1, self._cut(messages, i, s.record_tokens, ids)))
+            for i in (k for k in waiting if not _planned(plan, k, k + 1)):
+                plan[i] = (i + 1, self._cut(messages, i, s.record_tokens, ids))
         finished = self._finished_run(messages)
-        if finished is not None and finished[0] not in plan:
+        if finished is not None and not _planned(plan, *finished):
             self._fold(messages, [finished], plan, ids, -1)
             notes.append("folded the finished turn into a digest")
         out = _apply(messages, plan)
@@ -337,6 +377,30 @@ class CacheAwareEngine(ContextEngine):
         self.last_report = CompactionReport(self.name, len(messages), len(out), before, tokens, replaced=replaced, notes=notes, elapsed_ms=(time.perf_counter() - t0) * 1000.0)
         return out
 
+    def _task_pieces(self, messages: Sequence[Message], task: tuple[int, int]) -> list[tuple[int, int]]:
+        """``task`` split around the user messages it keeps: with ``task_users: repeated`` a user
+        message is folded only when its text is sent again later (a harness's demonstration
+        that comes with every task); the others stay verbatim where they are."""
+        a, b = task
+        if self.settings.task_users == "all":
+            return [task]
+        later = {content_text(m.get("content")) for m in messages[b:] if m.get("role") == "user"}
+        kept = [k for k in range(a, b) if messages[k].get("role") == "user" and not is_marked(messages[k]) and content_text(messages[k].get("content")) not in later]
+        pieces: list[tuple[int, int]] = []
+        for k in [*kept, b]:
+            if k > a:
+                pieces.append((a, k))
+            a = k + 1
+        return pieces
+
+    def _fold_task(self, messages: Sequence[Message], plan: dict[int, tuple[int, Message]], ids: Refs, notes: list[str]) -> None:
+        """Fold the finished task (:meth:`_task_span`), if any, into digests in ``plan``."""
+        task = self._task_span(messages)
+        if task is not None:
+            self._fold(messages, self._task_pieces(messages, task), plan, ids, -1, role="user")
+            if any(task[0] <= k < task[1] for k in plan):
+                notes.append("folded the finished task into digests")
+
     def _fact_tokens(self) -> int | None:
         return self.settings.fact_tokens if self.originals is not None else None
 
@@ -367,23 +431,28 @@ class CacheAwareEngine(ContextEngine):
         ids: Refs,
         target: int,
         tokens: int | None = None,
+        role: str | None = None,
     ) -> None:
         """Fold ``runs`` (oldest first) into digests until the context is under ``target``
-        (every run when ``target`` < 0); replaces what ``plan`` held inside them."""
+        (every run when ``target`` < 0); replaces what ``plan`` held inside them, never a
+        planned span reaching outside a run. ``role``: the digests' role (default: the one
+        that alternates with their neighbours)."""
         if tokens is None:
             tokens = sum(self._tokens(m) for m in _apply(messages, plan))
         for a, b in runs:
             if target >= 0 and tokens <= target:
                 break
+            if any(k < a < e or (a <= k < b < e) for k, (e, _) in plan.items()):
+                continue  # it would split a span planned already
             inner = [k for k in plan if a <= k < b]
             current = sum(self._tokens(m) for m in _apply(messages[a:b], {k - a: (e - a, r) for k, (e, r) in plan.items() if a <= k < b}))
             ref = ids.node(list(range(a, b)), kind="digest", text=None)
-            body = digest(messages[a:b], budget_tokens=self.settings.digest_tokens, fact_tokens=self._fact_tokens(), recall_hint=("ctx_grep" if self.originals.reach.tools else "the session store") if self.originals else "the store")
+            hint = ("ctx_grep" if self.originals.reach.tools else "the session store") if self.originals else "the store"
+            body = digest(messages[a:b], budget_tokens=self.settings.digest_tokens, fact_tokens=self._fact_tokens(), recall_hint=hint, user_chars=USER_CHARS if self.originals else None)
             text = header("digest", f"{b - a} earlier messages folded", ref=ref) + "\n" + body
             prev = messages[a - 1].get("role") if a > 0 else None
             nxt = messages[b].get("role") if b < len(messages) else None
-            role = "assistant" if nxt in ("user", None) or prev in ("user", "system") else "user"
-            new: Message = {"role": role, "content": text}
+            new: Message = {"role": role or ("assistant" if nxt in ("user", None) or prev in ("user", "system") else "user"), "content": text}
             saved = current - self._tokens(new)
             if saved <= 0:
                 continue
@@ -392,6 +461,11 @@ class CacheAwareEngine(ContextEngine):
             plan[a] = (b, new)
             ids.text(ref, text)
             tokens -= saved
+
+
+def _planned(plan: Mapping[int, tuple[int, Message]], a: int, b: int) -> bool:
+    """Whether a span of ``plan`` overlaps ``messages[a:b]``."""
+    return any(k < b and a < e for k, (e, _) in plan.items())
 
 
 def _apply(messages: Sequence[Message], plan: Mapping[int, tuple[int, Message]]) -> list[Message]:

@@ -6,7 +6,7 @@
   :mod:`ctxengine.engines.cacheaware`, settings from the ``cacheaware:`` section): the last
   tool exchanges stay whole, older ones are folded in batches into digests of actions and
   facts, giant outputs are cut before they are sent, the settled prefix is never rewritten.
-  Measured on real agent runs it costs about two thirds of the summarizing path on long
+  Measured on real agent runs it costs a little over half of the summarizing path on long
   sessions and less on single runs, with every fact kept (verbatim or retrievable). What
   digests cannot bring under the threshold (files pasted into user messages, long chats
   without tools) is then summarized, as in ``summary`` mode: the summary only where it pays.

@@ -1,7 +1,8 @@
 """Digests: turns folded into what was done and what was seen.
 
 One deterministic digest for every engine that folds turns (``cacheaware`` in batches,
-``lcm`` as the body of a summary node): user messages verbatim (always: they are the task),
+``lcm`` as the body of a summary node): user messages verbatim (they are the task; a caller
+folding a finished task may show their beginning only),
 then each action as ``- tool: command line``, then a facts block (:mod:`.blocks`) of the paths,
 URLs and error lines within ``fact_tokens``, then the first line of assistant messages while
 the digest stays within ``budget_tokens``. What is not shown is counted in a last line that
@@ -48,6 +49,13 @@ def actions(span: Sequence[Message], max_chars: int = ACTION_CHARS) -> list[str]
     return out
 
 
+def _clip(text: str, chars: int | None) -> str:
+    if chars is None:
+        return text
+    flat = " ".join(text.split())
+    return flat if len(flat) <= chars else flat[:chars] + "…"
+
+
 SHARED_FACTS = FactMemo()
 """The facts of the texts digests were made of, for every engine of the process: an engine
 folds the copy of its context it is given on each call, whose strings are the caller's, and
@@ -62,10 +70,13 @@ def digest(
     facts: Facts | None = None,
     recall_hint: str = "ctx_grep",
     memo: FactMemo | None = None,
+    user_chars: int | None = None,
 ) -> str:
     """The digest of ``span`` (see the module docstring). ``fact_tokens`` ``None`` lists every
     fact (no store: facts stay in context). ``memo``: where the facts of long texts are
-    remembered (default :data:`SHARED_FACTS`), so each is scanned once."""
+    remembered (default :data:`SHARED_FACTS`), so each is scanned once. ``user_chars``: user
+    messages are shown by their first ``user_chars`` characters (whitespace collapsed; the
+    originals stay in the store) instead of verbatim."""
     if facts is None:
         # records folded again still hold facts (their blocks and kept lines)
         facts = extract_facts(span, memo=SHARED_FACTS if memo is None else memo)
@@ -74,7 +85,7 @@ def digest(
         if is_summary(m) and m.get("role") != "tool":
             lines.append("Earlier: " + content_text(m.get("content")).split("\n", 1)[0][:300])
     users = dict.fromkeys(content_text(m.get("content")) for m in span if m.get("role") == "user" and not is_summary(m))
-    lines += [f"User: {u}" for u in users if u]
+    lines += [f"User: {_clip(u, user_chars)}" for u in users if u]
     acts = actions(span)
     if acts:
         lines += ["Actions:", *(f"- {a}" for a in acts)]
