@@ -275,16 +275,15 @@ def _turn_starts(messages: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
     """The last user message that is not a summary (where the current turn starts) and the last
     one before that turn's user messages (where the turn before started); -1: none."""
 
-    def user(m: Mapping[str, Any]) -> bool:
-        return m.get("role") == "user" and not is_summary(m)
-
+    # (the role read first: most messages of an agent session are not the user's, and the walk
+    # may cross the whole context every request)
     i = len(messages) - 1
-    while i >= 0 and not user(messages[i]):
+    while i >= 0 and (messages[i].get("role") != "user" or is_summary(messages[i])):
         i -= 1
     turn = i
-    while i >= 0 and user(messages[i]):
+    while i >= 0 and messages[i].get("role") == "user" and not is_summary(messages[i]):
         i -= 1
-    while i >= 0 and not user(messages[i]):
+    while i >= 0 and (messages[i].get("role") != "user" or is_summary(messages[i])):
         i -= 1
     return turn, i
 
