@@ -64,12 +64,24 @@ def test_a_replaced_message_is_read_again(old: list[Message], at: int, other: st
     assert _fields(extended) == _fields(_fresh(new))
 
 
-def test_shared_counts_the_same_objects_only() -> None:
+def test_shared_counts_the_leading_equal_messages() -> None:
     a: list[Mapping[str, Any]] = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
     lay = _fresh(list(a))  # type: ignore[arg-type]
     assert lay.shared(a) == 2
-    assert lay.shared([a[0], dict(a[1])]) == 1  # equal but not the same object
-    assert lay.describes(a) and not lay.describes([*a, a[0]])
+    assert lay.shared([a[0], dict(a[1])]) == 2  # an equal copy reads the same
+    assert lay.shared([a[0], {"role": "assistant", "content": "z"}, a[1]]) == 1
+    assert lay.shared(tuple(a)) == 2
+    assert lay.describes(a) and lay.describes([dict(m) for m in a])
+    assert not lay.describes([*a, a[0]]) and not lay.describes(a[:1])
+
+
+@settings(max_examples=100, deadline=None)
+@given(old=messages_st, keep=st.integers(0, 40), added=messages_st)
+def test_a_layout_extends_over_equal_copies(old: list[Message], keep: int, added: list[Message]) -> None:
+    # the same history decoded again (a proxy): equal messages, none the same object
+    new = [dict(m) for m in old[:keep]] + added
+    extended = Layout.of(new, count=estimate_message_tokens, marked=is_marked, previous=_fresh(old))
+    assert _fields(extended)[:-1] == _fields(_fresh(new))[:-1]
 
 
 def test_tool_results_appended_to_an_open_group_join_it() -> None:

@@ -278,9 +278,9 @@ class CacheAwareEngine(ContextEngine):
 
     def _layout(self, messages: Sequence[Message]) -> Layout:
         """The layout of ``messages`` (:class:`~.kit.tail.Layout`): the last one when it is of
-        this very list, else the last one extended (a new turn appends to the context the
-        previous one was sent), else built afresh. One layout answers every question of a
-        preflight; the next turn reads only what it appended."""
+        this list (equal messages), else the last one extended (a new turn appends to the
+        context the previous one was sent), else built afresh. One layout answers every
+        question of a preflight; the next turn reads only what it appended."""
         last = self._last_layout
         if last is not None and last.describes(messages):
             return last

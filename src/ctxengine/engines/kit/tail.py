@@ -6,7 +6,7 @@ group (an assistant message with its results) is never split.
 
 from __future__ import annotations
 
-import operator
+import bisect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,8 +50,9 @@ def tail_by_exchanges(messages: Sequence[Mapping[str, Any]], n: int, spans: Span
 class Layout:
     """The tool groups of a message list and what a policy reads of each message (role, tokens,
     whether ctxengine wrote it), built once per list. :meth:`of` extends the layout of an
-    earlier list: only what follows the messages both share (the same objects, in order) is
-    read again, so a turn that appends to the context it was sent costs what it appended.
+    earlier list: only what follows the messages both share (equal messages, in order: what is
+    read of a message depends on its value alone; the same objects compare at once) is read
+    again, so a turn that appends to the context it was sent costs what it appended.
     Never changed once built (a compaction on a worker thread may read one too)."""
 
     messages: list[Mapping[str, Any]]
@@ -96,25 +97,27 @@ class Layout:
             k -= 1
         start = previous.spans[k - 1][1] if k else 0
         spans = previous.spans[:k] + group_spans(msgs, start)
-        exchanges = [a for a in previous.exchanges if a < start]
+        exchanges = previous.exchanges[: bisect.bisect_left(previous.exchanges, start)]
         exchanges += [a for a, b in spans[k:] if b - a > 1 and roles[a] == "assistant"]
         return cls(msgs, roles, tokens, totals, flags, spans, exchanges)
 
     def shared(self, messages: Sequence[Mapping[str, Any]]) -> int:
-        """How many leading messages of ``messages`` are the very objects this layout holds."""
+        """How many leading messages of ``messages`` equal this layout's (one C-level
+        comparison when all of them do: a list compares the same objects without reading them)."""
         old = self.messages
-        if len(old) <= len(messages) and all(map(operator.is_, old, messages)):
-            return len(old)
+        k = len(old)
+        if k <= len(messages) and old == (messages[:k] if isinstance(messages, list) else list(messages[:k])):
+            return k
         n = 0
         for a, b in zip(old, messages, strict=False):
-            if a is not b:
+            if a is not b and a != b:
                 break
             n += 1
         return n
 
     def describes(self, messages: Sequence[Mapping[str, Any]]) -> bool:
-        """Whether this is the layout of ``messages`` (the same objects, in order)."""
-        return len(self.messages) == len(messages) and all(map(operator.is_, self.messages, messages))
+        """Whether this is the layout of ``messages`` (equal messages, in order)."""
+        return len(self.messages) == len(messages) and self.messages == (messages if isinstance(messages, list) else list(messages))
 
     def tail(self, n: int) -> int:
         """:func:`tail_by_exchanges` of the list."""
