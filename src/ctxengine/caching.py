@@ -221,6 +221,7 @@ def plan_breakpoints(
     previous: Sequence[Mapping[str, Any]] | None = None,
     prefix_tokens: Sequence[int] | None = None,
     stable: int | None = None,
+    turns: tuple[int, int] | None = None,
 ) -> list[int]:
     """The ``planner`` placement (see the module docstring): sorted message indices, at most four.
 
@@ -233,7 +234,9 @@ def plan_breakpoints(
 
     ``prefix_tokens`` (running sums of the per-message counts) and ``stable`` (the index of the
     last summary, -1 for none) may be given by a caller that keeps them up to date turn by turn
-    (the manager does): planning then costs no pass over the whole history.
+    (the manager does): planning then costs no pass over the whole history; so may ``turns``,
+    where the current turn and the one before start (the last user message that is not a
+    summary and the last one before that turn's user messages, -1 for none).
     """
     n = len(messages)
     if n == 0:
@@ -256,7 +259,7 @@ def plan_breakpoints(
         stable = next((i for i in range(n - 1, -1, -1) if is_summary(messages[i])), -1)
     if stable >= 0:
         wanted.append(stable)
-    wanted += [i for i in _turn_starts(messages) if i >= 0]
+    wanted += [i for i in (_turn_starts(messages) if turns is None else turns) if i >= 0]
     if messages[0].get("role") == "system":
         wanted.append(0)
     out: list[int] = []
