@@ -26,14 +26,16 @@ __all__ = [
 STUB_RESULT = "[Result of this tool call was removed during context compaction]"
 
 
-def group_spans(messages: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
+def group_spans(messages: Sequence[Mapping[str, Any]], start: int = 0) -> list[tuple[int, int]]:
     """Partition ``messages`` into atomic units ``[start, end)``.
 
     Each unit is one message, except that an assistant message with tool calls absorbs the
     tool results that directly follow it. Stray tool messages form units of their own.
+    With ``start``, the units of ``messages[start:]`` (numbered in ``messages``): where a unit
+    of the whole list begins, the units after it are those of the whole list.
     """
     spans: list[tuple[int, int]] = []
-    i = 0
+    i = start
     n = len(messages)
     while i < n:
         j = i + 1

@@ -221,6 +221,7 @@ def plan_breakpoints(
     previous: Sequence[Mapping[str, Any]] | None = None,
     prefix_tokens: Sequence[int] | None = None,
     stable: int | None = None,
+    turns: tuple[int, int] | None = None,
 ) -> list[int]:
     """The ``planner`` placement (see the module docstring): sorted message indices, at most four.
 
@@ -233,7 +234,9 @@ def plan_breakpoints(
 
     ``prefix_tokens`` (running sums of the per-message counts) and ``stable`` (the index of the
     last summary, -1 for none) may be given by a caller that keeps them up to date turn by turn
-    (the manager does): planning then costs no pass over the whole history.
+    (the manager does): planning then costs no pass over the whole history; so may ``turns``,
+    where the current turn and the one before start (the last user message that is not a
+    summary and the last one before that turn's user messages, -1 for none).
     """
     n = len(messages)
     if n == 0:
@@ -256,7 +259,7 @@ def plan_breakpoints(
         stable = next((i for i in range(n - 1, -1, -1) if is_summary(messages[i])), -1)
     if stable >= 0:
         wanted.append(stable)
-    wanted += [i for i in _turn_starts(messages) if i >= 0]
+    wanted += [i for i in (_turn_starts(messages) if turns is None else turns) if i >= 0]
     if messages[0].get("role") == "system":
         wanted.append(0)
     out: list[int] = []
@@ -275,16 +278,15 @@ def _turn_starts(messages: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
     """The last user message that is not a summary (where the current turn starts) and the last
     one before that turn's user messages (where the turn before started); -1: none."""
 
-    def user(m: Mapping[str, Any]) -> bool:
-        return m.get("role") == "user" and not is_summary(m)
-
+    # (the role read first: most messages of an agent session are not the user's, and the walk
+    # may cross the whole context every request)
     i = len(messages) - 1
-    while i >= 0 and not user(messages[i]):
+    while i >= 0 and (messages[i].get("role") != "user" or is_summary(messages[i])):
         i -= 1
     turn = i
-    while i >= 0 and user(messages[i]):
+    while i >= 0 and messages[i].get("role") == "user" and not is_summary(messages[i]):
         i -= 1
-    while i >= 0 and not user(messages[i]):
+    while i >= 0 and (messages[i].get("role") != "user" or is_summary(messages[i])):
         i -= 1
     return turn, i
 

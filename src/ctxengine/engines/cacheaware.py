@@ -42,10 +42,10 @@ fact is listed in context.
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from ctxengine.boundaries import group_spans
 from ctxengine.caching import CachePace
 from ctxengine.config import CacheAwareConfig
 from ctxengine.cost import compaction_break_even
@@ -57,7 +57,7 @@ from ctxengine.engines.kit.cutpolicy import GIANT_TOKENS
 from ctxengine.engines.kit.digest import digest
 from ctxengine.engines.kit.originals import Originals, Refs
 from ctxengine.engines.kit.pacing import Pacing, first_change, giant_outputs
-from ctxengine.engines.kit.tail import tail_by_exchanges
+from ctxengine.engines.kit.tail import Layout
 from ctxengine.facts import extract_facts
 from ctxengine.messages import Message, content_text, tool_call_name
 from ctxengine.models import DEFAULT_CONTEXT_LENGTH
@@ -154,6 +154,7 @@ class CacheAwareEngine(ContextEngine):
         return self.pacing.armed(tokens, self.threshold_tokens, self.context_length)
 
     def should_compress_preflight(self, messages: list[Message]) -> bool:
+        # every question below reads one layout of ``messages`` (:meth:`_layout`)
         giant, waiting = self._plan(messages)
         if giant or (waiting and self.cold()):
             return True
@@ -181,21 +182,25 @@ class CacheAwareEngine(ContextEngine):
         return self.originals is not None and self.originals.retrievable(text)
 
     # -- planning ---------------------------------------------------------------------------
+    _last_layout: Layout | None = None  # the layout of the last list planned (:meth:`_layout`)
+
     def _cuttable(self, m: Mapping[str, Any]) -> bool:
         return m.get("role") == "tool" and not is_marked(m) and self._tokens(m) >= self.settings.cut_min_tokens
 
     def _tail_start(self, messages: Sequence[Message]) -> int:
-        return tail_by_exchanges(messages, self.settings.keep_recent)
+        return self._layout(messages).tail(self.settings.keep_recent)
 
     def _plan(self, messages: Sequence[Message]) -> tuple[list[int], list[int]]:
         """(giant outputs in the protected tail, whole outputs waiting before it)."""
-        tail = self._tail_start(messages)
+        lay = self._layout(messages)
+        tail = lay.tail(self.settings.keep_recent)
         # an ordinary file read (a few thousand tokens) is not giant in a small window: the model
         # sees it whole for its turns (as the compressor's cut policy rules: kit.cutpolicy)
         limit = max(self.settings.giant_ratio * self.context_length, min(GIANT_TOKENS, self.context_length // 2))
-        giant = [i for i in range(tail, len(messages)) if self._cuttable(messages[i]) and self._tokens(messages[i]) > limit]
-        waiting = [i for i in range(tail) if self._cuttable(messages[i])]
-        return giant, waiting
+        cuttable = self._cuttables(lay)
+        k = bisect_left(cuttable, tail)
+        giant = [i for i in cuttable[k:] if lay.tokens[i] > limit]
+        return giant, cuttable[:k]
 
     def _batch_due(self, messages: Sequence[Message], waiting: list[int]) -> bool:
         """Enough whole outputs wait *and* the rewrite pays for the cache it invalidates within
@@ -203,15 +208,15 @@ class CacheAwareEngine(ContextEngine):
         s = self.settings
         if not waiting:
             return False
-        sizes = [self._tokens(messages[i]) for i in waiting]
+        lay = self._layout(messages)
+        sizes = [lay.tokens[i] for i in waiting]
         if len(waiting) < s.batch and sum(sizes) < s.batch_tokens:
             return False
         if not s.cost_aware:
             return True
-        toks = [self._tokens(m) for m in messages]
-        before = sum(toks)
+        before = lay.totals[-1]
         saved = sum(max(0, t - s.record_tokens) for t in sizes)
-        stable = int(sum(toks[: waiting[0]]) * self._stable_ratio)
+        stable = int(lay.totals[waiting[0]] * self._stable_ratio)
         return compaction_break_even(before, before - saved, stable) <= max(s.min_horizon, self.pacing.turn)
 
     def _may_be_worth(self, messages: Sequence[Message]) -> bool:
@@ -219,27 +224,19 @@ class CacheAwareEngine(ContextEngine):
         than ``min_gain`` of the threshold): at most everything in the runs before the protected
         tail is freed. In a window far larger than the session no batch ever is, and the
         preflight then does not send every turn to a compaction that changes nothing."""
-        most = sum(self._tokens(messages[k]) for a, b in self._runs(messages) for k in range(a, b))
+        lay = self._layout(messages)
+        most = sum(lay.total(a, b) for a, b in self._runs(messages))
         return self.pacing.worth(most, 0, self.threshold_tokens)
 
     def _runs(self, messages: Sequence[Message]) -> list[tuple[int, int]]:
         """Runs of agent turns (assistant messages with their results; never user messages,
         the system prompt or an earlier record) before the protected tail, oldest first."""
-        tail = self._tail_start(messages)
-        runs: list[tuple[int, int]] = []
-        start = end = -1
-        for a, b in group_spans(messages):
-            if a >= tail:
-                break
-            if messages[a].get("role") == "assistant" and not is_marked(messages[a]):
-                start = a if start < 0 else start
-                end = b
-            elif start >= 0:
-                runs.append((start, end))
-                start = -1
-        if start >= 0:
-            runs.append((start, end))
-        return runs
+        lay = self._layout(messages)
+        tail = lay.tail(self.settings.keep_recent)
+        runs: list[tuple[int, int]] | None = lay.memo.get(("runs", tail))
+        if runs is None:
+            runs = lay.memo[("runs", tail)] = _runs_before(lay, tail)
+        return list(runs)
 
     def _batch_runs(self, messages: Sequence[Message]) -> list[tuple[int, int]]:
         """The runs a batch folds (:meth:`_runs`); a run left from an earlier turn (its last
@@ -263,7 +260,7 @@ class CacheAwareEngine(ContextEngine):
 
     def _run_key(self, messages: Sequence[Message], run: tuple[int, int]) -> tuple[int, int, int]:
         """What identifies a finished run between turns: where it is and its size."""
-        return run[0], run[1], sum(self._tokens(messages[k]) for k in range(*run))
+        return run[0], run[1], self._layout(messages).total(*run)
 
     def _finished_run(self, messages: Sequence[Message]) -> tuple[int, int] | None:
         """The run of the turn that just ended with the digests before it (back to the turn's
@@ -272,17 +269,19 @@ class CacheAwareEngine(ContextEngine):
         s = self.settings
         if s.fold_run_tokens <= 0 or not messages or messages[-1].get("role") != "user":
             return None
+        lay = self._layout(messages)
+        roles = lay.roles
         u = len(messages)
-        while u > 0 and messages[u - 1].get("role") == "user":
+        while u > 0 and roles[u - 1] == "user":
             u -= 1
         runs = self._runs(messages)
         if not runs:
             return None
         a, b = runs[-1]
-        if b < u and b < self._tail_start(messages) and any(messages[k].get("role") != "user" for k in range(b, u)):
+        if b < u and b < lay.tail(s.keep_recent) and any(roles[k] != "user" for k in range(b, u)):
             return None
         a = self._digests_before(messages, a)  # the turn's earlier digests: one digest per finished turn
-        if sum(self._tokens(messages[k]) for k in range(a, b)) < s.fold_run_tokens:
+        if lay.total(a, b) < s.fold_run_tokens:
             return None
         return a, b
 
@@ -315,6 +314,28 @@ class CacheAwareEngine(ContextEngine):
         if sum(self._tokens(messages[k]) for k in range(a, end)) < s.fold_run_tokens:
             return None
         return a, end
+
+    def _layout(self, messages: Sequence[Message]) -> Layout:
+        """The layout of ``messages`` (:class:`~.kit.tail.Layout`): the last one when it is of
+        this list (equal messages), else the last one extended (a new turn appends to the
+        context the previous one was sent), else built afresh. One layout answers every
+        question of a preflight; the next turn reads only what it appended."""
+        last = self._last_layout
+        if last is not None and last.describes(messages):
+            return last
+        lay = Layout.of(messages, count=self._tokens, marked=is_marked, previous=last)
+        self._last_layout = lay
+        return lay
+
+    def _cuttables(self, lay: Layout) -> list[int]:
+        """The outputs :meth:`_cuttable` accepts, in order."""
+        key = ("cuttable", self.settings.cut_min_tokens)
+        found: list[int] | None = lay.memo.get(key)
+        if found is None:
+            least = self.settings.cut_min_tokens
+            roles, tokens, marked = lay.roles, lay.tokens, lay.marked
+            found = lay.memo[key] = [i for i in range(len(roles)) if roles[i] == "tool" and not marked[i] and tokens[i] >= least]
+        return found
 
     # -- compaction -------------------------------------------------------------------------
     def compress(self, messages: list[Message], current_tokens: int | None = None, focus_topic: str | None = None) -> list[Message]:
@@ -480,6 +501,25 @@ def _apply(messages: Sequence[Message], plan: Mapping[int, tuple[int, Message]])
             out.append(messages[i])
             i += 1
     return out
+
+
+def _runs_before(lay: Layout, tail: int) -> list[tuple[int, int]]:
+    """:meth:`CacheAwareEngine._runs` read off a layout whose protected tail starts at ``tail``."""
+    roles, marked = lay.roles, lay.marked
+    runs: list[tuple[int, int]] = []
+    start = end = -1
+    for a, b in lay.spans:
+        if a >= tail:
+            break
+        if roles[a] == "assistant" and not marked[a]:
+            start = a if start < 0 else start
+            end = b
+        elif start >= 0:
+            runs.append((start, end))
+            start = -1
+    if start >= 0:
+        runs.append((start, end))
+    return runs
 
 
 def _newest_results(messages: Sequence[Message]) -> int:

@@ -393,6 +393,11 @@ class SessionHistory:
         working context (what ``prepare`` returned), else ``None``."""
         return self.tokens.planner_inputs(messages, self.working)
 
+    def turn_starts(self, messages: Sequence[Message]) -> tuple[int, int] | None:
+        """The cache planner's turn starts in ``messages`` when it is the working context, else
+        ``None`` (:meth:`WorkingTokens.turn_starts`)."""
+        return self.tokens.turn_starts(messages, self.working)
+
     def message_tokens(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
         """Estimated tokens of each message, each message estimated once per session."""
         return self.tokens.counts(messages, self.working)

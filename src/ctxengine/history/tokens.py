@@ -22,13 +22,14 @@ class WorkingTokens:
     inputs). Not thread-safe on its own: used under the session's lock (a compaction past its
     deadline may still read the counts: :meth:`MessageTokens.prune` swaps a memo whole)."""
 
-    __slots__ = ("_last_summary", "_other", "_sums", "estimates")
+    __slots__ = ("_last_summary", "_other", "_sums", "_users", "estimates")
 
     def __init__(self) -> None:
         self.estimates = MessageTokens(EstimateCounter())
         self._other: MessageTokens | None = None  # the configured counter's, when not the estimate
         self._sums: list[int] = []  # running token sums of ``working``
         self._last_summary = -1  # index of the last summary in ``working``
+        self._users: list[int] = []  # indices of the user messages of ``working`` (summaries not)
 
     def for_counter(self, counter: TokenCounter) -> MessageTokens:
         """The session's per-message counts with ``counter`` (what its engine counts with):
@@ -63,7 +64,7 @@ class WorkingTokens:
         (``old``, now ``new``) up to date, counting only the messages appended since."""
         n = len(old)
         if not (len(new) >= n and len(self._sums) == n and (n == 0 or new[n - 1] is old[-1]) and new[:n] == old):
-            self._sums, self._last_summary, n = [], -1, 0
+            self._sums, self._last_summary, self._users, n = [], -1, [], 0
         acc = self._sums[-1] if self._sums else 0
         added = new[n:]
         for i, t in enumerate(self.counts(added, new), start=n):
@@ -71,6 +72,8 @@ class WorkingTokens:
             self._sums.append(acc)
             if is_summary(new[i]):
                 self._last_summary = i
+            elif new[i].get("role") == "user":
+                self._users.append(i)
 
     def planner_inputs(self, messages: Sequence[Message], working: list[Message]) -> tuple[list[int], int] | None:
         """Running token sums and the last summary's index of ``messages`` when it is the
@@ -79,3 +82,18 @@ class WorkingTokens:
         if len(messages) != len(w) or len(self._sums) != len(w) or not w or messages[-1] is not w[-1] or (messages if isinstance(messages, list) else list(messages)) != w:
             return None
         return self._sums, self._last_summary
+
+    def turn_starts(self, messages: Sequence[Message], working: list[Message]) -> tuple[int, int] | None:
+        """Where the current turn and the one before start in ``messages`` when it is the
+        working context (what :func:`ctxengine.caching.plan_breakpoints` reads), else ``None``:
+        the last user message that is not a summary, and the last one before that turn's user
+        messages (-1: none)."""
+        if self.planner_inputs(messages, working) is None:
+            return None
+        users = self._users
+        if not users:
+            return -1, -1
+        j = len(users) - 1
+        while j > 0 and users[j - 1] == users[j] - 1:
+            j -= 1
+        return users[-1], users[j - 1] if j > 0 else -1

@@ -6,6 +6,7 @@ group (an assistant message with its results) is never split.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 from ctxengine.boundaries import align_cut, group_spans
 from ctxengine.messages import is_summary
 
-__all__ = ["HeadTailPlan", "plan_head_tail", "tail_by_budget", "tail_by_exchanges", "tail_by_turns"]
+__all__ = ["HeadTailPlan", "Layout", "plan_head_tail", "tail_by_budget", "tail_by_exchanges", "tail_by_turns"]
 
 Spans = list[tuple[int, int]]
 
@@ -43,6 +44,94 @@ def tail_by_exchanges(messages: Sequence[Mapping[str, Any]], n: int, spans: Span
     if not groups:
         return len(messages)
     return groups[-n] if len(groups) >= n else groups[0]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Layout:
+    """The tool groups of a message list and what a policy reads of each message (role, tokens,
+    whether ctxengine wrote it), built once per list. :meth:`of` extends the layout of an
+    earlier list: only what follows the messages both share (equal messages, in order: what is
+    read of a message depends on its value alone; the same objects compare at once) is read
+    again, so a turn that appends to the context it was sent costs what it appended.
+    Never changed once built (a compaction on a worker thread may read one too)."""
+
+    messages: list[Mapping[str, Any]]
+    roles: list[Any]
+    tokens: list[int]
+    totals: list[int]
+    """``totals[i]`` is ``sum(tokens[:i])`` (one more entry than there are messages)."""
+    marked: list[bool]
+    spans: Spans
+    """:func:`~ctxengine.boundaries.group_spans` of the list."""
+    exchanges: list[int]
+    """Where each tool exchange (an assistant message with its results) begins, in order."""
+    memo: dict[Any, Any] = field(default_factory=dict)
+    """What a policy derives from this very list (the same answer for every caller)."""
+
+    @classmethod
+    def of(
+        cls,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        count: Callable[[Mapping[str, Any]], int],
+        marked: Callable[[Mapping[str, Any]], bool],
+        previous: Layout | None = None,
+    ) -> Layout:
+        """The layout of ``messages``; ``previous`` (built with the same ``count`` and
+        ``marked``) lends what its list shares with ``messages``."""
+        keep = 0 if previous is None else previous.shared(messages)
+        if previous is None or keep == 0:
+            previous = _EMPTY
+        msgs = list(messages)
+        new = msgs[keep:]
+        roles = previous.roles[:keep] + [m.get("role") for m in new]
+        tokens = previous.tokens[:keep] + [count(m) for m in new]
+        totals = previous.totals[: keep + 1]
+        for t in tokens[keep:]:
+            totals.append(totals[-1] + t)
+        flags = previous.marked[:keep] + [marked(m) for m in new]
+        # a group ending before the first new message is whole in both lists; the one reaching
+        # it may take new tool results: the groups are read again from its start
+        k = len(previous.spans)
+        while k and previous.spans[k - 1][1] >= keep:
+            k -= 1
+        start = previous.spans[k - 1][1] if k else 0
+        spans = previous.spans[:k] + group_spans(msgs, start)
+        exchanges = previous.exchanges[: bisect.bisect_left(previous.exchanges, start)]
+        exchanges += [a for a, b in spans[k:] if b - a > 1 and roles[a] == "assistant"]
+        return cls(msgs, roles, tokens, totals, flags, spans, exchanges)
+
+    def shared(self, messages: Sequence[Mapping[str, Any]]) -> int:
+        """How many leading messages of ``messages`` equal this layout's (one C-level
+        comparison when all of them do: a list compares the same objects without reading them)."""
+        old = self.messages
+        k = len(old)
+        if k <= len(messages) and old == (messages[:k] if isinstance(messages, list) else list(messages[:k])):
+            return k
+        n = 0
+        for a, b in zip(old, messages, strict=False):
+            if a is not b and a != b:
+                break
+            n += 1
+        return n
+
+    def describes(self, messages: Sequence[Mapping[str, Any]]) -> bool:
+        """Whether this is the layout of ``messages`` (equal messages, in order)."""
+        return len(self.messages) == len(messages) and self.messages == (messages if isinstance(messages, list) else list(messages))
+
+    def tail(self, n: int) -> int:
+        """:func:`tail_by_exchanges` of the list."""
+        ex = self.exchanges
+        if n <= 0 or not ex:
+            return len(self.messages)
+        return ex[-n] if len(ex) >= n else ex[0]
+
+    def total(self, a: int, b: int) -> int:
+        """Tokens of ``messages[a:b]``."""
+        return self.totals[b] - self.totals[a]
+
+
+_EMPTY = Layout([], [], [], [0], [], [], [])
 
 
 def tail_by_budget(
