@@ -34,7 +34,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -262,6 +262,12 @@ def plan_breakpoints(
     wanted += [i for i in (_turn_starts(messages) if turns is None else turns) if i >= 0]
     if messages[0].get("role") == "system":
         wanted.append(0)
+    return _chosen(messages, wanted, cacheable, native_anthropic)
+
+
+def _chosen(messages: Sequence[Mapping[str, Any]], wanted: list[int], cacheable: Callable[[int], bool], native_anthropic: bool) -> list[int]:
+    """The first :data:`MAX_BREAKPOINTS` of ``wanted`` that can carry a marker, sorted (a tool
+    message moves back to the closest message that can, when not ``native_anthropic``)."""
     out: list[int] = []
     for i in wanted:
         if not native_anthropic:

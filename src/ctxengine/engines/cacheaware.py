@@ -286,34 +286,12 @@ class CacheAwareEngine(ContextEngine):
         return a, b
 
     def _task_span(self, messages: Sequence[Message]) -> tuple[int, int] | None:
-        """The finished task to fold once a later one has begun: its user messages (the
-        request, whose originals the store keeps), its run and digests, and the last exchanges
-        the task before it left whole; never the protected tail. None when no user message
-        with a run after it precedes the current one, when the span holds less than
-        ``fold_run_tokens``, without a store (a user message is never lost) and with
-        ``fold_tasks`` off."""
+        """The finished task to fold once a later one has begun (:func:`finished_task`); None
+        without a store (a user message is never lost) and with ``fold_tasks`` off."""
         s = self.settings
         if not s.fold_tasks or self.originals is None or not messages:
             return None
-
-        def user(k: int) -> bool:
-            return messages[k].get("role") == "user" and not is_marked(messages[k])
-
-        u = next((k for k in range(len(messages) - 1, -1, -1) if user(k)), -1)
-        while u > 0 and user(u - 1):
-            u -= 1  # where the current task's user messages begin
-        end = min(u, self._tail_start(messages))
-        p = next((k for k in range(end - 1, -1, -1) if user(k)), -1)
-        if p < 0 or not any(messages[k].get("role") == "assistant" and not is_marked(messages[k]) for k in range(p + 1, end)):
-            return None
-        while p > 0 and user(p - 1):
-            p -= 1
-        a = p
-        while a > 0 and not is_marked(messages[a - 1]) and messages[a - 1].get("role") in ("assistant", "tool"):
-            a -= 1  # what the task before left whole
-        if sum(self._tokens(messages[k]) for k in range(a, end)) < s.fold_run_tokens:
-            return None
-        return a, end
+        return finished_task(messages, self._tail_start(messages), s.fold_run_tokens, self._tokens)
 
     def _layout(self, messages: Sequence[Message]) -> Layout:
         """The layout of ``messages`` (:class:`~.kit.tail.Layout`): the last one when it is of
@@ -529,3 +507,30 @@ def _newest_results(messages: Sequence[Message]) -> int:
     while i > 0 and messages[i - 1].get("role") == "tool":
         i -= 1
     return i
+
+
+def finished_task(messages: Sequence[Message], tail: int, least: int, count: Callable[[Mapping[str, Any]], int]) -> tuple[int, int] | None:
+    """The finished task to fold once a later one has begun: its user messages (the request,
+    whose originals the store keeps), its run and digests, and the last exchanges the task
+    before it left whole; never the protected tail (from ``tail`` on). None when no user
+    message with a run after it precedes the current one, or when the span holds less than
+    ``least`` tokens (``count``)."""
+
+    def user(k: int) -> bool:
+        return messages[k].get("role") == "user" and not is_marked(messages[k])
+
+    u = next((k for k in range(len(messages) - 1, -1, -1) if user(k)), -1)
+    while u > 0 and user(u - 1):
+        u -= 1  # where the current task's user messages begin
+    end = min(u, tail)
+    p = next((k for k in range(end - 1, -1, -1) if user(k)), -1)
+    if p < 0 or not any(messages[k].get("role") == "assistant" and not is_marked(messages[k]) for k in range(p + 1, end)):
+        return None
+    while p > 0 and user(p - 1):
+        p -= 1
+    a = p
+    while a > 0 and not is_marked(messages[a - 1]) and messages[a - 1].get("role") in ("assistant", "tool"):
+        a -= 1  # what the task before left whole
+    if sum(count(messages[k]) for k in range(a, end)) < least:
+        return None
+    return a, end

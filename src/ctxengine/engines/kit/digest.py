@@ -62,6 +62,26 @@ folds the copy of its context it is given on each call, whose strings are the ca
 folds a run a second time when the first pass did not get under its target."""
 
 
+def _assistant_notes(span: Sequence[Message], room: int) -> tuple[list[str], int]:
+    """The first line of each assistant message of ``span`` (200 characters at most) within
+    ``room`` tokens, in order, and how many did not fit."""
+    notes: list[str] = []
+    skipped = used = 0
+    for m in span:
+        if m.get("role") != "assistant" or is_summary(m):
+            continue
+        first = next((ln.strip() for ln in content_text(m.get("content")).splitlines() if ln.strip()), "")
+        if not first:
+            continue
+        cost = estimate(first[:200]) + 3
+        if used + cost > room:
+            skipped += 1
+            continue
+        notes.append(f"- {first[:200]}")
+        used += cost
+    return notes, skipped
+
+
 def digest(
     span: Sequence[Message],
     *,
@@ -101,20 +121,7 @@ def digest(
     reserve = 8 + (estimate(", ".join(names)) + 4 if names else 0)
     block = render_facts(chosen)
     used = sum(estimate(x) + 1 for x in [*lines, *block])
-    notes: list[str] = []
-    skipped = 0
-    for m in span:
-        if m.get("role") != "assistant" or is_summary(m):
-            continue
-        first = next((ln.strip() for ln in content_text(m.get("content")).splitlines() if ln.strip()), "")
-        if not first:
-            continue
-        cost = estimate(first[:200]) + 3
-        if used + cost + reserve > budget_tokens:
-            skipped += 1
-            continue
-        notes.append(f"- {first[:200]}")
-        used += cost
+    notes, skipped = _assistant_notes(span, budget_tokens - reserve - used)
     if notes:
         lines += ["Assistant:", *notes]
     if dropped or skipped:
