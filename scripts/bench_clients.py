@@ -70,6 +70,7 @@ CACHE = ROOT / ".bench-clients"
 SLOW_SECONDS = 15.0  # the tool of the restart step runs this long: the proxy's stop + start fits
 PROXY_SRC = SRC  # --proxy-src: run another checkout's proxy (read only: no bytecode written there)
 PROXY_DEBUG = False  # --proxy-debug: the proxy logs at debug level
+CODEX_OUTPUT_TOKENS: int | None = None  # --codex-output-tokens: Codex's tool_output_token_limit
 PROXY_MODE: str | None = None  # --mode: the proxy's compression.mode (None: its default)
 PROXY_CONFIG = ""  # --proxy-config: YAML sections appended to the proxy's config
 NPM = CACHE / "npm"
@@ -478,7 +479,9 @@ def client_spec(
         codex_home.mkdir(exist_ok=True)
         (codex_home / "config.toml").write_text(
             'model = "gpt-5-codex"\nmodel_provider = "bench"\napproval_policy = "never"\nsandbox_mode = "danger-full-access"\n'
-            "check_for_update_on_startup = false\n\n[analytics]\nenabled = false\n\n[model_providers.bench]\n"
+            "check_for_update_on_startup = false\n"
+            + (f"tool_output_token_limit = {CODEX_OUTPUT_TOKENS}\n" if CODEX_OUTPUT_TOKENS else "")
+            + "\n[analytics]\nenabled = false\n\n[model_providers.bench]\n"
             f'name = "bench"\nbase_url = "{openai_url}"\nenv_key = "BENCH_API_KEY"\nwire_api = "responses"\n'
         )
         env.update(CODEX_HOME=str(codex_home), BENCH_API_KEY="sk-bench-key")
@@ -1050,6 +1053,14 @@ def main(argv: list[str] | None = None) -> int:
         help="a YAML file of top-level sections appended to the proxy's config (e.g. compression: {mode: digest})",
     )
     p.add_argument(
+        "--codex-output-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="Codex's tool_output_token_limit (its own default cuts a command's output near 10 KB, ~2.5K tokens of the "
+        "task's ~4K-token files; 5000 gives Codex the whole files the other clients read)",
+    )
+    p.add_argument(
         "--proxy-debug",
         action="store_true",
         help="the proxy logs at debug level (each compaction's notes) into proxy.log",
@@ -1063,7 +1074,8 @@ def main(argv: list[str] | None = None) -> int:
         for c, s in install(clients).items():
             print(f"{c}: {s}")
         return 0
-    global PROXY_SRC, PROXY_DEBUG, PROXY_MODE, PROXY_CONFIG
+    global PROXY_SRC, PROXY_DEBUG, PROXY_MODE, PROXY_CONFIG, CODEX_OUTPUT_TOKENS
+    CODEX_OUTPUT_TOKENS = a.codex_output_tokens
     if a.proxy_config:
         PROXY_CONFIG = a.proxy_config.read_text()
     if a.proxy_src:
