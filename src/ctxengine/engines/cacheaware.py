@@ -17,11 +17,12 @@ that policy, built on the shared kit (:mod:`ctxengine.engines.kit`):
    one digest (it rewrites almost nothing but the new user message, which is written anyway,
    and every later call reads one digest per finished turn), and fold old turns down to
    ``fold_target`` when the context passes ``fold_ratio`` of the window. With a store
-   (``fold_tasks``), a finished task is folded whole once a later one has begun: its user
-   messages (a harness's demonstration and the issue, thousands of tokens every later call
-   would read again) with its run and digests and what the task before it left whole, into one
-   digest that shows their beginning; the originals stay one ``ctx_expand`` away. The
-   protected tail and the current task's user messages stay whole.
+   (``fold_tasks``), a finished task is folded once a later one has begun: its run and
+   digests, what the task before it left whole, and the user messages ``task_users`` names
+   (by default those sent again later, e.g. a harness's demonstration that comes with every
+   task: thousands of tokens every later call would read twice; ``all``: every one, shown by
+   its beginning), into digests; the originals stay one ``ctx_expand`` away. The protected
+   tail and the current task's user messages stay whole.
 4. **Cut a giant new output before it is ever sent** (over ``giant_ratio`` of the window): it
    was never cached, so cutting it costs nothing, and it could not fit anyway.
 5. **Never touch the settled prefix again**, and never thrash (:class:`~.kit.pacing.Pacing`):
