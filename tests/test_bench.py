@@ -177,6 +177,35 @@ def test_compacting_turns_are_timed_whole(swe_file: Path) -> None:
     assert run.to_dict()["engine_p50_ms"] <= run.to_dict()["latency_p50_ms"]
 
 
+def test_a_registered_engine_runs_as_a_users_manager_builds_it(swe_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bench replays a registered engine as a user gets it: built by the session's manager,
+    its originals and nodes in the session's store (the one recall reads), its counts the
+    history's; a baseline comes from its factory."""
+    from ctxengine.bench import session as bench_session
+    from ctxengine.bench.runner import RegisteredEngine, _profile, make_engine_factory, run_session
+    from ctxengine.config import Config
+
+    seen: list[tuple[Any, Any]] = []
+    original = bench_session.ContextManager.prepare
+
+    def spy(self: Any, messages: Any, *args: Any, **kwargs: Any) -> Any:
+        engine = self.engine(kwargs.get("session_id"))
+        policy = getattr(engine, "_digests", None) or engine
+        seen.append((getattr(getattr(policy, "originals", None), "store", None), self.store))
+        return original(self, messages, *args, **kwargs)
+
+    monkeypatch.setattr(bench_session.ContextManager, "prepare", spy)
+    factory = make_engine_factory("compressor", Config(), 16_000)
+    assert isinstance(factory, RegisteredEngine) and factory().name == "compressor"
+    session = _sessions(swe_file, 1)[0]
+    run = run_session(
+        session, "compressor", factory, config=Config(), context_length=16_000,
+        anthropic_model=_profile("claude-sonnet-4.5"), openai_model=_profile("gpt-4o"), placement="planner",
+    )
+    assert run.compactions > 0 and seen
+    assert all(engine_store is not None and engine_store is manager_store for engine_store, manager_store in seen)
+
+
 @pytest.mark.slow
 def test_long_sessions_figure(dataset: Any) -> None:
     """The issue's figure: --compose 5 on the SWE-agent file at 128K, cacheaware + planner. The

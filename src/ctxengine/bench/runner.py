@@ -20,7 +20,7 @@ from typing import Any
 
 from ctxengine.bench.baselines import HermesBaseline, MaskingBaseline, NoCompaction
 from ctxengine.bench.results import BenchResult, EngineTotals, SessionRun, max_consecutive
-from ctxengine.bench.session import Placement, run_session, session_facts
+from ctxengine.bench.session import Placement, RegisteredEngine, run_session, session_facts
 from ctxengine.caching import default_placement
 from ctxengine.config import Config
 from ctxengine.engine import ContextEngine
@@ -36,6 +36,7 @@ __all__ = [
     "DEFAULT",
     "BenchResult",
     "EngineTotals",
+    "RegisteredEngine",
     "SessionRun",
     "engine_retrievable",
     "make_engine_factory",
@@ -72,7 +73,7 @@ def make_engine_factory(
         return lambda: base(context_length)
     reg = registry or EngineRegistry(plugin_dirs=config.plugins.dirs, entry_points=config.plugins.entry_points)
     reg.create(name, config, context_length=context_length, **services)  # fail early on unknown names
-    return lambda: reg.create(name, config, context_length=context_length, **services)
+    return RegisteredEngine(name, config, context_length, reg, dict(services))
 
 
 def engine_retrievable(engine: ContextEngine) -> Callable[[str], bool] | None:
@@ -136,7 +137,9 @@ def run_bench(
         if prof.input <= 0:
             raise ConfigError(f"model {given!r} has no input price in the model table; choose a priced model or add models.{given}.input to the config")
     with tempfile.TemporaryDirectory(prefix="ctxengine-bench-") as tmp:
-        # engines that keep originals (lcm) get a throwaway SQLite store of their own
+        # a throwaway store for building each engine once up front (an unknown name fails
+        # early; lcm needs a store); in the replay each session's manager builds its engine
+        # with the session's own store, as a user's does (RegisteredEngine)
         store = default_store(cfg.with_overrides(store={"enabled": True, "backend": "sqlite", "path": str(Path(tmp) / "bench.db")}))
         services: dict[str, Any] = {"store": store} if store is not None else {}
         try:

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -53,10 +54,28 @@ from ctxengine.manager import ContextManager, default_store
 from ctxengine.messages import Message, validate
 from ctxengine.models import ModelProfile
 from ctxengine.recall import GREP_TOOL
+from ctxengine.registry import EngineRegistry
 
-__all__ = ["Placement", "run_session", "session_facts"]
+__all__ = ["Placement", "RegisteredEngine", "run_session", "session_facts"]
 
 Placement = Literal["system_and_3", "planner"]
+
+
+@dataclass(frozen=True)
+class RegisteredEngine:
+    """A registered engine as the bench runs it: :func:`run_session` has the manager build it
+    per session, as a user's manager does (with the session's services: its store, the
+    history's token counts, whether recall reaches the model, where its nodes wait for the
+    compaction's record). Called, it builds one outside a manager with ``services`` alone."""
+
+    name: str
+    config: Config
+    context_length: int
+    registry: EngineRegistry
+    services: Mapping[str, Any] = field(default_factory=dict)
+
+    def __call__(self) -> ContextEngine:
+        return self.registry.create(self.name, self.config, context_length=self.context_length, **self.services)
 
 
 def session_facts(session: Session) -> Facts:
@@ -239,13 +258,17 @@ def _replay(
     store: Any,
     pause: float,
 ) -> SessionRun:
+    # a registered engine is built by the manager, with the session's services (the store it
+    # records in, the history's token counts), as a user gets it; a baseline by its factory
+    registered = factory if isinstance(factory, RegisteredEngine) else None
     mgr = ContextManager(
-        cfg,
+        cfg.with_overrides(context={"engine": registered.name}) if registered is not None else cfg,
         model=anthropic_model.name,
         provider="anthropic",
         store=store,
+        registry=registered.registry if registered is not None else None,
         context_length=context_length,
-        engine_factory=factory,
+        engine_factory=None if registered is not None else factory,
         strict=False,
         cap_window=engine_name != "none",  # the baseline shows what no compaction at all would send
     )
