@@ -291,3 +291,16 @@ def test_impossible_counts_are_rejected_naming_the_field(raw: Any) -> None:
 
     with pytest.raises(InputError, match="tokens"):
         normalize_usage(raw)
+
+
+def test_a_reports_dict_has_every_field_and_copies_its_lists() -> None:
+    from dataclasses import asdict, fields
+
+    from ctxengine.engine import CompactionReport
+
+    report = CompactionReport("e", 5, 3, 1000, 400, replaced=[1, 2], notes=["cut"], fallback="x", elapsed_ms=2.5)
+    d = report.to_dict()
+    assert list(d) == [f.name for f in fields(CompactionReport)] + ["reduction"]
+    assert {k: v for k, v in d.items() if k != "reduction"} == asdict(report) and d["reduction"] == 0.6
+    d["replaced"].append(9)
+    assert report.replaced == [1, 2]

@@ -325,3 +325,54 @@ def test_the_cheap_turn_refuses_an_edit_of_the_compacted_part(tmp_path: Path, tr
         mgr.prepare(edited, session_id=SESSION, defer_record=True, may_compact=False)
     assert _state(mgr, store) == before
     assert mgr.prepare(edited, session_id=SESSION)[1]["content"] == "an edited first request"
+
+
+def _refs(messages: list[Message]) -> list[str]:
+    """The ``ref=`` ids the compacted context's markers name."""
+    import re
+
+    return [r for m in messages for r in re.findall(r"ref=([0-9a-f]{16})", str(m.get("content") or ""))]
+
+
+class _Spy(SqliteStore):
+    """Counts the store's node writes and which of them came with a compaction's record."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.alone: list[str] = []
+        self.with_compaction: list[str] = []
+
+    def add_nodes(self, session_id: str, nodes: Any, *, messages: Any = ()) -> list[bool]:
+        self.alone += [n.id for n in nodes]
+        return super().add_nodes(session_id, nodes, messages=messages)
+
+    def record_compaction(self, session_id: str, report: Any, before: Any, after: Any, *, nodes: Any = (), node_messages: Any = ()) -> str:
+        self.with_compaction += [n.id for n in nodes]
+        return super().record_compaction(session_id, report, before, after, nodes=nodes, node_messages=node_messages)
+
+
+@pytest.mark.parametrize("defer", [False, True])
+def test_a_compactions_nodes_are_written_with_its_record(tmp_path: Path, trajectories: list[dict[str, Any]], defer: bool) -> None:
+    """The default engine stages the nodes its markers name; the host stores them in the
+    compaction's own transaction (left pending with it when the turn defers its writes), and
+    ``ctx_expand`` gives each back verbatim."""
+    msgs = _session(trajectories)
+    store = _Spy(tmp_path / "spy.db")
+    mgr = _mgr(store, 16_000)
+    start, working = 3, mgr.prepare(msgs[:3], session_id=SESSION, defer_record=defer)
+    refs: list[str] = []
+    for end in _turn_ends(msgs, start):
+        working = mgr.prepare([*working, *msgs[start:end]], session_id=SESSION, defer_record=defer)
+        start = end
+        refs = _refs(working)
+        if refs:
+            break
+    assert refs, "the session never compacted"
+    assert store.alone == []  # no write of its own from inside the engine
+    if defer:  # pending with the compaction's record until something reads the session
+        assert store.with_compaction == []
+    answer = mgr.handle_tool_call("ctx_expand", {"ref": refs[0]}, session_id=SESSION)
+    assert set(refs) <= set(store.with_compaction)
+    texts = [str(m["content"]) for _, m in store.node_messages(refs[0]) if isinstance(m.get("content"), str) and m["content"]]
+    assert texts and all(t.split("\n", 1)[0][:60] in answer for t in texts)
+    assert mgr.status(SESSION)["store_errors"] == 0

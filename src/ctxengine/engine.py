@@ -29,7 +29,7 @@ import inspect
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel
@@ -42,7 +42,7 @@ from ctxengine.tokens import MessageTokens, TokenCounter
 if TYPE_CHECKING:
     from ctxengine.engines.kit.records import RecallReach
     from ctxengine.recall import Recall
-    from ctxengine.storage import RecallStore, SessionRecorder
+    from ctxengine.storage import NodeStage, RecallStore, SessionRecorder
 
 __all__ = [
     "CompactionReport",
@@ -72,8 +72,10 @@ class Services:
     that read more than their own section); ``reach`` whether the recall tools reach the model
     (:class:`~ctxengine.engines.kit.records.RecallReach`, set by the manager every turn: the
     texts an engine writes in place of originals ask
-    :func:`~ctxengine.engines.kit.records.recall_pointer` how to say where they are). Engines
-    take what they need and ignore the rest.
+    :func:`~ctxengine.engines.kit.records.recall_pointer` how to say where they are); ``nodes``
+    where the engine stages the nodes a compaction writes, for the host to store them with the
+    compaction's record (:class:`~ctxengine.storage.NodeStage`; ``None``: the engine stores
+    them itself). Engines take what they need and ignore the rest.
     """
 
     context_length: int = DEFAULT_CONTEXT_LENGTH
@@ -86,6 +88,7 @@ class Services:
     model: str | None = None
     config: Any | None = None
     reach: RecallReach | None = None
+    nodes: NodeStage | None = None
 
     def as_kwargs(self) -> dict[str, Any]:
         """The services as keyword arguments (``None`` values left out)."""
@@ -221,9 +224,19 @@ class CompactionReport:
         return max(0.0, 1.0 - self.tokens_after / self.tokens_before)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["reduction"] = round(self.reduction, 4)
-        return d
+        # field by field (what ``dataclasses.asdict`` gives, without its deep copy of each index)
+        return {
+            "engine": self.engine,
+            "messages_before": self.messages_before,
+            "messages_after": self.messages_after,
+            "tokens_before": self.tokens_before,
+            "tokens_after": self.tokens_after,
+            "replaced": list(self.replaced),
+            "notes": list(self.notes),
+            "fallback": self.fallback,
+            "elapsed_ms": self.elapsed_ms,
+            "reduction": round(self.reduction, 4),
+        }
 
 
 def keyword_names(func: Any) -> frozenset[str] | None:
@@ -332,10 +345,12 @@ class ContextEngine(ABC):
                 f"from_config(settings, services): services must be a Services, not {type(services).__name__}"
             )
         offered: dict[str, Any] = services.as_kwargs()
-        if "tokens" in offered and "tokens" not in (keyword_names(cls.__init__) or ()):
-            # newer than the seed: only to an ``__init__`` that names it (one taking
-            # ``**kwargs`` may hand them on to a constructor that refuses unknown keywords)
-            del offered["tokens"]
+        named = keyword_names(cls.__init__) or ()
+        for newer in ("tokens", "nodes"):
+            if newer in offered and newer not in named:
+                # newer than the seed: only to an ``__init__`` that names it (one taking
+                # ``**kwargs`` may hand them on to a constructor that refuses unknown keywords)
+                del offered[newer]
         if settings is not None:
             offered.update(settings.model_dump() if isinstance(settings, BaseModel) else dict(settings))
         return cls(**accepted_keywords(cls.__init__, offered))

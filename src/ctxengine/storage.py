@@ -13,11 +13,24 @@ imports the store, receives a :class:`NodeStore` through :class:`ctxengine.engin
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from ctxengine.messages import Message
 
-__all__ = ["NodeStore", "RecallIndexStore", "RecallStore", "SessionAppender", "SessionRecorder"]
+__all__ = ["NodeBatchStore", "NodeSpec", "NodeStage", "NodeStore", "RecallIndexStore", "RecallStore", "SessionAppender", "SessionRecorder"]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """One summary node to store (:meth:`NodeBatchStore.add_nodes`): its content-addressed id,
+    depth, text and children ``(kind, id)``, ``kind`` ``message`` or ``node``."""
+
+    id: str
+    depth: int
+    text: str
+    children: Sequence[tuple[str, str]]
+    meta: Mapping[str, Any] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -138,3 +151,62 @@ class NodeStore(RecallStore, Protocol):
         children: Sequence[tuple[str, str]],
         meta: Mapping[str, Any] | None = None,
     ) -> bool: ...
+
+
+class NodeStage:
+    """The nodes one compaction of a session wrote, held for the host to store with the
+    compaction's record (:meth:`NodeBatchStore.record_compaction`): one transaction for the
+    event, the compacted context and the nodes its markers name, and none of it in the turn
+    when the host defers the turn's writes while the provider answers. The host makes one per
+    session (``Services.nodes``), empties it before each compaction and takes what the engine
+    staged after; an engine given none stores its nodes itself."""
+
+    __slots__ = ("messages", "nodes")
+
+    def __init__(self) -> None:
+        self.nodes: list[NodeSpec] = []
+        self.messages: list[Message] = []
+
+    def stage(self, nodes: Sequence[NodeSpec], messages: Sequence[Message]) -> None:
+        """Hold ``nodes`` over ``messages`` (the engine's compacted context, from the root)."""
+        self.nodes.extend(nodes)
+        if messages:
+            self.messages = list(messages)
+
+    def take(self) -> tuple[list[NodeSpec], list[Message]]:
+        """What is staged, emptied."""
+        out = (self.nodes, self.messages)
+        self.nodes, self.messages = [], []
+        return out
+
+
+@runtime_checkable
+class NodeBatchStore(Protocol):
+    """A store that writes an engine's compacted context and the nodes over it in one
+    transaction, alone or with the compaction's record (``ctxengine.store`` backends do);
+    without it an engine records the messages and adds each node on its own."""
+
+    def message_ids(self, messages: Sequence[Message]) -> list[str]:
+        """The ids ``messages`` (a history from the root) have or will have in the store,
+        computed without writing (content addresses)."""
+        ...
+
+    def add_nodes(self, session_id: str, nodes: Sequence[NodeSpec], *, messages: Sequence[Message] = ()) -> list[bool]:
+        """Store ``nodes`` (each left unchanged when it exists) after ``messages``, a history
+        from the root their message children belong to (stored when missing, the session's
+        tip not moved), in one transaction; True for each node written."""
+        ...
+
+    def record_compaction(
+        self,
+        session_id: str,
+        report: Mapping[str, Any],
+        before: Sequence[Message],
+        after: Sequence[Message],
+        *,
+        nodes: Sequence[NodeSpec] = (),
+        node_messages: Sequence[Message] = (),
+    ) -> str:
+        """:meth:`SessionRecorder.record_compaction`, storing ``nodes`` (over ``node_messages``,
+        stored too when they are not ``before``) in the same transaction."""
+        ...

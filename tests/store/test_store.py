@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from ctxengine.errors import InputError, NotFoundError, StoreError
-from ctxengine.storage import SessionRecorder
+from ctxengine.storage import NodeSpec, SessionRecorder
 from ctxengine.store import EXPORT_FORMAT, SessionStore
 from ctxengine.store.base import blob_hash, canonical_json, message_id
 from ctxengine.store.migrations import latest_version
@@ -305,3 +305,54 @@ def test_reopening_keeps_everything(store_factory: Any) -> None:
     again = store_factory()
     assert again.history("s") == _conversation(1)
     assert again.schema_version() == latest_version()
+
+
+def test_message_ids_are_the_ids_recording_gives_and_write_nothing(store: SessionStore) -> None:
+    msgs = _conversation(2)
+    ids = store.message_ids(msgs)
+    assert store.list_sessions() == []  # nothing written
+    assert store.record_messages("s", msgs) == ids
+
+
+def test_add_nodes_stores_the_compacted_context_and_its_nodes_in_one_go_without_moving_the_tip(store: SessionStore) -> None:
+    msgs = _conversation(3)
+    store.record_messages("s", msgs)
+    events = len(store.events("s"))
+    compacted = [msgs[0], {"role": "user", "content": "[digest] turns 0-1"}, *msgs[9:]]
+    ids = store.message_ids(compacted)
+    nodes = [
+        NodeSpec("d1", 0, "[digest] turns 0-1", [("message", ids[1])], {"summarizer": "digest"}),
+        NodeSpec("c1", 0, "[cut] last output", [("message", ids[-1])]),
+    ]
+    assert store.add_nodes("s", nodes, messages=compacted) == [True, True]
+    assert store.add_nodes("s", nodes[:1], messages=compacted) == [False]  # left unchanged
+    assert store.node_messages("d1") == [(ids[1], compacted[1])]
+    assert store.get_node("c1").children == [("message", ids[-1])]
+    assert store.history("s") == msgs and len(store.events("s")) == events  # the tip did not move
+    with pytest.raises(InputError, match="at least one child"):
+        store.add_nodes("s", [NodeSpec("empty", 0, "t", [])])
+    with pytest.raises(NotFoundError, match="not in the store"):
+        store.add_nodes("s", [NodeSpec("lost", 0, "t", [("message", "f" * 32)])])
+    with pytest.raises(NotFoundError):
+        store.get_node("lost")  # the failed batch wrote nothing
+
+
+def test_a_compaction_records_its_engines_nodes_in_the_same_transaction(store: SessionStore) -> None:
+    msgs = _conversation(3)
+    store.record_messages("s", msgs)
+    after = [msgs[0], {"role": "user", "content": "[digest] turns 0-2"}]
+    before_ids = store.message_ids(msgs)
+    node = NodeSpec("d1", 0, after[1]["content"], [("message", i) for i in before_ids[1:]])
+    cid = store.record_compaction("s", {"engine": "t", "replaced": list(range(1, len(msgs)))}, msgs, after, nodes=[node])
+    assert store.compactions("s")[0].id == cid
+    assert [m for _, m in store.node_messages("d1")] == msgs[1:]
+    assert store.history("s") == after
+    # the engine's copy differs from what the host records (a client's cache marker): stored too
+    later = [*after, {"role": "assistant", "content": "ok"}]
+    store.record_messages("s", later)
+    marked = [*later[:2], {**later[2], "cache_control": {"type": "ephemeral"}}]
+    marked_ids = store.message_ids(marked)
+    node2 = NodeSpec("d2", 0, "[digest] all", [("message", marked_ids[2])])
+    store.record_compaction("s", {"engine": "t"}, later, later[:2], nodes=[node2], node_messages=marked)
+    assert store.node_messages("d2") == [(marked_ids[2], marked[2])]
+    assert store.history("s") == later[:2]

@@ -316,6 +316,7 @@ class SummaryCompressor(SummaryTrigger):
                 counter=engine.tokens,
                 reach=engine.reach,
                 session_id=services.session_id,
+                nodes=services.nodes,
                 # a threshold other than the default says where old turns fold
                 threshold=c.threshold if c.threshold != type(c).model_fields["threshold"].default else None,
             ))

@@ -34,6 +34,7 @@ from ctxengine.messages import Message
 if TYPE_CHECKING:
     from ctxengine.config import Config
     from ctxengine.engines.kit.records import RecallReach
+    from ctxengine.storage import NodeStage
     from ctxengine.tokens import TokenCounter
 
 __all__ = ["MODES", "DigestMode", "digest_policy", "resolve_mode"]
@@ -62,6 +63,7 @@ def digest_policy(
     reach: RecallReach | None = None,
     session_id: str | None = None,
     threshold: float | None = None,
+    nodes: NodeStage | None = None,
 ) -> CacheAwareEngine:
     """The digest policy for one session: ``cacheaware:`` settings of ``config``, originals in
     ``store``; ``threshold`` (an explicit ``compression.threshold``) is where old turns fold."""
@@ -70,7 +72,7 @@ def digest_policy(
     settings = config.cacheaware if config is not None else CacheAwareConfig()
     if threshold is not None:
         settings = settings.model_copy(update={"fold_ratio": float(threshold), "fold_target": min(settings.fold_target, float(threshold) * 0.7)})
-    originals = Originals(store, session_id or "default", counter=counter, reach=reach) if store is not None else None
+    originals = Originals(store, session_id or "default", counter=counter, reach=reach, stage=nodes) if store is not None else None
     return CacheAwareEngine(
         context_length=context_length,
         settings=settings,

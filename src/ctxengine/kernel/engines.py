@@ -20,7 +20,7 @@ from ctxengine.loop import check_output, engine_label, run_compress, should_comp
 from ctxengine.messages import Message
 from ctxengine.recall import Recall
 from ctxengine.registry import EngineRegistry
-from ctxengine.storage import RecallStore
+from ctxengine.storage import NodeBatchStore, NodeStage, RecallStore
 
 __all__ = ["EngineHost"]
 
@@ -55,7 +55,7 @@ class EngineHost:
         self.contain = contain
 
     # -- building ---------------------------------------------------------------------------
-    def services(self, sid: str, history: SessionHistory | None = None, reach: RecallReach | None = None) -> Services:
+    def services(self, sid: str, history: SessionHistory | None = None, reach: RecallReach | None = None, nodes: NodeStage | None = None) -> Services:
         store = self.recorder.store
         recall = Recall(store, sid) if isinstance(store, RecallStore) else None
         return Services(
@@ -68,6 +68,8 @@ class EngineHost:
             model=self.window.model,
             config=self.config,
             reach=reach,
+            # a store that records nodes with the compaction: the engine stages them
+            nodes=nodes if isinstance(store, NodeBatchStore) else None,
         )
 
     @property
@@ -76,28 +78,30 @@ class EngineHost:
             self._registry = EngineRegistry(plugin_dirs=self.config.plugins.dirs, entry_points=self.config.plugins.entry_points)
         return self._registry
 
-    def new_engine(self, sid: str, name: str | None = None, history: SessionHistory | None = None, reach: RecallReach | None = None) -> ContextEngine:
+    def new_engine(
+        self, sid: str, name: str | None = None, history: SessionHistory | None = None, reach: RecallReach | None = None, nodes: NodeStage | None = None
+    ) -> ContextEngine:
         """A fresh engine for session ``sid`` (never shared between sessions); ``history`` is
         the session's, whose per-message counts the engine reads (``Services.tokens``)."""
         length = self.window.context_length
         if self.engine_factory is not None and name is None:
             engine = self.engine_factory()
         else:
-            engine = self.registry.create(name or self.config.context.engine, self.config, context_length=length, services=self.services(sid, history, reach))
+            engine = self.registry.create(name or self.config.context.engine, self.config, context_length=length, services=self.services(sid, history, reach, nodes))
         if engine.context_length != length:
             engine.update_model(self.window.model, length)
         return engine
 
-    def start_engine(self, sid: str, history: SessionHistory, reach: RecallReach) -> ContextEngine:
+    def start_engine(self, sid: str, history: SessionHistory, reach: RecallReach, nodes: NodeStage | None = None) -> ContextEngine:
         """A new session's engine, the fallback when the configured one fails to start."""
         try:
-            return self.new_engine(sid, history=history, reach=reach)
+            return self.new_engine(sid, history=history, reach=reach, nodes=nodes)
         except EngineError as exc:
             name = self.config.context.fallback_engine
             if not name or self.engine_factory is not None:
                 raise
             log.warning("session %s: engine %r failed to start, using the fallback %r: %s", sid, self.config.context.engine, name, exc)
-            return self.new_engine(sid, name, history, reach)
+            return self.new_engine(sid, name, history, reach, nodes)
 
     def on_start(self, s: SessionState) -> None:
         """The engine's ``on_session_start`` (under the session's lock), the fallback's when it fails."""
@@ -115,7 +119,7 @@ class EngineHost:
         if not name or name == s.engine.name:
             return False
         log.warning("session %s: engine %s replaced by the fallback %r: %s", s.id, engine_label(s.engine), name, reason)
-        engine = self.new_engine(s.id, name, s.history, s.reach)
+        engine = self.new_engine(s.id, name, s.history, s.reach, s.nodes)
         engine.on_session_start(s.id, model=self.window.model, context_length=self.window.context_length)
         s.engine = engine
         s.fallback_reason = reason
@@ -166,6 +170,7 @@ class EngineHost:
         returns ``msgs`` itself when nothing changed."""
         self.recorder.flush(s)  # the engine and the compaction's record see the turn recorded
         engine = s.engine
+        s.nodes.take()  # nothing staged by an earlier compaction that was not recorded
         try:
             outcome = run_compress(engine, msgs, tokens=tokens, focus_topic=focus_topic, deadline=self.config.context.engine_timeout)
             out = outcome.output
@@ -179,6 +184,7 @@ class EngineHost:
             log.warning("%s", exc)
             return msgs
         if out == msgs:
+            s.nodes.take()
             return msgs
         s.compactions += 1
         s.lost = True
@@ -189,5 +195,5 @@ class EngineHost:
         data = report.to_dict()
         data["trigger"] = trigger
         s.last_compaction = data
-        self.recorder.compaction(s, data, msgs, out)
+        self.recorder.compaction(s, data, msgs, out, nodes=s.nodes.take())
         return list(out)

@@ -15,7 +15,7 @@ from ctxengine.errors import ConfigError, StoreError
 from ctxengine.history import TurnInput
 from ctxengine.kernel.state import SessionState
 from ctxengine.messages import Message
-from ctxengine.storage import SessionAppender, SessionRecorder
+from ctxengine.storage import NodeBatchStore, NodeSpec, SessionAppender, SessionRecorder
 
 __all__ = ["Recorder", "StoreArg", "default_store"]
 
@@ -128,9 +128,19 @@ class Recorder:
         return job() if job is not None else None
 
     def compaction(
-        self, s: SessionState, data: dict[str, Any], before: list[Message], after: list[Message], *, what: str = "a compaction", defer: bool = True
+        self,
+        s: SessionState,
+        data: dict[str, Any],
+        before: list[Message],
+        after: list[Message],
+        *,
+        what: str = "a compaction",
+        defer: bool = True,
+        nodes: tuple[list[NodeSpec], list[Message]] | None = None,
     ) -> None:
-        """Record a compaction event (the session's tip moves to ``after``). In a turn whose
+        """Record a compaction event (the session's tip moves to ``after``) with the nodes its
+        engine staged (``nodes``: :meth:`NodeStage.take <ctxengine.storage.NodeStage.take>`),
+        in one transaction. In a turn whose
         caller defers its store write (``prepare(defer_record=True)``) the event is left
         pending like the turn's own write, after anything already pending: it is written by
         :meth:`flush`, before anything else reads or writes the session's record (``defer=False``:
@@ -140,9 +150,14 @@ class Recorder:
             return
         before_plain, after_plain = s.history.plain(before), s.history.plain(after)
 
+        staged, over = nodes if nodes is not None else ([], [])
+
         def write() -> list[str] | None:
             try:
-                store.record_compaction(s.id, data, before_plain, after_plain)
+                if staged and isinstance(store, NodeBatchStore):
+                    store.record_compaction(s.id, data, before_plain, after_plain, nodes=staged, node_messages=over)
+                else:
+                    store.record_compaction(s.id, data, before_plain, after_plain)
             except Exception as exc:  # the agent keeps going; status() reports it
                 s.store_errors += 1
                 log.warning("session store: recording %s of %s failed: %s", what, s.id, exc)

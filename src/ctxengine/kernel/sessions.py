@@ -16,7 +16,7 @@ from ctxengine.kernel.recording import Recorder
 from ctxengine.kernel.state import SessionState
 from ctxengine.messages import Message
 from ctxengine.recall import Recall
-from ctxengine.storage import RecallStore
+from ctxengine.storage import NodeStage, RecallStore
 
 log = logging.getLogger("ctxengine.manager")
 
@@ -51,7 +51,8 @@ class SessionTable:
     def _new(self, sid: str) -> SessionState:
         history = SessionHistory()
         reach = RecallReach()
-        s = SessionState(sid, self.host.start_engine(sid, history, reach), self.counting.anchored(history), history=history, reach=reach)
+        nodes = NodeStage()
+        s = SessionState(sid, self.host.start_engine(sid, history, reach, nodes), self.counting.anchored(history), history=history, reach=reach, nodes=nodes)
         store = self.recorder.store
         if isinstance(store, RecallStore):
             s.recall = Recall(store, sid)

@@ -20,6 +20,7 @@ from ctxengine.history import SessionHistory
 from ctxengine.messages import Message
 from ctxengine.models import ModelProfile
 from ctxengine.recall import Recall
+from ctxengine.storage import NodeStage
 from ctxengine.tokens import AnchoredCounter
 from ctxengine.window import WindowTally
 
@@ -109,6 +110,8 @@ class SessionState:
     # whether the recall tools reach the model (prepare(recall=...)); the session's engine
     # holds the same object (Services.reach), so its markers and the window cap's agree
     reach: RecallReach = field(default_factory=RecallReach)
+    # the nodes a compaction of the engine wrote, stored with its record (Services.nodes)
+    nodes: NodeStage = field(default_factory=NodeStage)
     lost: bool = False
     streak: Streak = field(default_factory=Streak)  # compactions on consecutive turns (the rest after MAX_CONSECUTIVE)
     window_cuts: int = 0

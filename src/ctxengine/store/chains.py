@@ -6,7 +6,7 @@ session, so that a session recorded again in full hashes and looks up only what 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ctxengine.errors import StoreError
@@ -21,6 +21,19 @@ _CHAINS_MAX = 1_024
 """Sessions whose last written history a store object remembers (see ``_known_chain``)."""
 
 _Link = tuple["str | None", Prepared]
+
+Stamp = float | Mapping[str, float] | None
+"""When rows are created: one time for all, a time per message id (an append journal's rows
+folded together keep each append's own), or ``None`` for the clock."""
+
+
+def _stamper(now: Stamp) -> Callable[[str], float]:
+    """The creation time of the row of each message id under ``now``."""
+    if isinstance(now, Mapping):
+        clock = time.time()
+        return lambda mid: now.get(mid, clock)
+    t = time.time() if now is None else now
+    return lambda mid: t
 """A message to store and its parent's id."""
 
 
@@ -35,7 +48,7 @@ class ChainWriter(SqlCore):
         *,
         chain: bool = False,
         stored_parent: tuple[str, int, int] | None = None,
-        now: float | None = None,
+        now: Stamp = None,
     ) -> dict[str, int]:
         """Store messages given with their parent ids (parents first); return id → pk for all.
 
@@ -43,7 +56,8 @@ class ChainWriter(SqlCore):
         stored or ``None``). Ids form a hash chain and a message is only ever stored after its
         parent, so when the first one is not stored, none is: a new conversation or a new turn
         skips the lookup of the others. ``stored_parent``: ``(id, pk, position)`` of a stored
-        parent the caller already read. ``now``: the rows' creation time (default: the clock).
+        parent the caller already read. ``now``: the rows' creation time (default: the clock),
+        or each row's by message id (:data:`Stamp`).
         """
         keys: tuple[int, int] | None = None
         added: dict[str, int] = {}
@@ -124,42 +138,40 @@ class ChainWriter(SqlCore):
         blob_pks: Mapping[str, int],
         positions: Mapping[str | None, int],
         first: int | None,
-        now: float | None,
+        now: Stamp,
     ) -> dict[str, int]:
         """Insert the ``new`` messages (under keys from ``first`` on, or keys the database
         assigns when ``None``); return ``known`` with their keys added."""
-        if now is None:
-            now = time.time()
+        at = _stamper(now)
         if first is not None:
             for i, mid in enumerate(new):
                 known[mid] = first + i
             self._xm(
                 cur,
                 "INSERT INTO messages (pk, id, parent_pk, blob_pk, position, created_at) VALUES (?, ?, ?, ?, ?, ?)",
-                [(known[p.id], p.id, known[parent] if parent is not None else None, blob_pks[p.blob], positions[p.id], now) for parent, p in new.values()],
+                [(known[p.id], p.id, known[parent] if parent is not None else None, blob_pks[p.blob], positions[p.id], at(p.id)) for parent, p in new.values()],
             )
             return known
         self._xm(
             cur,
             "INSERT INTO messages (id, parent_pk, blob_pk, position, created_at) "
             "VALUES (?, (SELECT pk FROM messages WHERE id = ?), ?, ?, ?) ON CONFLICT (id) DO NOTHING",
-            [(p.id, parent, blob_pks[p.blob], positions[p.id], now) for parent, p in new.values()],
+            [(p.id, parent, blob_pks[p.blob], positions[p.id], at(p.id)) for parent, p in new.values()],
         )
         known.update(self._ids_to_pks(cur, "messages", list(new)))
         return known
 
     def _insert_chain(
-        self, cur: Any, links: Sequence[_Link], first: int, blob_pks: Mapping[str, int], parent: tuple[str, int, int] | None, now: float | None = None
+        self, cur: Any, links: Sequence[_Link], first: int, blob_pks: Mapping[str, int], parent: tuple[str, int, int] | None, now: Stamp = None
     ) -> dict[str, int]:
         """Insert a chain of new messages under keys from ``first`` on, after ``parent``
         (``(id, pk, position)``, ``None``: from the root); return id → pk, the parent's too."""
         pk, position = (parent[1], parent[2]) if parent is not None else (None, -1)
         out = {parent[0]: parent[1]} if parent is not None else {}
-        if now is None:
-            now = time.time()
+        at = _stamper(now)
         rows = []
         for i, (_, p) in enumerate(links, start=1):
-            rows.append((first, p.id, pk, blob_pks[p.blob], position + i, now))
+            rows.append((first, p.id, pk, blob_pks[p.blob], position + i, at(p.id)))
             out[p.id] = pk = first
             first += 1
         cur.executemany(self._sql("INSERT INTO messages (pk, id, parent_pk, blob_pk, position, created_at) VALUES (?, ?, ?, ?, ?, ?)"), rows)
@@ -195,7 +207,7 @@ class ChainWriter(SqlCore):
         *,
         stored_parent: tuple[str, int, int] | None = None,
         prepared: list[Prepared] | None = None,
-        now: float | None = None,
+        now: Stamp = None,
     ) -> list[tuple[int, str]]:
         """Store ``messages`` chained after ``parent_id``; ``prepared``: their :func:`~ctxengine.store.ids.prepare`
         from that parent, done before the transaction."""
@@ -291,9 +303,11 @@ class ChainWriter(SqlCore):
                 return
         self._remember_chain(session_id, [*hit[0][:n], *msgs], [*hit[1][:n], *links])
 
-    def _chain_from_root(self, cur: Any, session_id: str, messages: list[Message]) -> list[tuple[int, str]]:
-        """:meth:`_store_chain` of a whole history, skipping the prefix already known."""
-        known = self._known_chain(cur, session_id, messages)
+    def _chain_from_root(self, cur: Any, session_id: str, messages: list[Message], known: list[tuple[int, str]] | None = None) -> list[tuple[int, str]]:
+        """:meth:`_store_chain` of a whole history, skipping the prefix already known
+        (``known``: its :meth:`_known_chain`, when the caller has it)."""
+        if known is None:
+            known = self._known_chain(cur, session_id, messages)
         if not known:
             return self._store_chain(cur, messages)
         k = len(known)

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from ctxengine.messages import Message
+from ctxengine.storage import NodeSpec
 from ctxengine.store.values import (
     CompactionInfo,
     Event,
@@ -55,11 +56,22 @@ class SessionStore(ABC):
         """
 
     @abstractmethod
-    def record_compaction(self, session_id: str, report: Mapping[str, Any], before: Sequence[Message], after: Sequence[Message]) -> str:
+    def record_compaction(
+        self,
+        session_id: str,
+        report: Mapping[str, Any],
+        before: Sequence[Message],
+        after: Sequence[Message],
+        *,
+        nodes: Sequence[NodeSpec] = (),
+        node_messages: Sequence[Message] = (),
+    ) -> str:
         """Store a compaction event (the session's tip moves to ``after``); return its id.
 
         ``report`` is a :meth:`CompactionReport.to_dict` (``engine``, ``tokens_before``,
         ``tokens_after``, ``replaced`` indices into ``before``) plus an optional ``config``.
+        ``nodes``: the engine's records over its compacted context ``node_messages`` (staged in
+        a :class:`~ctxengine.storage.NodeStage`), stored in the same transaction.
         """
 
     @abstractmethod
@@ -81,6 +93,17 @@ class SessionStore(ABC):
 
         Returns False when a node with this id already exists (it is left unchanged).
         """
+
+    @abstractmethod
+    def add_nodes(self, session_id: str, nodes: Sequence[NodeSpec], *, messages: Sequence[Message] = ()) -> list[bool]:
+        """Store ``nodes`` in one transaction, after ``messages`` (a history from the root their
+        message children belong to: stored when missing, the session's tip not moved); True
+        for each node written, False for one that existed."""
+
+    @abstractmethod
+    def message_ids(self, messages: Sequence[Message]) -> list[str]:
+        """The ids ``messages`` (a history from the root) have or will have here, computed
+        without writing (content addresses)."""
 
     @abstractmethod
     def import_session(self, document: Mapping[str, Any], *, session_id: str | None = None) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 from ctxengine.errors import InputError, NotFoundError
 from ctxengine.messages import Message
 from ctxengine.redact import redact_obj
+from ctxengine.storage import NodeSpec
 from ctxengine.store.chains import ChainWriter
 from ctxengine.store.ids import Prepared, canonical_json, compaction_id
 from ctxengine.textsafe import clean, dumps
@@ -27,7 +28,7 @@ __all__ = ["Writes"]
 
 class Writes(ChainWriter):
     """``record_messages``, ``record_many``, ``append_messages``, ``record_compaction``,
-    ``restore`` and ``add_node`` over the chain primitives."""
+    ``restore``, ``add_node`` and ``add_nodes`` over the chain primitives."""
 
     # -- backend hooks ----------------------------------------------------------------------------
     def _quick_history(self, session_id: str, session_pk: int, messages: list[Message]) -> list[str] | None:
@@ -108,8 +109,22 @@ class Writes(ChainWriter):
             self._extend_chain(session_id, hit, len(hit[1]), msgs, list(chain))
         return [mid for _, mid in chain]
 
-    def record_compaction(self, session_id: str, report: Mapping[str, Any], before: Sequence[Message], after: Sequence[Message]) -> str:
+    def record_compaction(
+        self,
+        session_id: str,
+        report: Mapping[str, Any],
+        before: Sequence[Message],
+        after: Sequence[Message],
+        *,
+        nodes: Sequence[NodeSpec] = (),
+        node_messages: Sequence[Message] = (),
+    ) -> str:
+        """Record a compaction (the session's tip moves to ``after``) and, in the same
+        transaction, ``nodes`` (an engine's records over its compacted context
+        ``node_messages``, which is ``before`` unless the caller's copy differs, e.g. by a
+        client's cache markers: then it is stored too)."""
         engine = str(report.get("engine", "unknown"))
+        specs = _node_specs(nodes)
         with self._write() as cur:
             spk = self._ensure_session(cur, session_id)
             self._lock_session(cur, spk)
@@ -148,6 +163,12 @@ class Writes(ChainWriter):
             )
             cpk = self._one(cur, "SELECT pk FROM compactions WHERE id = ?", (cid,))
             self._add_members(cur, spk, [pk for pk, _ in before_chain])
+            if specs:
+                stored = set(before_ids)
+                if node_messages and any(mid not in stored for n in specs for kind, mid in n.children if kind == "message"):
+                    self._add_members(cur, spk, [pk for pk, _ in self._chain_from_root(cur, session_id, list(node_messages))])
+                for n in specs:
+                    self._add_node(cur, spk, n)
             self._move_tip(cur, spk, after_chain, "compaction", int(cpk[0]) if cpk else None, force_event=True)
         self._session_pks[session_id] = spk
         self._remember_chain(session_id, after_list, list(after_chain))
@@ -171,37 +192,71 @@ class Writes(ChainWriter):
         children: Sequence[tuple[str, str]],
         meta: Mapping[str, Any] | None = None,
     ) -> bool:
-        if not children:
-            raise InputError(f"node {node_id}: a summary node needs at least one child")
-        text = clean(text)  # a node is generated text: lone surrogates become U+FFFD (textsafe)
+        return self.add_nodes(session_id, [NodeSpec(node_id, depth, text, list(children), dict(meta or {}))])[0]
+
+    def message_ids(self, messages: Sequence[Message]) -> list[str]:
+        """The ids ``messages`` (a history from the root) have or will have here: content
+        addresses, computed without writing."""
+        return [p.id for p in self._prepare_chain(list(messages), None)]
+
+    def add_nodes(self, session_id: str, nodes: Sequence[NodeSpec], *, messages: Sequence[Message] = ()) -> list[bool]:
+        """Store ``nodes`` (each left unchanged when it exists; True for each one written) in one
+        transaction, after ``messages``: a history from the root that their message children
+        belong to, stored first when missing (content-addressed) and made the session's without
+        moving its tip. An engine recording the context it compacts and the nodes over it then
+        commits once, not once per node."""
+        specs = _node_specs(nodes)
+        msgs = list(messages)
+        remember = False
         with self._write() as cur:
-            if self._one(cur, "SELECT pk FROM nodes WHERE id = ?", (node_id,)) is not None:
-                return False
             spk = self._ensure_session(cur, session_id)
-            msg_pks = self._ids_to_pks(cur, "messages", [cid for kind, cid in children if kind == "message"])
-            node_pks = self._ids_to_pks(cur, "nodes", [cid for kind, cid in children if kind == "node"])
-            rows: list[tuple[int, int | None, int | None]] = []
-            for pos, (kind, cid) in enumerate(children):
-                if kind == "message":
-                    if cid not in msg_pks:
-                        raise NotFoundError(f"node {node_id}: child message {cid} is not in the store")
-                    rows.append((pos, msg_pks[cid], None))
-                elif kind == "node":
-                    if cid not in node_pks:
-                        raise NotFoundError(f"node {node_id}: child node {cid} is not in the store")
-                    rows.append((pos, None, node_pks[cid]))
-                else:
-                    raise InputError(f"node {node_id}: child kind must be 'message' or 'node', not {kind!r}")
-            tokens = estimate_message_tokens({"role": "user", "content": text})
-            self._x(
-                cur,
-                "INSERT INTO nodes (id, session_pk, depth, text, tokens, meta, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (node_id, spk, int(depth), text, tokens, dumps(dict(meta or {}), default=str), time.time()),
-            )
-            row = self._one(cur, "SELECT pk FROM nodes WHERE id = ?", (node_id,))
-            assert row is not None
-            npk = int(row[0])
-            self._xm(cur, "INSERT INTO node_children (node_pk, position, message_pk, child_node_pk) VALUES (?, ?, ?, ?)", [(npk, *r) for r in rows])
-            self._index_node(cur, npk, text)
+            if msgs:
+                chain = self._known_chain(cur, session_id, msgs)
+                if len(chain) < len(msgs):  # not the history this object wrote last
+                    chain, remember = self._chain_from_root(cur, session_id, msgs, chain), True
+                self._add_members(cur, spk, [pk for pk, _ in chain])
+            written = [self._add_node(cur, spk, n) for n in specs]
+        if remember:
+            self._session_pks[session_id] = spk
+            self._remember_chain(session_id, msgs, list(chain))
+        return written
+
+    def _add_node(self, cur: Any, spk: int, n: NodeSpec) -> bool:
+        if self._one(cur, "SELECT pk FROM nodes WHERE id = ?", (n.id,)) is not None:
+            return False
+        msg_pks = self._ids_to_pks(cur, "messages", [cid for kind, cid in n.children if kind == "message"])
+        node_pks = self._ids_to_pks(cur, "nodes", [cid for kind, cid in n.children if kind == "node"])
+        rows: list[tuple[int, int | None, int | None]] = []
+        for pos, (kind, cid) in enumerate(n.children):
+            if kind == "message":
+                if cid not in msg_pks:
+                    raise NotFoundError(f"node {n.id}: child message {cid} is not in the store")
+                rows.append((pos, msg_pks[cid], None))
+            elif kind == "node":
+                if cid not in node_pks:
+                    raise NotFoundError(f"node {n.id}: child node {cid} is not in the store")
+                rows.append((pos, None, node_pks[cid]))
+            else:
+                raise InputError(f"node {n.id}: child kind must be 'message' or 'node', not {kind!r}")
+        tokens = estimate_message_tokens({"role": "user", "content": n.text})
+        self._x(
+            cur,
+            "INSERT INTO nodes (id, session_pk, depth, text, tokens, meta, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (n.id, spk, int(n.depth), n.text, tokens, dumps(dict(n.meta), default=str), time.time()),
+        )
+        row = self._one(cur, "SELECT pk FROM nodes WHERE id = ?", (n.id,))
+        assert row is not None
+        npk = int(row[0])
+        self._xm(cur, "INSERT INTO node_children (node_pk, position, message_pk, child_node_pk) VALUES (?, ?, ?, ?)", [(npk, *r) for r in rows])
+        self._index_node(cur, npk, n.text)
         return True
 
+
+def _node_specs(nodes: Sequence[NodeSpec]) -> list[NodeSpec]:
+    """``nodes`` checked, their texts cleaned (a node is generated text: lone surrogates become
+    U+FFFD, :mod:`ctxengine.textsafe`)."""
+    specs = [NodeSpec(n.id, n.depth, clean(n.text), list(n.children), dict(n.meta)) for n in nodes]
+    for n in specs:
+        if not n.children:
+            raise InputError(f"node {n.id}: a summary node needs at least one child")
+    return specs

@@ -21,6 +21,7 @@ from ctxengine.engines.kit.records import RecallReach, recall_pointer
 from ctxengine.errors import NotFoundError
 from ctxengine.messages import Message
 from ctxengine.recall import Recall
+from ctxengine.storage import NodeBatchStore, NodeSpec, NodeStage
 from ctxengine.tokens import TokenCounter
 
 __all__ = ["Originals", "Refs", "node_id"]
@@ -36,10 +37,14 @@ def node_id(depth: int, children: Sequence[tuple[str, str]]) -> str:
 class Originals:
     """The originals of one session in the store (see the module docstring)."""
 
-    def __init__(self, store: Any, session_id: str, *, counter: TokenCounter | None = None, reach: RecallReach | None = None) -> None:
+    def __init__(
+        self, store: Any, session_id: str, *, counter: TokenCounter | None = None, reach: RecallReach | None = None, stage: NodeStage | None = None
+    ) -> None:
         self.store = store
         self.session_id = str(session_id)
         self.counter = counter
+        # where a compaction's nodes wait for the host to store them with its record (Services.nodes)
+        self.stage = stage if isinstance(store, NodeBatchStore) else None
         # whether the recall tools reach the model (the host's, shared: Services.reach)
         self.reach = reach if reach is not None else RecallReach()
         self._recall: Recall | None = None
@@ -49,7 +54,7 @@ class Originals:
         """The session's originals, or ``None`` when no store is configured."""
         if services.store is None:
             return None
-        return cls(services.store, services.session_id, counter=services.counter, reach=services.reach)
+        return cls(services.store, services.session_id, counter=services.counter, reach=services.reach, stage=services.nodes)
 
     def pointer(self, ref: str | None = None) -> str:
         """Where a record says its removed text is
@@ -73,6 +78,27 @@ class Originals:
         """Record ``messages`` (content-addressed: what is stored already is not written again)
         and return their ids."""
         return list(self.store.record_messages(self.session_id, messages))
+
+    def ids(self, messages: Sequence[Message]) -> tuple[list[str], bool]:
+        """The store ids of ``messages`` (a history from the root) and whether they are still to
+        be written with the nodes (:meth:`add_nodes`): computed without a write when the store
+        batches nodes (:class:`~ctxengine.storage.NodeBatchStore`), else recorded now."""
+        if isinstance(self.store, NodeBatchStore):
+            return list(self.store.message_ids(messages)), True
+        return self.record(messages), False
+
+    def add_nodes(self, nodes: Sequence[NodeSpec], *, messages: Sequence[Message] = ()) -> None:
+        """Store ``nodes`` (each left unchanged when it exists) after ``messages``: staged for
+        the host to store with the compaction's record when it gave a stage, else in one
+        transaction when the store batches them (else ``messages`` were recorded by :meth:`ids`)."""
+        if self.stage is not None:
+            self.stage.stage(nodes, messages)
+            return
+        if isinstance(self.store, NodeBatchStore):
+            self.store.add_nodes(self.session_id, nodes, messages=messages)
+            return
+        for n in nodes:
+            self.store.add_node(self.session_id, n.id, depth=n.depth, text=n.text, children=n.children, meta=dict(n.meta))
 
     def existing(self, nid: str) -> str | None:
         """The stored text of node ``nid``, or None."""
@@ -104,20 +130,21 @@ class Originals:
 
 class Refs:
     """Node ids for the records one compaction writes (the ``ref=`` of their markers): the
-    compacted context is recorded on first use, and the nodes are stored by :meth:`commit`
-    only for records the compaction kept."""
+    compacted context's ids are taken on first use, and :meth:`commit` stores it with the
+    nodes of the records the compaction kept (:meth:`Originals.add_nodes`)."""
 
     def __init__(self, originals: Originals | None, messages: Sequence[Message]) -> None:
         self.originals = originals
         self.messages = messages
         self._ids: list[str] | None = None
+        self._unwritten = False  # the compacted context is written with the nodes
         self._nodes: dict[str, tuple[list[int], str, str | None]] = {}
 
     def node(self, indices: list[int], *, kind: str, text: str | None) -> str | None:
         if self.originals is None:
             return None
         if self._ids is None:
-            self._ids = self.originals.record(self.messages)
+            self._ids, self._unwritten = self.originals.ids(self.messages)
         nid = self.originals.node_for([self._ids[k] for k in indices])
         self._nodes[nid] = (indices, kind, text)
         return nid
@@ -131,7 +158,11 @@ class Refs:
         """Store the nodes whose record text is in ``kept``."""
         if self.originals is None or self._ids is None:
             return
-        for nid, (indices, kind, text) in self._nodes.items():
-            if text is not None and text in kept:
-                children = [("message", self._ids[k]) for k in indices]
-                self.originals.add_node(nid, depth=0, text=text, children=children, meta={"messages": len(indices), "summarizer": kind})
+        ids = self._ids
+        nodes = [
+            NodeSpec(nid, 0, text, [("message", ids[k]) for k in indices], {"messages": len(indices), "summarizer": kind})
+            for nid, (indices, kind, text) in self._nodes.items()
+            if text is not None and text in kept
+        ]
+        if nodes:
+            self.originals.add_nodes(nodes, messages=self.messages if self._unwritten else ())
