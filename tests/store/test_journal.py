@@ -127,6 +127,35 @@ def test_an_append_keeps_the_time_it_was_made_not_the_time_it_was_folded(tmp_pat
     store.close()
 
 
+def test_appends_folded_together_keep_each_appends_event_and_time(tmp_path: Path) -> None:
+    """A session's appends that continue each other are folded as one chain; each keeps its own
+    event, tip and time, and the record is the one a store without the journal writes."""
+    store, plain = SqliteStore(tmp_path / "s.db"), SqliteStore(tmp_path / "plain.db", journal=False)
+    first = [{"role": "user", "content": "go"}]
+    ids, plain_ids = store.record_messages("s", first), plain.record_messages("s", first)
+    other = store.record_messages("o", first)  # another session's append in between splits nothing of s
+    spans = []
+    for i in range(1, 5):
+        t0 = time.time()
+        ids += store.append_messages("s", _turn(i), after=ids[-1])
+        plain_ids += plain.append_messages("s", _turn(i), after=plain_ids[-1])
+        if i == 2:
+            store.append_messages("o", _turn(9), after=other[-1])
+        spans.append((t0, time.time()))
+        time.sleep(0.01)
+    assert _journal_rows(tmp_path / "s.db") == 5
+    assert store.history_ids("s") == plain.history_ids("s") == ids  # folds
+    events = store.events("s")
+    assert [(e.kind, e.tip, e.length) for e in events] == [(e.kind, e.tip, e.length) for e in plain.events("s")]
+    for e, (t0, t1) in zip(events[1:], spans, strict=True):
+        assert t0 <= e.created_at <= t1
+    assert spans[-1][0] <= store.get_session("s").updated_at <= spans[-1][1]
+    assert store.history("o") == [*first, *_turn(9)]
+    assert store.integrity_check() == ["ok"]
+    store.close()
+    plain.close()
+
+
 def test_closing_folds_the_journal_and_opening_folds_what_a_killed_process_left(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
     store = SqliteStore(path)

@@ -108,10 +108,19 @@ class AppendJournal(Writes):
             return 0
         placed: dict[str, tuple[int, int]] = {}  # id -> (pk, position) of what this fold wrote
         kept = self._journal_kept
+        run: list[tuple[Any, int, str, list[Prepared], float]] = []  # appends that continue each other
         for jpk, spk, kind, after, meta, body, created in rows:
             mine = kept.pop(int(jpk), None)
             # a row this object wrote, as it wrote it: its messages are prepared already
             prepared = mine[2] if mine is not None and mine[0] == meta and mine[1] == body else _read_row(jpk, meta, body)
+            if kind == "append" and prepared and (not run or (int(spk) == run[0][1] and str(after) == run[-1][3][-1].id)):
+                run.append((jpk, int(spk), str(after), prepared, float(created)))
+                continue
+            self._fold_appends(cur, run, placed)
+            run = []
+            if kind == "append" and prepared:
+                run.append((jpk, int(spk), str(after), prepared, float(created)))
+                continue
             at = placed.get(after)
             if at is None:
                 row = self._one(cur, "SELECT pk, position FROM messages WHERE id = ?", (after,))
@@ -130,11 +139,44 @@ class AppendJournal(Writes):
             self._move_tip(cur, int(spk), path, str(kind), now=float(created))
             for i, (pk, mid) in enumerate(chain, start=1):
                 placed[mid] = (pk, at[1] + i)
+        self._fold_appends(cur, run, placed)
         self._x(cur, "DELETE FROM append_journal WHERE pk <= ?", (rows[-1][0],))
         self._journaled = False
         for k in [k for k in kept if k <= rows[-1][0]]:
             kept.pop(k, None)
         return len(rows)
+
+    def _fold_appends(self, cur: Any, run: list[tuple[Any, int, str, list[Prepared], float]], placed: dict[str, tuple[int, int]]) -> None:
+        """Fold appends of one session that continue each other (each after the last message of
+        the one before) as one chain: its blobs, messages and memberships in one statement
+        each, an event per append (its own tip and time), the session's tip moved once."""
+        if not run:
+            return
+        spk, after = run[0][1], run[0][2]
+        at = placed.get(after)
+        if at is None:
+            row = self._one(cur, "SELECT pk, position FROM messages WHERE id = ?", (after,))
+            if row is None:
+                raise StoreError(f"append journal row {run[0][0]} follows message {after}, which is not in the store")
+            at = (int(row[0]), int(row[1]))
+        prepared = [p for r in run for p in r[3]]
+        stamps = {p.id: r[4] for r in run for p in r[3]}
+        chain = self._store_chain(cur, [], after, stored_parent=(after, at[0], at[1]), prepared=prepared, now=stamps)
+        for i, (pk, mid) in enumerate(chain, start=1):
+            placed[mid] = (pk, at[1] + i)
+        tip = self._one(cur, "SELECT tip_pk FROM sessions WHERE pk = ?", (spk,))
+        old = tip[0] if tip is not None else None
+        members = chain if old == at[0] else [(at[0], after), *chain]
+        self._add_members(cur, spk, [pk for pk, _ in members])
+        events: list[tuple[int, str, int, None, float]] = []
+        for r in run:  # as each append's own tip move: an event where the tip changed
+            new = placed[r[3][-1].id][0]
+            if new != old:
+                events.append((spk, "append", new, None, r[4]))
+                old = new
+        if events:
+            self._xm(cur, "INSERT INTO events (session_pk, kind, tip_pk, compaction_pk, created_at) VALUES (?, ?, ?, ?, ?)", events)
+            self._x(cur, "UPDATE sessions SET tip_pk = ?, updated_at = ? WHERE pk = ?", (events[-1][2], events[-1][4], spk))
 
 
 def _read_row(jpk: Any, meta: Any, body: Any) -> list[Prepared]:
