@@ -164,11 +164,7 @@ class Writes(ChainWriter):
             cpk = self._one(cur, "SELECT pk FROM compactions WHERE id = ?", (cid,))
             self._add_members(cur, spk, [pk for pk, _ in before_chain])
             if specs:
-                stored = set(before_ids)
-                if node_messages and any(mid not in stored for n in specs for kind, mid in n.children if kind == "message"):
-                    self._add_members(cur, spk, [pk for pk, _ in self._chain_from_root(cur, session_id, list(node_messages))])
-                for n in specs:
-                    self._add_node(cur, spk, n)
+                self._write_nodes(cur, session_id, spk, specs, set(before_ids), node_messages)
             self._move_tip(cur, spk, after_chain, "compaction", int(cpk[0]) if cpk else None, force_event=True)
         self._session_pks[session_id] = spk
         self._remember_chain(session_id, after_list, list(after_chain))
@@ -220,6 +216,15 @@ class Writes(ChainWriter):
             self._session_pks[session_id] = spk
             self._remember_chain(session_id, msgs, list(chain))
         return written
+
+    def _write_nodes(self, cur: Any, session_id: str, spk: int, specs: Sequence[NodeSpec], stored: set[str], over: Sequence[Message]) -> None:
+        """A compaction's nodes, inside its transaction: their message children are ``stored``
+        (the context compacted) unless the engine's copy ``over`` differs (a client's cache
+        marker, say), which is then stored too."""
+        if over and any(mid not in stored for n in specs for kind, mid in n.children if kind == "message"):
+            self._add_members(cur, spk, [pk for pk, _ in self._chain_from_root(cur, session_id, list(over))])
+        for n in specs:
+            self._add_node(cur, spk, n)
 
     def _add_node(self, cur: Any, spk: int, n: NodeSpec) -> bool:
         if self._one(cur, "SELECT pk FROM nodes WHERE id = ?", (n.id,)) is not None:
