@@ -28,23 +28,23 @@ def test_turn_starts_followed_turn_by_turn_equal_the_walk(first: list[Message], 
     tokens = WorkingTokens()
     tokens.follow([], first)
     # (an empty list is never a working context: nothing is known of it)
-    assert tokens.turn_starts(first, first) == (_turn_starts(first) if first else None)
+    known = tokens.planner_inputs(first, first)
+    assert (known.turns if known is not None else None) == (_turn_starts(first) if first else None)
     # the next working context extends the first, or replaces its end (a compaction)
     second = [*first, *more] if keep >= len(first) else [*first[:keep], *more]
     tokens.follow(first, second)
-    if not second:
-        assert tokens.turn_starts(second, second) is None
-        return
-    assert tokens.turn_starts(second, second) == _turn_starts(second)
     known = tokens.planner_inputs(second, second)
-    assert known is not None
-    turns = tokens.turn_starts(second, second)
-    assert plan_breakpoints(second, prefix_tokens=known[0], stable=known[1], turns=turns, min_cache_tokens=1) == plan_breakpoints(second, min_cache_tokens=1)
+    if not second:
+        assert known is None
+        return
+    assert known is not None and known.turns == _turn_starts(second)
+    assert plan_breakpoints(second, prefix_tokens=known.sums, stable=known.stable, turns=known.turns, min_cache_tokens=1) == plan_breakpoints(second, min_cache_tokens=1)
 
 
 def test_turn_starts_of_a_list_that_is_not_the_working_context_are_unknown() -> None:
     tokens = WorkingTokens()
     working: list[Message] = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}, {"role": "user", "content": "d"}]
     tokens.follow([], working)
-    assert tokens.turn_starts(working, working) == (3, 0) == _turn_starts(working)  # the turn began with two user messages
-    assert tokens.turn_starts(working[:2], working) is None
+    known = tokens.planner_inputs(working, working)
+    assert known is not None and known.turns == (3, 0) == _turn_starts(working)  # the turn began with two user messages
+    assert tokens.planner_inputs(working[:2], working) is None

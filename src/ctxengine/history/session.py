@@ -15,7 +15,7 @@ from ctxengine.history.markers import (
     same_but_markers,
     without_markers,
 )
-from ctxengine.history.tokens import WorkingTokens
+from ctxengine.history.tokens import PlannerInputs, WorkingTokens
 from ctxengine.history.turn import TurnInput, TurnKind
 from ctxengine.messages import Message
 from ctxengine.storage import SessionAppender, SessionRecorder
@@ -388,15 +388,11 @@ class SessionHistory:
         self._ids = self._next_ids = None
 
     # -- tokens and the planner's inputs (WorkingTokens) -------------------------------------
-    def planner_inputs(self, messages: Sequence[Message]) -> tuple[list[int], int] | None:
-        """Running token sums and the last summary's index of ``messages`` when it is the
-        working context (what ``prepare`` returned), else ``None``."""
+    def planner_inputs(self, messages: Sequence[Message]) -> PlannerInputs | None:
+        """What the cache planner reads of ``messages`` (running token sums, the last
+        summary's index, the turn starts) when it is the working context (what ``prepare``
+        returned), else ``None``."""
         return self.tokens.planner_inputs(messages, self.working)
-
-    def turn_starts(self, messages: Sequence[Message]) -> tuple[int, int] | None:
-        """The cache planner's turn starts in ``messages`` when it is the working context, else
-        ``None`` (:meth:`WorkingTokens.turn_starts`)."""
-        return self.tokens.turn_starts(messages, self.working)
 
     def message_tokens(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
         """Estimated tokens of each message, each message estimated once per session."""

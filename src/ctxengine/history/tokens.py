@@ -5,12 +5,12 @@ planner); see :mod:`ctxengine.history`."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from ctxengine.messages import Message, is_summary
 from ctxengine.tokens import EstimateCounter, MessageTokens, TokenCounter
 
-__all__ = ["WorkingTokens"]
+__all__ = ["PlannerInputs", "WorkingTokens"]
 
 
 class WorkingTokens:
@@ -75,25 +75,27 @@ class WorkingTokens:
             elif new[i].get("role") == "user":
                 self._users.append(i)
 
-    def planner_inputs(self, messages: Sequence[Message], working: list[Message]) -> tuple[list[int], int] | None:
-        """Running token sums and the last summary's index of ``messages`` when it is the
-        working context, else ``None``."""
+    def planner_inputs(self, messages: Sequence[Message], working: list[Message]) -> PlannerInputs | None:
+        """What :func:`ctxengine.caching.plan_breakpoints` reads of ``messages`` when it is the
+        working context (:class:`PlannerInputs`), else ``None``."""
         w = working
         if len(messages) != len(w) or len(self._sums) != len(w) or not w or messages[-1] is not w[-1] or (messages if isinstance(messages, list) else list(messages)) != w:
             return None
-        return self._sums, self._last_summary
-
-    def turn_starts(self, messages: Sequence[Message], working: list[Message]) -> tuple[int, int] | None:
-        """Where the current turn and the one before start in ``messages`` when it is the
-        working context (what :func:`ctxengine.caching.plan_breakpoints` reads), else ``None``:
-        the last user message that is not a summary, and the last one before that turn's user
-        messages (-1: none)."""
-        if self.planner_inputs(messages, working) is None:
-            return None
         users = self._users
-        if not users:
-            return -1, -1
         j = len(users) - 1
         while j > 0 and users[j - 1] == users[j] - 1:
             j -= 1
-        return users[-1], users[j - 1] if j > 0 else -1
+        turns = (users[-1], users[j - 1] if j > 0 else -1) if users else (-1, -1)
+        return PlannerInputs(self._sums, self._last_summary, turns)
+
+
+class PlannerInputs(NamedTuple):
+    """What the cache planner reads of the working context, kept turn by turn."""
+
+    sums: list[int]
+    """Running token sums of its messages."""
+    stable: int
+    """The last summary's index (-1: none)."""
+    turns: tuple[int, int]
+    """Where the current turn and the one before start: the last user message that is not a
+    summary, and the last one before that turn's user messages (-1: none)."""

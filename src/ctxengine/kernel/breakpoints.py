@@ -36,7 +36,6 @@ class CachePlan:
             s.last_sent = s.last_request
             planner = self.caching.enabled and self.placement == "planner"
             known = s.history.planner_inputs(messages) if planner and tokens is None else None
-            turns = s.history.turn_starts(messages) if known is not None else None
             toks = list(tokens) if tokens is not None else s.history.message_tokens(messages) if planner and known is None else []
         if not self.caching.enabled:
             return []
@@ -47,7 +46,7 @@ class CachePlan:
                 tokens=toks if known is None else None,
                 prefix_tokens=known[0] if known is not None else None,
                 stable=known[1] if known is not None else None,
-                turns=turns,
+                turns=known[2] if known is not None else None,
                 native_anthropic=self.caching.native_anthropic,
                 previous=previous,
             )
