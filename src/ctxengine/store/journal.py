@@ -113,20 +113,15 @@ class AppendJournal(Writes):
             mine = kept.pop(int(jpk), None)
             # a row this object wrote, as it wrote it: its messages are prepared already
             prepared = mine[2] if mine is not None and mine[0] == meta and mine[1] == body else _read_row(jpk, meta, body)
-            if kind == "append" and prepared and (not run or (int(spk) == run[0][1] and str(after) == run[-1][3][-1].id)):
+            if kind == "append" and prepared:
+                if run and (int(spk) != run[0][1] or str(after) != run[-1][3][-1].id):
+                    self._fold_appends(cur, run, placed)  # not a continuation of the run
+                    run = []
                 run.append((jpk, int(spk), str(after), prepared, float(created)))
                 continue
             self._fold_appends(cur, run, placed)
             run = []
-            if kind == "append" and prepared:
-                run.append((jpk, int(spk), str(after), prepared, float(created)))
-                continue
-            at = placed.get(after)
-            if at is None:
-                row = self._one(cur, "SELECT pk, position FROM messages WHERE id = ?", (after,))
-                if row is None:
-                    raise StoreError(f"append journal row {jpk} follows message {after}, which is not in the store")
-                at = (int(row[0]), int(row[1]))
+            at = self._parent_at(cur, placed, jpk, after)
             chain = self._store_chain(cur, [], after, stored_parent=(after, at[0], at[1]), prepared=prepared, now=float(created))
             path: list[tuple[int, str]] = [(at[0], after), *chain]
             if kind != "append":
@@ -153,12 +148,7 @@ class AppendJournal(Writes):
         if not run:
             return
         spk, after = run[0][1], run[0][2]
-        at = placed.get(after)
-        if at is None:
-            row = self._one(cur, "SELECT pk, position FROM messages WHERE id = ?", (after,))
-            if row is None:
-                raise StoreError(f"append journal row {run[0][0]} follows message {after}, which is not in the store")
-            at = (int(row[0]), int(row[1]))
+        at = self._parent_at(cur, placed, run[0][0], after)
         prepared = [p for r in run for p in r[3]]
         stamps = {p.id: r[4] for r in run for p in r[3]}
         chain = self._store_chain(cur, [], after, stored_parent=(after, at[0], at[1]), prepared=prepared, now=stamps)
@@ -177,6 +167,18 @@ class AppendJournal(Writes):
         if events:
             self._xm(cur, "INSERT INTO events (session_pk, kind, tip_pk, compaction_pk, created_at) VALUES (?, ?, ?, ?, ?)", events)
             self._x(cur, "UPDATE sessions SET tip_pk = ?, updated_at = ? WHERE pk = ?", (events[-1][2], events[-1][4], spk))
+
+
+    def _parent_at(self, cur: Any, placed: dict[str, tuple[int, int]], jpk: Any, after: str) -> tuple[int, int]:
+        """``(pk, position)`` of message ``after``, which journal row ``jpk`` follows: written by
+        this fold (``placed``) or read from the tables."""
+        at = placed.get(after)
+        if at is None:
+            row = self._one(cur, "SELECT pk, position FROM messages WHERE id = ?", (after,))
+            if row is None:
+                raise StoreError(f"append journal row {jpk} follows message {after}, which is not in the store")
+            at = (int(row[0]), int(row[1]))
+        return at
 
 
 def _read_row(jpk: Any, meta: Any, body: Any) -> list[Prepared]:
