@@ -356,3 +356,34 @@ def test_a_batch_that_cannot_be_worth_folding_is_not_asked_for() -> None:
     huge = _engine(keep_recent=2, batch=4, batch_tokens=10**9, min_gain=0.02, context_length=10_000_000)
     assert not huge.should_compress_preflight(msgs)
     assert huge.compress(msgs) == msgs  # what it would have run: nothing changes
+
+
+def test_records_go_to_a_store_that_only_records_and_adds_nodes_one_by_one() -> None:
+    """A store without batched node writes (``storage.NodeBatchStore``): the compacted context
+    is recorded when the first record takes its ids, and each kept record's node is added."""
+    from ctxengine.engines.kit.originals import Originals, Refs
+    from ctxengine.storage import NodeStage
+
+    class Minimal:
+        def __init__(self) -> None:
+            self.recorded: list[int] = []
+            self.nodes: list[tuple[str, list[tuple[str, str]]]] = []
+
+        def record_messages(self, session_id: str, messages: Any) -> list[str]:
+            self.recorded.append(len(messages))
+            return [f"m{i}" for i in range(len(messages))]
+
+        def add_node(self, session_id: str, node_id: str, *, depth: int, text: str, children: Any, meta: Any = None) -> bool:
+            self.nodes.append((node_id, list(children)))
+            return True
+
+    store = Minimal()
+    originals = Originals(store, "s", stage=NodeStage())  # a stage is ignored: the store cannot take it
+    assert originals.stage is None
+    msgs = [{"role": "user", "content": "go"}, {"role": "assistant", "content": "a"}, {"role": "tool", "content": "b"}]
+    refs = Refs(originals, msgs)
+    kept = refs.node([1, 2], kind="digest", text="[digest] a b")
+    dropped = refs.node([2], kind="cut", text="[cut] b")
+    assert store.recorded == [3] and kept != dropped
+    refs.commit({"[digest] a b"})
+    assert store.nodes == [(kept, [("message", "m1"), ("message", "m2")])]

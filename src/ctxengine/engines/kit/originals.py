@@ -97,7 +97,7 @@ class Originals:
         if isinstance(self.store, NodeBatchStore):
             self.store.add_nodes(self.session_id, nodes, messages=messages)
             return
-        for n in nodes:
+        for n in nodes:  # a store with add_node alone (storage.NodeStore)
             self.store.add_node(self.session_id, n.id, depth=n.depth, text=n.text, children=n.children, meta=dict(n.meta))
 
     def existing(self, nid: str) -> str | None:
@@ -116,8 +116,8 @@ class Originals:
         children: Sequence[tuple[str, str]],
         meta: Mapping[str, Any] | None = None,
     ) -> None:
-        """Store node ``nid`` (left unchanged when it exists)."""
-        self.store.add_node(self.session_id, nid, depth=depth, text=text, children=children, meta=dict(meta or {}))
+        """Store node ``nid`` (left unchanged when it exists): :meth:`add_nodes` with one node."""
+        self.add_nodes([NodeSpec(nid, depth, text, list(children), dict(meta or {}))])
 
     def node_for(self, message_ids: Sequence[str]) -> str:
         """The id of the depth-0 node over these message ids."""
