@@ -77,7 +77,7 @@ def test_the_manager_marks_a_person_paced_session_with_the_hour_ttl(monkeypatch:
 
 def test_a_cold_cache_lets_the_digest_policy_fold_what_waits() -> None:
     now = [0.0]
-    engine = CacheAwareEngine(context_length=100_000, settings=CacheAwareSettings(batch=50, batch_tokens=10**6), clock=lambda: now[0])
+    engine = CacheAwareEngine(context_length=100_000, settings=CacheAwareSettings(batch=50, batch_tokens=10**6, fold_floor=0.0), clock=lambda: now[0])
     msgs: list[Message] = [{"role": "system", "content": "agent"}, {"role": "user", "content": "fix it"}]
     for k in range(6):
         call = {"id": f"c{k}", "type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": f"cat f{k}"})}}

@@ -41,6 +41,7 @@ def _engine(store: SqliteStore | None = None, **kw: Any) -> CacheAwareEngine:
     kw.setdefault("fold_batches", False)
     kw.setdefault("rewrite_every", 0)
     kw.setdefault("min_gain", 0.0)
+    kw.setdefault("fold_floor", 0.0)  # these tests drive the batching itself (the floor: below)
     originals = Originals(store, "s1") if store is not None else None
     return CacheAwareEngine(context_length=kw.pop("context_length", 100_000), settings=CacheAwareSettings(cost_aware=False, **kw), originals=originals)
 
@@ -70,6 +71,38 @@ def test_settings_come_from_the_config_section_and_services() -> None:
         CacheAwareEngine.from_config(cfg, Services(context_length=32_000))  # type: ignore[arg-type]
     with pytest.raises(Exception, match="keep_recent"):
         Config.from_dict({"cacheaware": {"keep_recent": -1}})
+
+
+def test_under_the_fold_floor_nothing_is_folded_but_what_the_window_requires(store: SqliteStore) -> None:
+    """A conversation in a fifth of its window is left whole: no batch, no finished turn, no
+    cold-cache fold; past the floor the same batch is folded; a giant output is still cut."""
+    now = [0.0]
+    msgs = [*_session(12), {"role": "user", "content": "Now the tests."}]
+    size = sum(CacheAwareEngine()._tokens(m) for m in msgs)
+    roomy = CacheAwareEngine(context_length=size * 5, settings=CacheAwareSettings(batch=2, min_horizon=1, rewrite_every=0, min_gain=0.0), originals=Originals(store, "s1"), clock=lambda: now[0])
+    assert roomy.floor_tokens == min(int(size * 5 * 0.5), 32_000) and roomy.roomy(size)
+    roomy.update_from_response({"prompt_tokens": size})
+    now[0] = 10_000.0  # a cold cache does not make a fold worth it either
+    assert roomy.cold() and not roomy.should_compress_preflight(msgs)
+    assert roomy.compress(msgs) == msgs and roomy.compression_count == 0
+    tight = CacheAwareEngine(context_length=size * 5, settings=CacheAwareSettings(batch=2, min_horizon=1, rewrite_every=0, min_gain=0.0, fold_floor=0.15), originals=Originals(store, "s2"))
+    assert not tight.roomy(size) and tight.should_compress_preflight(msgs)
+    assert len(tight.compress(msgs)) < len(msgs)
+    # a giant new output is cut whatever the floor says: it was never cached, and could not fit
+    giant = [*_session(2), {"role": "assistant", "content": None, "tool_calls": [{"id": "g", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]}, {"role": "tool", "tool_call_id": "g", "content": _output(99, lines=3000)}]
+    big = CacheAwareEngine(context_length=400_000, settings=CacheAwareSettings(fold_floor_tokens=0), originals=Originals(store, "s3"))
+    assert big.roomy(sum(big._tokens(m) for m in giant)) and big.should_compress_preflight(giant)
+    assert CUT_MARK in big.compress(giant)[-1]["content"]
+
+
+def test_the_fold_floor_is_a_share_of_the_window_capped_in_tokens() -> None:
+    assert CacheAwareEngine(context_length=32_000).floor_tokens == 16_000
+    assert CacheAwareEngine(context_length=200_000).floor_tokens == 32_000
+    uncapped = CacheAwareEngine(context_length=200_000, settings=CacheAwareSettings(fold_floor_tokens=0))
+    assert uncapped.floor_tokens == 100_000
+    assert CacheAwareEngine(context_length=32_000, settings=CacheAwareSettings(fold_floor=0.0)).floor_tokens == 0
+    with pytest.raises(Exception, match="fold_floor"):
+        Config.from_dict({"cacheaware": {"fold_floor": 1.5}})
 
 
 def test_recent_outputs_stay_whole_and_batches_wait() -> None:
@@ -299,7 +332,7 @@ def test_batches_weigh_the_cache_reads_the_provider_reported() -> None:
     prompt warm) makes the next batch wait until it pays for a full rewrite."""
     decisions = []
     for reads_all in (True, False):
-        eng = CacheAwareEngine(context_length=100_000, settings=CacheAwareSettings(keep_recent=1, batch=2, batch_tokens=10**9, min_horizon=1, fold_batches=False, rewrite_every=0))
+        eng = CacheAwareEngine(context_length=100_000, settings=CacheAwareSettings(keep_recent=1, batch=2, batch_tokens=10**9, min_horizon=1, fold_batches=False, rewrite_every=0, fold_floor=0.0))
         for _ in range(20):  # a session with some history: the first batch pays
             eng.update_from_response({"prompt_tokens": 1000})
         msgs = _session(12)

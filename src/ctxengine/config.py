@@ -235,6 +235,8 @@ class CacheAwareConfig(_Section):
     fold_run_tokens: int = Field(2000, ge=0, description="When a new user turn begins, fold the previous turn's run if it holds this many tokens (0: off).")
     fold_tasks: bool = Field(True, description="With a store, once a later user turn has begun, fold the finished one (its run, and the user messages task_users names) into digests.")
     task_users: Literal["repeated", "all"] = Field("repeated", description="The finished turn's user messages folded with it: those sent again later (a harness's demonstration that comes with every task; the text stays in context), or all (the store keeps them).")
+    fold_floor: float = Field(0.5, ge=0.0, le=1.0, description="Below this share of the window (or fold_floor_tokens, the smaller), nothing is folded unless the window requires it: the fold would save a few percent of a small session's cost and take away text the agent uses next.")
+    fold_floor_tokens: int = Field(32_000, ge=0, description="The fold floor in tokens, for large windows (0: the share alone).")
     cost_aware: bool = Field(True, description="Compact a batch only when it pays for its cache rewrite.")
     min_horizon: int = Field(8, ge=1)
     min_gain: float = Field(0.02, ge=0.0, lt=1.0, description="A compaction freeing less than this share of the threshold is not done.")

@@ -17,6 +17,7 @@ from typing import Any
 from ctxengine.bench.probe import TOP
 from ctxengine.bench.replay import percentile
 from ctxengine.bench.runner import DEFAULT, BenchResult, EngineTotals
+from ctxengine.bench.uses import BUCKETS
 from ctxengine.errors import InputError
 from ctxengine.facts import FACT_KINDS
 
@@ -72,6 +73,8 @@ def _table_rows(result: BenchResult) -> list[list[str]]:
         "over",
         *(_KIND_LABEL[k] for k in FACT_KINDS),
         "facts",
+        "in view",
+        ">10 back",
     ]
     rows = [head]
     for name, t in result.engines.items():
@@ -94,6 +97,8 @@ def _table_rows(result: BenchResult) -> list[list[str]]:
                 str(t.over_window),
                 *(_pct(t.retention(k)) for k in FACT_KINDS),
                 _pct(t.retention()),
+                _pct(t.in_view().share()),
+                _pct(t.in_view().share((BUCKETS[-1],))),
             ]
         )
     return rows

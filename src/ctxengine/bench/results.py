@@ -17,6 +17,7 @@ from typing import Any
 
 from ctxengine.bench.probe import PROBE_KINDS, TOP
 from ctxengine.bench.replay import percentile
+from ctxengine.bench.uses import InView
 from ctxengine.cost import CostReport
 from ctxengine.facts import CALL_KIND, FACT_KINDS
 
@@ -73,6 +74,9 @@ class SessionRun:
     """Time of each probe search (ms)."""
     search_answer_tokens: list[int] = field(default_factory=list)
     """o200k tokens of the largest probe answers (the ten largest by characters)."""
+    in_view: InView = field(default_factory=InView)
+    """The identifiers each call used that it learned earlier, and how many were verbatim in
+    the request sent for it (:mod:`ctxengine.bench.uses`)."""
     anthropic: CostReport | None = None
     openai: CostReport | None = None
     elapsed_s: float = 0.0
@@ -124,6 +128,7 @@ class SessionRun:
             "search_plain": self.search_plain,
             "search_p50_ms": round(percentile(self.search_ms, 50), 3),
             "search_answer_max_tokens": max(self.search_answer_tokens, default=0),
+            "in_view": {**self.in_view.to_dict(), "missed": self.in_view.missed},
             "anthropic": self.anthropic.to_dict(per_call=per_call) if self.anthropic else None,
             "openai": self.openai.to_dict(per_call=per_call) if self.openai else None,
         }
@@ -240,6 +245,17 @@ class EngineTotals:
         t = sum(total.values())
         return 1.0 if t == 0 else sum(kept.values()) / t
 
+    def in_view(self) -> InView:
+        """The runs' uses summed (:mod:`ctxengine.bench.uses`)."""
+        total = InView()
+        for r in self.runs:
+            total.add(r.in_view)
+        return total
+
+    @property
+    def min_session_in_view(self) -> float:
+        return min((r.in_view.share() for r in self.runs), default=1.0)
+
     @property
     def min_session_retention(self) -> float:
         return min((r.retention for r in self.runs), default=1.0)
@@ -248,6 +264,7 @@ class EngineTotals:
         """``baseline`` (``none``) gives the cost ratios; ``hermes``, when it ran, the speed ratio."""
         total, kept = self.facts()
         lat = self.latencies_ms
+        view = self.in_view().to_dict()
         d: dict[str, Any] = {
             "engine": self.engine,
             "sessions": len(self.runs),
@@ -279,6 +296,12 @@ class EngineTotals:
             "removed_facts": self.search()[0],
             "search_p50_ms": round(percentile([x for r in self.runs for x in r.search_ms], 50), 3),
             "search_answer_max_tokens": max((x for r in self.runs for x in r.search_answer_tokens), default=0),
+            "in_view": view["in_view"],
+            "in_view_over_10_back": view["in_view_over_10_back"],
+            "in_view_by_distance": view["by_distance"],
+            "in_view_uses": view["uses"],
+            "min_session_in_view": round(self.min_session_in_view, 4),
+            "sessions_compacted": sum(1 for r in self.runs if r.compactions),
         }
         if baseline is not None and baseline.anthropic_cost > 0:
             d["anthropic_vs_none"] = round(self.anthropic_cost / baseline.anthropic_cost, 4)

@@ -21,6 +21,7 @@ from typing import Any
 from ctxengine.bench.baselines import HermesBaseline, MaskingBaseline, NoCompaction
 from ctxengine.bench.results import BenchResult, EngineTotals, SessionRun, max_consecutive
 from ctxengine.bench.session import Placement, RegisteredEngine, run_session, session_facts
+from ctxengine.bench.uses import session_uses
 from ctxengine.caching import default_placement
 from ctxengine.config import Config
 from ctxengine.engine import ContextEngine
@@ -170,6 +171,7 @@ def _run(
     factories = {e: make_engine_factory(e, cfg, context_length, registry, **services) for e in dict.fromkeys(e for e, _ in plan.values())}
     t0 = time.perf_counter()
     facts = [session_facts(s) for s in sessions]
+    uses = [session_uses(s.messages) for s in sessions]
     result = BenchResult(context_length, placement, amodel.name, omodel.name, [s.id for s in sessions], {}, cache_ttl=cfg.cache_ttl, pause=pause)
     result.engines = {n: EngineTotals(n) for n in names}
     # a configuration listed under two names (``default`` and its engine) runs once
@@ -182,7 +184,7 @@ def _run(
         runs_as[n] = first.setdefault((engine, where), n)
     # session by session, every engine in turn: a machine that gets busier during the run slows
     # every engine alike, so latency ratios (to the hermes baseline, say) stay fair
-    for s, f in zip(sessions, facts, strict=True):
+    for s, f, u in zip(sessions, facts, uses, strict=True):
         for n in names:
             if runs_as[n] != n:
                 continue
@@ -199,6 +201,7 @@ def _run(
                 session_id=f"bench:{n}:{s.id}",
                 facts=f,
                 pause=pause,
+                uses=u,
             )
             result.engines[n].runs.append(run)
     for n in names:

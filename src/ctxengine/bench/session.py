@@ -33,6 +33,7 @@ from ctxengine.bench.baselines import HermesBaseline
 from ctxengine.bench.probe import probe_recall
 from ctxengine.bench.replay import SimClock, seen_messages
 from ctxengine.bench.results import SessionRun, max_consecutive
+from ctxengine.bench.uses import CallUses, session_uses
 from ctxengine.caching import CachePace
 from ctxengine.config import Config
 from ctxengine.cost import AnthropicCache, CostReport, OpenAICache, PrefixHasher
@@ -89,8 +90,9 @@ class _Turns:
     """The two halves of each replayed call: ``prepare`` (timed) and ``after`` (the request
     counted, checked, billed and reported back as usage)."""
 
-    def __init__(self, mgr: ContextManager, sid: str, run: SessionRun, clock: SimClock, anthropic_model: ModelProfile, openai_model: ModelProfile) -> None:
+    def __init__(self, mgr: ContextManager, sid: str, run: SessionRun, clock: SimClock, anthropic_model: ModelProfile, openai_model: ModelProfile, uses: list[CallUses]) -> None:
         self.mgr, self.sid, self.run, self.clock = mgr, sid, run, clock
+        self.uses = uses
         self.engine = mgr.engine(sid)
         self.exact = mgr.window_counter  # o200k, memoised per text: the window check counts exactly
         self.ttl_setting = mgr.config.cache_ttl
@@ -151,6 +153,8 @@ class _Turns:
                 run.invalid_details.append(f"call {run.calls}: {errors[0]}")
         if tokens > run.context_length:
             run.over_window += 1
+        if call < len(self.uses):
+            run.in_view.check(call, self.uses[call], working)
         bps = self._breakpoints(working, toks)
         ttl: Literal["5m", "1h"] = "1h" if self.pace.ttl(self.ttl_setting) == "1h" else "5m"
         billed = self.anth.call(working, bps, tokens=toks, now=self.clock.t, ttl=ttl)
@@ -220,10 +224,12 @@ def run_session(
     facts: Facts | None = None,
     store: Any = None,
     pause: float = 0.0,
+    uses: list[CallUses] | None = None,
 ) -> SessionRun:
     """Replay one session through one engine (see the module docstring). ``session_id`` is the
     id the engine sees (defaults to the session's own); ``facts`` are the session's facts when
-    already known (:func:`session_facts`), so several engines do not extract them again;
+    already known (:func:`session_facts`), so several engines do not extract them again, and
+    ``uses`` its calls' uses (:func:`~ctxengine.bench.uses.session_uses`) likewise;
     ``store`` is the session store the manager records originals in and recall reads (default:
     a fresh SQLite store for this session, in a temporary file). Time is simulated: a call every
     :data:`~ctxengine.cost.DEFAULT_SECONDS_PER_CALL` seconds, and ``pause`` seconds more before
@@ -236,7 +242,7 @@ def run_session(
         if own_store:
             store = default_store(cfg.with_overrides(store={"enabled": True, "backend": "sqlite", "path": str(Path(tmp) / "session.db")}))
         try:
-            run = _replay(session, engine_name, factory, cfg, context_length, anthropic_model, openai_model, session_id, facts, store, pause)
+            run = _replay(session, engine_name, factory, cfg, context_length, anthropic_model, openai_model, session_id, facts, store, pause, uses)
         finally:
             close = getattr(store, "close", None)
             if own_store and callable(close):
@@ -257,6 +263,7 @@ def _replay(
     facts: Facts | None,
     store: Any,
     pause: float,
+    uses: list[CallUses] | None = None,
 ) -> SessionRun:
     # a registered engine is built by the manager, with the session's services (the store it
     # records in, the history's token counts), as a user gets it; a baseline by its factory
@@ -279,7 +286,7 @@ def _replay(
     clock = SimClock(pause, starts)
     if hasattr(engine, "clock"):
         engine.clock = clock.now
-    turns = _Turns(mgr, sid, run, clock, anthropic_model, openai_model)
+    turns = _Turns(mgr, sid, run, clock, anthropic_model, openai_model, uses if uses is not None else session_uses(session.messages))
     last_request, working = replay(session.messages, turns.prepare, turns.after)
     status = mgr.status(sid)
     run.hygiene_fired = int(status["hygiene_fired"])

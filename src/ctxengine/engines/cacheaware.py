@@ -157,7 +157,11 @@ class CacheAwareEngine(ContextEngine):
     def should_compress_preflight(self, messages: list[Message]) -> bool:
         # every question below reads one layout of ``messages`` (:meth:`_layout`)
         giant, waiting = self._plan(messages)
-        if giant or (waiting and self.cold()):
+        if giant:
+            return True
+        if self.roomy(self._layout(messages).totals[-1]):
+            return False
+        if waiting and self.cold():
             return True
         if not self.pacing.may_rewrite():
             return False
@@ -173,6 +177,19 @@ class CacheAwareEngine(ContextEngine):
         self._expected_stable = None
         self._stable_ratio = 1.0
         self._declined = None
+
+    @property
+    def floor_tokens(self) -> int:
+        """The fold floor: below it only what the window requires is done (``fold_floor`` of
+        the window, at most ``fold_floor_tokens``)."""
+        s = self.settings
+        share = int(s.fold_floor * self.context_length)
+        return min(share, s.fold_floor_tokens) if s.fold_floor_tokens > 0 else share
+
+    def roomy(self, tokens: int) -> bool:
+        """True while a context of ``tokens`` is under the fold floor (:attr:`floor_tokens`):
+        no batch, finished turn or task is folded then, even on a cold cache."""
+        return tokens < self.floor_tokens
 
     def cold(self) -> bool:
         """True when the cache has expired since the last request: a rewrite costs nothing more."""
@@ -330,17 +347,20 @@ class CacheAwareEngine(ContextEngine):
         notes: list[str] = []
         for i in giant:
             plan[i] = (i + 1, self._cut(messages, i, s.giant_tokens, ids))
-        cold = bool(waiting) and self.cold()
-        if over or cold or self.pacing.may_rewrite():
+        # under the fold floor only what the window requires is done (giant outputs)
+        may_fold = over or not self.roomy(max(before, int(current_tokens or 0)))
+        cold = may_fold and bool(waiting) and self.cold()
+        rewrite = may_fold and self.pacing.may_rewrite()
+        if over or cold or rewrite:
             self._fold_task(messages, plan, ids, notes)
-        batch = cold or ((over or self.pacing.may_rewrite()) and self._batch_due(messages, waiting))
+        batch = cold or ((over or rewrite) and self._batch_due(messages, waiting))
         if batch and s.fold_batches:
             self._fold(messages, self._batch_runs(messages), plan, ids, -1)
             notes.append("folded a batch of older exchanges into digests")
         elif batch or over:
             for i in (k for k in waiting if not _planned(plan, k, k + 1)):
                 plan[i] = (i + 1, self._cut(messages, i, s.record_tokens, ids))
-        finished = self._finished_run(messages)
+        finished = self._finished_run(messages) if may_fold else None
         if finished is not None and not _planned(plan, *finished):
             self._fold(messages, [finished], plan, ids, -1)
             notes.append("folded the finished turn into a digest")

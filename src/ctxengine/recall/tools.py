@@ -369,6 +369,11 @@ class Recall:
             return False
         return any(text in str(getattr(h, "snippet", "")) for h in hits)
 
+    def originals(self, ref: str) -> list[Message]:
+        """The original messages a marker's ``ref`` stands for (a node's, or one message's),
+        verbatim, in order (what ``ctx_expand`` returns); NotFoundError for an unknown ref."""
+        return [m for _, m in self._originals(ref)]
+
     def _originals(self, ref: str) -> list[tuple[str, Message]]:
         try:
             return list(self.store.node_messages(ref))
