@@ -227,6 +227,7 @@ class CacheAwareConfig(_Section):
     head_lines: int = Field(3, ge=0)
     tail_lines: int = Field(2, ge=0)
     digest_tokens: int = Field(300, ge=100, description="Size of one digest (actions, facts, assistant notes).")
+    name_tokens: int = Field(80, ge=0, description="Room in one digest for the names its outputs gave the agent (ids, dates, amounts, a short listing's entries, what a viewed file defines), those it is most likely to use again first (0: none).")
     fact_tokens: int = Field(60, ge=0, description="Verbatim facts one record or digest lists when a store keeps the originals (the rest is one ctx_grep away); without a store every fact is listed.")
     giant_ratio: float = Field(0.08, gt=0.0, le=1.0, description="A new output larger than this share of the window is cut before it is sent.")
     giant_tokens: int = Field(1500, ge=100, description="Size a giant output is cut to.")

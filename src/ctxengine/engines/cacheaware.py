@@ -468,7 +468,7 @@ class CacheAwareEngine(ContextEngine):
             current = sum(self._tokens(m) for m in _apply(messages[a:b], {k - a: (e - a, r) for k, (e, r) in plan.items() if a <= k < b}))
             ref = ids.node(list(range(a, b)), kind="digest", text=None)
             hint = ("ctx_grep" if self.originals.reach.tools else "the session store") if self.originals else "the store"
-            body = digest(messages[a:b], budget_tokens=self.settings.digest_tokens, fact_tokens=self._fact_tokens(), recall_hint=hint, user_chars=USER_CHARS if self.originals else None)
+            body = digest(messages[a:b], budget_tokens=self.settings.digest_tokens, fact_tokens=self._fact_tokens(), recall_hint=hint, user_chars=USER_CHARS if self.originals else None, name_tokens=self.settings.name_tokens, context=[*messages[:a], *messages[b:]])
             text = header("digest", f"{b - a} earlier messages folded", ref=ref) + "\n" + body
             prev = messages[a - 1].get("role") if a > 0 else None
             nxt = messages[b].get("role") if b < len(messages) else None

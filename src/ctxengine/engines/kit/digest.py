@@ -3,7 +3,8 @@
 One deterministic digest for every engine that folds turns (``cacheaware`` in batches,
 ``lcm`` as the body of a summary node): user messages verbatim (they are the task; a caller
 folding a finished task may show their beginning only),
-then each action as ``- tool: command line``, then a facts block (:mod:`.blocks`) of the paths,
+then each action as ``- tool: command line``, the names its outputs gave the agent that it is
+most likely to use again (:mod:`.names`, within ``name_tokens``), then a facts block (:mod:`.blocks`) of the paths,
 URLs and error lines within ``fact_tokens``, then the first line of assistant messages while
 the digest stays within ``budget_tokens``. What is not shown is counted in a last line that
 points at recall.
@@ -15,6 +16,7 @@ import json
 from collections.abc import Sequence
 
 from ctxengine.engines.kit.blocks import fit_facts, render_facts, search_names, unseen
+from ctxengine.engines.kit.names import fit_names, ranked_names
 from ctxengine.facts import FactMemo, Facts, extract_facts
 from ctxengine.messages import Message, content_text, is_summary, tool_call_name, tool_calls
 from ctxengine.tokens import estimate
@@ -91,12 +93,17 @@ def digest(
     recall_hint: str = "ctx_grep",
     memo: FactMemo | None = None,
     user_chars: int | None = None,
+    name_tokens: int = 0,
+    context: Sequence[Message] = (),
 ) -> str:
     """The digest of ``span`` (see the module docstring). ``fact_tokens`` ``None`` lists every
     fact (no store: facts stay in context). ``memo``: where the facts of long texts are
     remembered (default :data:`SHARED_FACTS`), so each is scanned once. ``user_chars``: user
     messages are shown by their first ``user_chars`` characters (whitespace collapsed; the
-    originals stay in the store) instead of verbatim."""
+    originals stay in the store) instead of verbatim. ``name_tokens``: room for a ``Names:`` line
+    of the names the folded outputs gave the agent, ranked by how likely it uses them again
+    (:mod:`.names`; ``context``: the conversation around ``span``, read for what the agent and
+    the user named there)."""
     if facts is None:
         # records folded again still hold facts (their blocks and kept lines)
         facts = extract_facts(span, memo=SHARED_FACTS if memo is None else memo)
@@ -120,6 +127,10 @@ def digest(
     names = search_names(unseen(candidates, "\n".join(chosen.all()))) if dropped else []
     reserve = 8 + (estimate(", ".join(names)) + 4 if names else 0)
     block = render_facts(chosen)
+    if name_tokens > 0:
+        names = fit_names(ranked_names(span, shown="\n".join([*lines, *block]), context=context), name_tokens, estimate)
+        if names:
+            lines.append("Names: " + ", ".join(names))
     used = sum(estimate(x) + 1 for x in [*lines, *block])
     notes, skipped = _assistant_notes(span, budget_tokens - reserve - used)
     if notes:
