@@ -60,6 +60,7 @@ class StrictUpstream:
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self.stats: dict[str, Any] = new_stats()
+        self._reread = "none"  # the re-read scenario: none -> asked -> checked
         self._reasoning: dict[str, str] = {}  # reasoning id -> its encrypted_content
         self._call_reasoning: dict[str, str] = {}  # function_call id -> reasoning id before it
 
@@ -164,6 +165,9 @@ class StrictUpstream:
         step = max(found) if found else 0
         if not tools:
             return self._plain(conv_items, api)
+        reread = self._reread_step(api, tools, step, whole, last)
+        if reread is not None:
+            return reread
         if step >= self.task.steps:
             if RECALL_TOOL in names and not self._recall_done(conv_items):
                 with self._lock:
@@ -181,6 +185,24 @@ class StrictUpstream:
         with self._lock:
             self.stats["steps_seen"].add(nxt)
         return reply
+
+    def _reread_step(self, api: str, tools: list[Any], step: int, whole: str, last: tuple[str, str] | None) -> Reply | None:
+        """The re-read scenario (``Task.reread``): ask for the early file again once ``after``
+        is read; on the next request, note what the client answered and whether the file's
+        content is anywhere in the request."""
+        if self.task.reread is None:
+            return None
+        after, again = self.task.reread
+        with self._lock:
+            state = self._reread
+            if state == "none" and step >= after:
+                self._reread = "asked"
+            elif state == "asked":
+                self._reread = "checked"
+                self.stats["reread"] = {"answer": (last[1] if last else "")[:300], "in_view": self.task.content_line(again) in whole}
+        if state == "none" and step >= after:
+            return pick_tool_call(api, tools, self.task, again)
+        return None
 
     def _recall_done(self, items: list[Any]) -> bool:
         """A recall call is in the conversation: an item or block *named* the recall tool (a

@@ -19,6 +19,7 @@ def new_stats() -> dict[str, Any]:
         "recall_calls": 0,
         "recall_answered": 0,
         "client_compactions": 0,
+        "reread": None,  # the re-read scenario: {"answer": the client's tool result, "in_view": bool}
         "finished": False,
         "paths": Counter(),
     }

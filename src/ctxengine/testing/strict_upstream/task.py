@@ -52,6 +52,10 @@ class Task:
     steps: int = 12
     file_tokens: int = 3000
     prompt: str = ""
+    reread: tuple[int, int] | None = None
+    """``(after, file)``: once file ``after`` is read, ask for file ``file`` again (a re-read of
+    an unchanged file, which Claude Code and Qwen Code answer with "unchanged since last
+    read"); the next request is checked for that file's content (``stats['reread']``)."""
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
@@ -69,6 +73,13 @@ class Task:
 
     def code(self, i: int) -> str:
         return file_code(i)
+
+    def content_line(self, i: int) -> str:
+        """A line of file ``i``'s body (not its MARKER line, which digests may keep): the
+        request holds the file's content when it holds this line."""
+        n = (self.file_tokens // 32) * 16
+        words = [_WORDS[(i * 7 + n + k * 3) % len(_WORDS)] for k in range(12)]
+        return f"{i:02d}.{n:05d} " + " ".join(words)
 
     def write(self) -> None:
         """Write the task's files (about 4.3 characters per o200k token of this text)."""
