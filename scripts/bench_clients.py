@@ -35,7 +35,9 @@ turn: Codex's are ~8K tokens a request), ``rest`` the removed share of the rest 
 lists each request's tokens, fixed part and tool outputs sent whole or cut); ``recall`` recall calls answered with the right text /
 made (the upstream asks ``ctx_grep`` for part01's code once the proxy offers it); ``kept`` the
 session kept its proxy key across the restart and its first request there was no larger than
-the last before plus two files (resumed, not rebuilt), with the restart's duration. Codex does
+the last before plus two files (resumed, not rebuilt), with the restart's duration; ``reread`` (with ``--reread``) whether part02.txt's content was in the
+request after the client answered its second read of it (Claude Code: "unchanged since your last
+Read"), or ``gone``. Codex does
 not get the window: like a user relying on the proxy, its config names no
 ``model_context_window``, so it never compacts by itself. A client that failed to install or
 crashed is a row with the reason.
@@ -71,6 +73,7 @@ SLOW_SECONDS = 15.0  # the tool of the restart step runs this long: the proxy's 
 PROXY_SRC = SRC  # --proxy-src: run another checkout's proxy (read only: no bytecode written there)
 PROXY_DEBUG = False  # --proxy-debug: the proxy logs at debug level
 CODEX_OUTPUT_TOKENS: int | None = None  # --codex-output-tokens: Codex's tool_output_token_limit
+REREAD = False  # --reread: the task asks for file 2 again two files before the end (see Task.reread)
 PROXY_MODE: str | None = None  # --mode: the proxy's compression.mode (None: its default)
 PROXY_CONFIG = ""  # --proxy-config: YAML sections appended to the proxy's config
 NPM = CACHE / "npm"
@@ -635,7 +638,7 @@ def _run(
         steps = min(steps, 3)  # aider follows at most 3 "add this file" reflections per message
         # no file names in the prompt: aider adds every file a user message names at once
         prompt = f"BENCH-TASK: read the {steps} numbered part files of this repository one at a time, in order, and report the line 'MARKER partNN = CODE' of each."
-    task = Task(tmp / "ws", steps=steps, prompt=prompt)
+    task = Task(tmp / "ws", steps=steps, prompt=prompt, reread=(steps - 2, 2) if REREAD and steps > 4 else None)
     task.write()
     restart = Restarter(max(2, steps // 2), pause=client in PAUSED_CLIENTS and not direct)
     upstream = StrictUpstream(
@@ -784,6 +787,10 @@ def _summarise(
     row["max_request_tokens"] = st["max_tokens_seen"]
     row["recall"] = f"{st['recall_answered']}/{st['recall_calls']}"
     row["client_compactions"] = st["client_compactions"]
+    if st["reread"] is not None:
+        # the re-read scenario: what the client answered, and whether the file was in view after it
+        row["reread"] = "in view" if st["reread"]["in_view"] else "gone"
+        row["reread_answer"] = st["reread"]["answer"]
     row["paths"] = dict(st["paths"])
     if rc is None:
         row["status"] = f"timeout after {timeout:.0f} s"
@@ -961,6 +968,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         "rest",
         "recall",
         "kept",
+        "reread",
         "secs",
         "status",
     ]
@@ -989,6 +997,7 @@ def table(rows: list[dict[str, Any]]) -> str:
                     if r.get("kept") == "yes" and "restart_seconds" in r
                     else ""
                 ),
+                str(r.get("reread", "-")),
                 str(r.get("seconds", "-")),
                 str(r.get("status", ""))[:70],
             ]
@@ -1061,6 +1070,12 @@ def main(argv: list[str] | None = None) -> int:
         "task's ~4K-token files; 5000 gives Codex the whole files the other clients read)",
     )
     p.add_argument(
+        "--reread",
+        action="store_true",
+        help="the re-read scenario: two files before the end the task asks for part02.txt again (Claude Code answers "
+        "'unchanged since your last Read'); column reread: whether part02's content was in the next request",
+    )
+    p.add_argument(
         "--proxy-debug",
         action="store_true",
         help="the proxy logs at debug level (each compaction's notes) into proxy.log",
@@ -1074,8 +1089,9 @@ def main(argv: list[str] | None = None) -> int:
         for c, s in install(clients).items():
             print(f"{c}: {s}")
         return 0
-    global PROXY_SRC, PROXY_DEBUG, PROXY_MODE, PROXY_CONFIG, CODEX_OUTPUT_TOKENS
+    global PROXY_SRC, PROXY_DEBUG, PROXY_MODE, PROXY_CONFIG, CODEX_OUTPUT_TOKENS, REREAD
     CODEX_OUTPUT_TOKENS = a.codex_output_tokens
+    REREAD = a.reread
     if a.proxy_config:
         PROXY_CONFIG = a.proxy_config.read_text()
     if a.proxy_src:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 from ctxengine.messages import Message, content_text, is_summary, tool_calls
@@ -35,6 +36,9 @@ the agent may pick next."""
 
 SCAN_CHARS = 12_000
 """Characters of one output scanned for names (its head and tail)."""
+
+MEMO_TEXTS = 1024
+"""Texts whose tokens and names are remembered (a bounded memo, for the whole process)."""
 
 _LISTING_LINE_CHARS = 120
 _MAX_NAME = 80
@@ -59,7 +63,8 @@ def _clip(text: str) -> str:
     return text if len(text) <= SCAN_CHARS else text[:half] + "\n" + text[-half:]
 
 
-def _names(text: str) -> list[str]:
+@lru_cache(maxsize=MEMO_TEXTS)
+def _names(text: str) -> tuple[str, ...]:
     """The name-like tokens of ``text``: paths, dotted, ``snake_case`` and ``camelCase`` names,
     tokens mixing letters and digits (ids), dates, amounts, long numbers; not plain words."""
     out: list[str] = []
@@ -75,7 +80,7 @@ def _names(text: str) -> list[str]:
                 out.append(tok)
         elif not (tok.isalpha() and (tok.islower() or tok.isupper() or tok[1:].islower())):
             out.append(tok)  # camelCase, PascalCase with an inner capital, letters with digits
-    return out
+    return tuple(out)
 
 
 def _listing(text: str) -> list[str] | None:
@@ -113,7 +118,7 @@ def _strings(value: Any) -> Iterable[str]:
             yield from _strings(v)
 
 
-def _written(span: Sequence[Message]) -> str:
+def _written(span: Sequence[Message]) -> list[str]:
     """What the agent wrote in ``span``: its messages' text and its calls' arguments."""
     parts: list[str] = []
     for m in span:
@@ -127,7 +132,23 @@ def _written(span: Sequence[Message]) -> str:
                 parts.extend(_strings(json.loads(raw)) if isinstance(raw, str) else _strings(raw))
             except ValueError:
                 parts.append(str(raw))
-    return "\n".join(parts)
+    return parts
+
+
+@lru_cache(maxsize=MEMO_TEXTS)
+def _tokens(text: str) -> frozenset[str]:
+    """The candidate tokens of ``text`` and its whitespace-separated words (what a name is
+    looked up in: a set, not a substring search per name). Memoised: the user messages and the
+    agent's messages are read again by every digest of a session."""
+    return frozenset({t.rstrip(_TRAIL) for t in _TOKEN.findall(text)} | {w.strip(_TRAIL + "(['\"") for w in text.split()})
+
+
+def _all_tokens(texts: Iterable[str]) -> set[str]:
+    out: set[str] = set()
+    for t in texts:
+        if t:
+            out |= _tokens(t)
+    return out
 
 
 def ranked_names(span: Sequence[Message], *, shown: str = "", context: Sequence[Message] = ()) -> list[str]:
@@ -136,8 +157,9 @@ def ranked_names(span: Sequence[Message], *, shown: str = "", context: Sequence[
     the conversation around the span (what the agent wrote and the user said there counts as
     used before and named by the user too)."""
     around = [*span, *context] if context else span
-    written = _written(around)
-    users = "\n".join(content_text(m.get("content")) for m in around if m.get("role") == "user" and not is_summary(m))
+    written = _all_tokens(_written(around))
+    users = _all_tokens(content_text(m.get("content")) for m in around if m.get("role") == "user" and not is_summary(m))
+    seen = _tokens(shown)
     score: dict[str, tuple[int, int, int]] = {}  # name -> (class, recency, count)
     outputs = [_clip(content_text(m.get("content"))) for m in span if m.get("role") == "tool" and not is_summary(m)]
     for age, text in enumerate(outputs):
@@ -145,7 +167,7 @@ def ranked_names(span: Sequence[Message], *, shown: str = "", context: Sequence[
         defined = _defined(text)
         picked = {*(listing or ()), *defined}
         for name in dict.fromkeys([*(listing or ()), *defined, *_names(text)]):
-            if name in shown:
+            if name in seen:
                 continue
             cls = 1 if name in written else 2 if name in users else 3 if name in picked else 4 if _ID.search(name) else 5
             prev = score.get(name)
