@@ -80,7 +80,7 @@ def test_under_the_fold_floor_nothing_is_folded_but_what_the_window_requires(sto
     msgs = [*_session(12), {"role": "user", "content": "Now the tests."}]
     size = sum(CacheAwareEngine()._tokens(m) for m in msgs)
     roomy = CacheAwareEngine(context_length=size * 5, settings=CacheAwareSettings(batch=2, min_horizon=1, rewrite_every=0, min_gain=0.0), originals=Originals(store, "s1"), clock=lambda: now[0])
-    assert roomy.floor_tokens == min(int(size * 5 * 0.5), 32_000) and roomy.roomy(size)
+    assert roomy.floor_tokens == min(int(size * 5 * 0.5), 24_000) and roomy.roomy(size)
     roomy.update_from_response({"prompt_tokens": size})
     now[0] = 10_000.0  # a cold cache does not make a fold worth it either
     assert roomy.cold() and not roomy.should_compress_preflight(msgs)
@@ -97,7 +97,7 @@ def test_under_the_fold_floor_nothing_is_folded_but_what_the_window_requires(sto
 
 def test_the_fold_floor_is_a_share_of_the_window_capped_in_tokens() -> None:
     assert CacheAwareEngine(context_length=32_000).floor_tokens == 16_000
-    assert CacheAwareEngine(context_length=200_000).floor_tokens == 32_000
+    assert CacheAwareEngine(context_length=200_000).floor_tokens == 24_000
     uncapped = CacheAwareEngine(context_length=200_000, settings=CacheAwareSettings(fold_floor_tokens=0))
     assert uncapped.floor_tokens == 100_000
     assert CacheAwareEngine(context_length=32_000, settings=CacheAwareSettings(fold_floor=0.0)).floor_tokens == 0

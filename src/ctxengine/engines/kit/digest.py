@@ -128,9 +128,9 @@ def digest(
     reserve = 8 + (estimate(", ".join(names)) + 4 if names else 0)
     block = render_facts(chosen)
     if name_tokens > 0:
-        names = fit_names(ranked_names(span, shown="\n".join([*lines, *block]), context=context), name_tokens, estimate)
-        if names:
-            lines.append("Names: " + ", ".join(names))
+        picked = fit_names(ranked_names(span, shown="\n".join([*lines, *block]), context=context), name_tokens, estimate)
+        if picked:
+            lines.append("Names: " + ", ".join(picked))
     used = sum(estimate(x) + 1 for x in [*lines, *block])
     notes, skipped = _assistant_notes(span, budget_tokens - reserve - used)
     if notes:

@@ -168,6 +168,9 @@ class StrictUpstream:
         reread = self._reread_step(api, tools, step, whole, last)
         if reread is not None:
             return reread
+        if self.task.reread is not None and self._reread == "checked":
+            # the re-read file's marker is now the newest: the task goes on after ``after``
+            step = max(step, self.task.reread[0])
         if step >= self.task.steps:
             if RECALL_TOOL in names and not self._recall_done(conv_items):
                 with self._lock:
