@@ -71,10 +71,11 @@ def test_relayed_responses_carry_date_and_server_once(stub: StubServer, tmp_path
 
 def test_a_path_of_another_api_gets_a_json_404(stub: StubServer, tmp_path: Path) -> None:
     with ProxyServer(make_config(stub, tmp_path)) as p:
-        r = httpx.post(p.url + "/v1beta/models/gemini-2.5-pro:generateContent", json={"contents": []})
+        r = httpx.post(p.url + "/api/chat", json={"model": "llama3", "messages": []})  # Ollama's own API
         assert r.status_code == 404
         error = r.json()["error"]
         assert error["status"] == "NOT_FOUND" and "/v1/chat/completions" in error["message"] and "/v1/messages" in error["message"]
+        assert "/v1beta/models/" in error["message"]
         assert stub.calls == 0
 
 

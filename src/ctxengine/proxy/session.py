@@ -193,7 +193,7 @@ def system_prompt_digest(system: Any, messages: Sequence[Any]) -> str:
 
 
 def _key(headers: Mapping[str, str]) -> str:
-    key = headers.get("x-api-key") or headers.get("authorization") or ""
+    key = headers.get("x-api-key") or headers.get("authorization") or headers.get("x-goog-api-key") or ""
     return hashlib.sha256(key.encode("utf-8")).hexdigest() if key else ""
 
 
@@ -211,8 +211,8 @@ def derive_session_id(api: str, headers: Mapping[str, str], system: Any, message
         role = m.get("role")
         if system is None and not system_text and role in ("system", "developer"):
             system_text = content_text(m.get("content"))
-        elif role == "user":
-            content = m.get("content")
+        elif role == "user" or (role is None and "parts" in m):
+            content = m.get("content", m.get("parts"))  # a Gemini content's parts
             if isinstance(content, list):  # Anthropic tool results are not the opening message
                 content = [p for p in content if not (isinstance(p, Mapping) and p.get("type") == "tool_result")]
             first_user = content_text(content)
