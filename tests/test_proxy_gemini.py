@@ -291,3 +291,21 @@ def test_a_context_length_rejection_is_learnt_and_retried(tmp_path: Path) -> Non
         retried = stub.requests[-1].body
     assert count_request_tokens({"system": retried["systemInstruction"], "messages": retried["contents"], "tools": retried["tools"]}) <= 8000
 
+
+
+def test_a_stream_without_tools_is_relayed_as_it_came_and_its_usage_read(tmp_path: Path) -> None:
+    from tests.test_proxy import settled_metric
+
+    with StubServer([StubReply(text="Hello there, how can I help?", chunks=3)]) as stub, _proxy(stub, tmp_path) as p:
+        body = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
+        r = httpx.post(f"{p.gemini_base_url}/v1/models/{MODEL}:streamGenerateContent?alt=sse", content=json.dumps(body), headers={"x-goog-api-key": KEY})
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = _events(r.text)
+        assert len(events) == 3 and events[-1]["candidates"][0]["finishReason"] == "STOP"
+        assert "".join(e["candidates"][0]["content"]["parts"][0]["text"] for e in events) == "Hello there, how can I help?"
+        assert settled_metric(p, "ctxengine_proxy_requests_total", 1.0, api="gemini", outcome="ok") == 1.0
+        assert stub.requests[0].path == f"/v1/models/{MODEL}:streamGenerateContent"
+        assert stub.requests[0].raw == json.dumps(body).encode()  # nothing to change: the client's bytes
+        (mgr,) = [m for (api, _), m in p.proxy._managers.items() if api == "gemini"]
+        (sid,) = [s.id for s in p.proxy.sessions if s.api == "gemini"]
+        assert mgr.counters(sid)["last_tokens"] > 0
