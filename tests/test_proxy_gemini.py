@@ -309,3 +309,17 @@ def test_a_stream_without_tools_is_relayed_as_it_came_and_its_usage_read(tmp_pat
         (mgr,) = [m for (api, _), m in p.proxy._managers.items() if api == "gemini"]
         (sid,) = [s.id for s in p.proxy.sessions if s.api == "gemini"]
         assert mgr.counters(sid)["last_tokens"] > 0
+
+
+def test_count_tokens_bodies_and_cached_content() -> None:
+    from ctxengine.proxy.gemini import count_body
+
+    sent = {"contents": [{"role": "user", "parts": [{"text": "[summary]"}]}]}
+    history = [{"role": "user", "parts": [{"text": "a"}]}, {"role": "model", "parts": [{"text": "b"}]}]
+    new = {"role": "user", "parts": [{"text": "c"}]}
+    assert count_body({"contents": [*history, new]}, sent, 2, history[-1]) == {"contents": [*sent["contents"], new]}
+    wrapped = {"generateContentRequest": {"model": f"models/{MODEL}", "contents": [*history, new]}}
+    assert count_body(wrapped, sent, 2, history[-1]) == {"generateContentRequest": {"model": f"models/{MODEL}", "contents": [*sent["contents"], new]}}
+    assert count_body({"contents": [new]}, sent, 2, history[-1]) is None  # another conversation: counted as it came
+    assert GEMINI.passthrough_reason({"contents": [], "cachedContent": "cachedContents/abc"}) is not None
+    assert GEMINI.passthrough_reason({"contents": []}) is None

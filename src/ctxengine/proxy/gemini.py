@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
-from ctxengine.errors import InputError
 from ctxengine.messages import Message
 from ctxengine.proxy import gemini_convert
 from ctxengine.proxy.apis import Api, Marking, ToolCall, _loads_args
@@ -125,11 +124,12 @@ class GeminiApi(Api):
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
             return f"'tools' must be a list, not {type(tools).__name__}"
-        try:
-            gemini_convert.read(body)
-        except InputError as exc:
-            return str(exc)
-        return None
+        return gemini_convert.problem(body)
+
+    def passthrough_reason(self, body: Mapping[str, Any]) -> str | None:
+        """A request naming a ``cachedContent`` keeps part of its history on the server (what
+        the proxy would count and compact is not all there is): it goes upstream unchanged."""
+        return "cachedContent: part of the history is stored on the server" if body.get("cachedContent") or body.get("cached_content") else None
 
     def system(self, body: Mapping[str, Any]) -> Any:
         system = body.get("systemInstruction", body.get("system_instruction"))

@@ -38,7 +38,7 @@ from typing import Any
 from ctxengine.errors import InputError
 from ctxengine.messages import Message
 
-__all__ = ["META_KEY", "read", "response_text", "write"]
+__all__ = ["META_KEY", "problem", "read", "response_text", "write"]
 
 META_KEY = "gemini"
 _PART = "gemini_part"  # a canonical content part standing for a Gemini part (kept verbatim)
@@ -189,6 +189,19 @@ def _answered(fr: Mapping[str, Any], open_calls: dict[str, str]) -> str | None:
         if name == fr.get("name"):
             del open_calls[cid]
             return cid
+    return None
+
+
+def problem(body: Mapping[str, Any]) -> str | None:
+    """What :func:`read` would reject in ``body`` (without converting it), or None."""
+    system = body.get("systemInstruction", body.get("system_instruction"))
+    if system is not None and not isinstance(system, str | Mapping):
+        return f"'systemInstruction' must be a Content object, not {type(system).__name__}"
+    for i, c in enumerate(body.get("contents") or []):
+        if not isinstance(c, Mapping) or not isinstance(c.get("parts", []), list):
+            return f"contents[{i}]: a content must be an object with a 'parts' list"
+        if c.get("role", "user") not in ("user", "model"):
+            return f"contents[{i}]: role must be 'user' or 'model', not {c.get('role')!r}"
     return None
 
 
