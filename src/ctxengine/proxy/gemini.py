@@ -145,7 +145,11 @@ class GeminiApi(Api):
         return body["contents"]  # type: ignore[no-any-return]
 
     def read(self, body: Mapping[str, Any], session: ProxySession) -> tuple[list[Message], Converted | None]:
-        return gemini_convert.read(body), None
+        """The session's :class:`~ctxengine.proxy.gemini_convert.History` converts only the
+        contents new since last turn."""
+        if not isinstance(session.converter, gemini_convert.History):
+            session.converter = gemini_convert.History()
+        return session.converter.read(body), None
 
     def write(
         self, body: Mapping[str, Any], session: ProxySession, conv: Converted | None, context: list[Message], changed: bool, marking: Marking

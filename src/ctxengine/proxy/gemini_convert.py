@@ -33,12 +33,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from ctxengine.errors import InputError
 from ctxengine.messages import Message
 
-__all__ = ["META_KEY", "problem", "read", "response_text", "write"]
+__all__ = ["META_KEY", "History", "problem", "read", "response_text", "write"]
 
 META_KEY = "gemini"
 _PART = "gemini_part"  # a canonical content part standing for a Gemini part (kept verbatim)
@@ -205,18 +206,22 @@ def problem(body: Mapping[str, Any]) -> str | None:
     return None
 
 
-def read(body: Mapping[str, Any]) -> list[Message]:
-    """``systemInstruction`` and ``contents`` as canonical messages (a new list);
-    :class:`InputError` names the first malformed content."""
-    out: list[Message] = []
+def _system_message(body: Mapping[str, Any]) -> Message | None:
     system = body.get("systemInstruction", body.get("system_instruction"))
-    if system is not None:
-        text = system if isinstance(system, str) else _content_text(system.get("parts")) if isinstance(system, Mapping) else None
-        if text is None:
-            raise InputError(f"'systemInstruction' must be a Content object, not {type(system).__name__}")
-        out.append({"role": "system", "content": text, META_KEY: {"system": system}})
+    if system is None:
+        return None
+    text = system if isinstance(system, str) else _content_text(system.get("parts")) if isinstance(system, Mapping) else None
+    if text is None:
+        raise InputError(f"'systemInstruction' must be a Content object, not {type(system).__name__}")
+    return {"role": "system", "content": text, META_KEY: {"system": system}}
+
+
+def _read_contents(contents: Sequence[Any], start: int, out: list[Message], ends: list[int]) -> None:
+    """Append the messages of ``contents[start:]`` to ``out`` (``contents[start - 1]`` leaves no
+    call open), and to ``ends`` how many messages ``out`` holds after each content."""
     open_calls: dict[str, str] = {}
-    for i, c in enumerate(body.get("contents") or []):
+    for i in range(start, len(contents)):
+        c = contents[i]
         if not isinstance(c, Mapping) or not isinstance(c.get("parts", []), list):
             raise InputError(f"contents[{i}]: a content must be an object with a 'parts' list")
         if c.get("role") == "model":
@@ -229,7 +234,50 @@ def read(body: Mapping[str, Any]) -> list[Message]:
             open_calls = {}
         else:
             raise InputError(f"contents[{i}]: role must be 'user' or 'model', not {c.get('role')!r}")
+        ends.append(len(out))
+
+
+def read(body: Mapping[str, Any]) -> list[Message]:
+    """``systemInstruction`` and ``contents`` as canonical messages (a new list);
+    :class:`InputError` names the first malformed content. (:class:`History` does the same turn
+    after turn, converting only the contents a resent history adds.)"""
+    system = _system_message(body)
+    out: list[Message] = [system] if system is not None else []
+    _read_contents(body.get("contents") or [], 0, out, [])
     return out
+
+
+@dataclass
+class History:
+    """One session's last request, converted: a client resends its whole history every turn,
+    so :meth:`read` converts only the contents after the part it shares with the last request
+    (cut back to a content that leaves no call open), and the shared part's messages are the
+    same objects as last turn. Results equal :func:`read`'s."""
+
+    contents: list[Any] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)  # of ``contents``, without the system message
+    ends: list[int] = field(default_factory=list)  # messages after each content
+    system: tuple[Any, Message | None] = (None, None)
+
+    def read(self, body: Mapping[str, Any]) -> list[Message]:
+        raw_system = body.get("systemInstruction", body.get("system_instruction"))
+        if self.system[1] is None or self.system[0] != raw_system:
+            self.system = (raw_system, _system_message(body))
+        contents = body.get("contents") or []
+        prev = self.contents
+        k = len(prev) if len(prev) <= len(contents) and prev == contents[: len(prev)] else 0
+        if not k:
+            for a, b in zip(contents, prev, strict=False):
+                if a != b:
+                    break
+                k += 1
+        while k and isinstance(contents[k - 1], Mapping) and contents[k - 1].get("role") == "model":
+            k -= 1  # a model turn's calls are answered by the next content: convert from there
+        out = self.messages[: self.ends[k - 1]] if k else []
+        ends = self.ends[:k]
+        _read_contents(contents, k, out, ends)
+        self.contents, self.messages, self.ends = list(contents), out, ends
+        return [self.system[1], *out] if self.system[1] is not None else list(out)
 
 
 # -- writing ----------------------------------------------------------------------------------
