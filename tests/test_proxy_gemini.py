@@ -258,7 +258,8 @@ def test_turns_continue_one_session(tmp_path: Path) -> None:
     assert len(sessions) == 1
 
 
-def test_recall_tools_are_declared_and_answered_by_the_proxy(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stream", [True, False])
+def test_recall_tools_are_declared_and_answered_by_the_proxy(tmp_path: Path, stream: bool) -> None:
     files = Files(steps=10)
     recalled: list[bool] = []
 
@@ -273,7 +274,7 @@ def test_recall_tools_are_declared_and_answered_by_the_proxy(tmp_path: Path) -> 
         return files.reply(request)
 
     with StubServer(responder=reply) as stub, _proxy(stub, tmp_path) as p:
-        contents, _ = _run_agent(p, files, stream=True, via_query=False)
+        contents, _ = _run_agent(p, files, stream=stream, via_query=False)
     assert len(recalled) >= 2  # the model called ctx_grep and the next round carried its answer
     client_calls = [p["functionCall"]["name"] for c in contents for p in c["parts"] if "functionCall" in p]
     assert "ctx_grep" not in client_calls  # the client never saw the proxy's tool
@@ -339,3 +340,16 @@ def test_count_tokens_bodies_and_cached_content() -> None:
     assert count_body({"contents": [new]}, sent, 2, history[-1]) is None  # another conversation: counted as it came
     assert GEMINI.passthrough_reason({"contents": [], "cachedContent": "cachedContents/abc"}) is not None
     assert GEMINI.passthrough_reason({"contents": []}) is None
+
+
+@settings(max_examples=30, deadline=None)
+@given(gemini_bodies())
+def test_a_write_reuses_the_contents_of_unchanged_messages(body: dict[str, Any]) -> None:
+    memo: gemini_convert.Memo = {}
+    msgs = gemini_convert.read(body)
+    first = gemini_convert.write(body, msgs, memo)
+    again = gemini_convert.write(body, msgs, memo)
+    assert json.dumps(again) == json.dumps(first) == json.dumps(body)
+    assert all(a is b for a, b in zip(again["contents"], first["contents"], strict=True))
+    changed = [dict(m, content="[cut]") if m["role"] == "tool" else m for m in msgs]
+    assert json.dumps(gemini_convert.write(body, changed, memo)) == json.dumps(gemini_convert.write(body, changed))

@@ -157,7 +157,8 @@ class GeminiApi(Api):
         """The body with ``context`` (Gemini caches prefixes by itself: no breakpoints)."""
         if not changed:
             return body, None
-        return self.with_messages(body, context), None
+        memo = session.converter.written if isinstance(session.converter, gemini_convert.History) else None
+        return gemini_convert.write(_without_route(body), context, memo), None
 
     def messages(self, body: Mapping[str, Any]) -> list[Message]:
         return gemini_convert.read(body)

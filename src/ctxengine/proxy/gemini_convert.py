@@ -39,7 +39,7 @@ from typing import Any
 from ctxengine.errors import InputError
 from ctxengine.messages import Message
 
-__all__ = ["META_KEY", "History", "problem", "read", "response_text", "write"]
+__all__ = ["META_KEY", "History", "Memo", "problem", "read", "response_text", "write"]
 
 META_KEY = "gemini"
 _PART = "gemini_part"  # a canonical content part standing for a Gemini part (kept verbatim)
@@ -258,6 +258,7 @@ class History:
     messages: list[Message] = field(default_factory=list)  # of ``contents``, without the system message
     ends: list[int] = field(default_factory=list)  # messages after each content
     system: tuple[Any, Message | None] = (None, None)
+    written: Memo = field(default_factory=dict)  # what write() wrote last (its memo)
 
     def read(self, body: Mapping[str, Any]) -> list[Message]:
         raw_system = body.get("systemInstruction", body.get("system_instruction"))
@@ -373,13 +374,28 @@ def _group_out(group: Sequence[Mapping[str, Any]], names: Mapping[str, str]) -> 
     return shell
 
 
-def write(body: Mapping[str, Any], messages: Sequence[Message]) -> dict[str, Any]:
+Memo = dict[tuple[int, ...], tuple[tuple[Message, ...], Any]]
+"""What :func:`write` wrote last, by the ids of the messages a content came from (the messages
+kept, so their ids stay theirs)."""
+
+
+def write(body: Mapping[str, Any], messages: Sequence[Message], memo: Memo | None = None) -> dict[str, Any]:
     """``body`` with ``messages`` as its ``systemInstruction`` and ``contents`` (every other key
-    untouched)."""
+    untouched). ``memo`` (a session's, :attr:`History.written`): a content written last time
+    from the very same messages is reused, not built again."""
     out = dict(body)
     sys_key = "system_instruction" if "system_instruction" in body and "systemInstruction" not in body else "systemInstruction"
     contents: list[Any] = []
     names: dict[str, str] = {}
+    fresh: Memo = {}
+
+    def cached(group: Sequence[Message], make: Any) -> Any:
+        key = tuple(id(m) for m in group)
+        hit = memo.get(key) if memo is not None else None
+        value = hit[1] if hit is not None and all(a is b for a, b in zip(hit[0], group, strict=True)) else make()
+        fresh[key] = (tuple(group), value)
+        return value
+
     i, n = 0, len(messages)
     if n and messages[0].get("role") in ("system", "developer"):
         out[sys_key] = _system_out(messages[0])  # in its place when the body had one
@@ -393,7 +409,8 @@ def write(body: Mapping[str, Any], messages: Sequence[Message]) -> dict[str, Any
             for c in m.get("tool_calls") or []:
                 if isinstance(c, Mapping):
                     names[str(c.get("id"))] = str((c.get("function") or {}).get("name", ""))
-            model = _model_out(m, len(contents))
+            at = len(contents)
+            model = cached([m], lambda m=m, at=at: _model_out(m, at))
             if contents and contents[-1].get("role") == "model":  # after an engine's note: one model turn
                 before = contents.pop()
                 model = {**before, "parts": [*before.get("parts", []), *model.get("parts", [])]}
@@ -410,9 +427,16 @@ def write(body: Mapping[str, Any], messages: Sequence[Message]) -> dict[str, Any
             contents.append({"role": "user", "parts": _user_parts(m.get("content"))})  # an engine's message
             i += 1
             continue
-        contents.append(_group_out(messages[i:j], names))
+        group = messages[i:j]
+        if all(g.get("role") != "tool" or isinstance(g.get(META_KEY), Mapping) for g in group):
+            contents.append(cached(group, lambda group=group: _group_out(group, names)))
+        else:  # an answer the proxy or an engine wrote: its call's name is looked up
+            contents.append(_group_out(group, names))
         i = j
     out["contents"] = contents
+    if memo is not None:
+        memo.clear()
+        memo.update(fresh)
     return out
 
 
