@@ -247,7 +247,7 @@ class Planning(Settling):
         # otherwise no marker or summary may point to them
         reach = None if self.settings.recall_tools and tools else False
         # the provider's own compaction and what precedes it go as sent; the manager gets the rest
-        frozen, live, counted = provider_compaction.split(msgs, tools)
+        frozen, live, counted = provider_compaction.split(msgs, tools) if provider_compaction.NEEDLE in raw else ([], msgs, tools)
         out = mgr.prepare(live, counted, session_id=session, defer_record=self._local_store, may_compact=not quick, recall=reach)
         out = provider_compaction.join(frozen, out)
         after_status = mgr.counters(session)

@@ -26,7 +26,10 @@ import orjson
 from ctxengine.messages import Message
 from ctxengine.proxy.responses_compaction import _is_ours
 
-__all__ = ["FROZEN_TOOL", "holds_provider_compaction", "join", "split"]
+__all__ = ["FROZEN_TOOL", "NEEDLE", "holds_provider_compaction", "join", "split"]
+
+NEEDLE = b'"compaction"'
+"""Bytes every body holding a compaction block or item holds (a body without them is not scanned)."""
 
 FROZEN_TOOL = "ctxengine_provider_compacted_history"
 """The name under which the frozen part's size is counted with the tool definitions (never sent)."""
