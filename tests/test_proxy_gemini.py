@@ -353,3 +353,18 @@ def test_a_write_reuses_the_contents_of_unchanged_messages(body: dict[str, Any])
     assert all(a is b for a, b in zip(again["contents"], first["contents"], strict=True))
     changed = [dict(m, content="[cut]") if m["role"] == "tool" else m for m in msgs]
     assert json.dumps(gemini_convert.write(body, changed, memo)) == json.dumps(gemini_convert.write(body, changed))
+
+
+@pytest.mark.parametrize(
+    ("base", "url"),
+    [
+        ("https://generativelanguage.googleapis.com", "https://generativelanguage.googleapis.com/v1beta/models/m:generateContent?alt=sse"),
+        ("http://gw.local/gemini/v1beta/", "http://gw.local/gemini/v1beta/models/m:generateContent?alt=sse"),
+        ("http://gw.local/v1", "http://gw.local/v1/models/m:generateContent?alt=sse"),
+    ],
+)
+def test_the_upstream_url_keeps_the_path_and_a_base_of_its_own_version(base: str, url: str) -> None:
+    from ctxengine.proxy.app import Proxy
+
+    proxy = Proxy(Config().with_overrides(proxy={"gemini_base_url": base}), store=None)
+    assert proxy._upstream(GEMINI, "/v1beta/models/m:generateContent", "alt=sse") == url
