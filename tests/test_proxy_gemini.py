@@ -368,3 +368,12 @@ def test_the_upstream_url_keeps_the_path_and_a_base_of_its_own_version(base: str
 
     proxy = Proxy(Config().with_overrides(proxy={"gemini_base_url": base}), store=None)
     assert proxy._upstream(GEMINI, "/v1beta/models/m:generateContent", "alt=sse") == url
+
+
+def test_a_stream_without_alt_sse_is_a_json_array_relayed_unchanged(tmp_path: Path) -> None:
+    array = b'[{"candidates": [{"content": {"role": "model", "parts": [{"text": "hi"}]}, "finishReason": "STOP", "index": 0}]}]'
+    with StubServer([StubReply(raw_body=array)]) as stub, _proxy(stub, tmp_path) as p:
+        raw = json.dumps({"contents": [{"role": "user", "parts": [{"text": "hi"}]}], "tools": TOOLS}).encode()
+        r = httpx.post(f"{p.gemini_base_url}/v1beta/models/{MODEL}:streamGenerateContent", content=raw, headers={"x-goog-api-key": KEY})
+        assert r.status_code == 200 and r.content == array  # no failure event appended, nothing added
+        assert stub.requests[0].raw == raw

@@ -100,9 +100,9 @@ class Api:
     usage_marker: bytes = b'"usage"'
     """Bytes only a streamed event carrying usage holds (the plain relay parses only those)."""
 
-    def routed(self, body: Any, path: str) -> Any:
-        """The parsed ``body`` with what the request's ``path`` says about it (Gemini: the model
-        and the method), as the proxy reads it; written bodies go without it."""
+    def routed(self, body: Any, path: str, query: bytes = b"") -> Any:
+        """The parsed ``body`` with what the request's ``path`` and ``query`` say about it
+        (Gemini: the model and the method), as the proxy reads it; written bodies go without it."""
         return body
 
     def passthrough_reason(self, body: Mapping[str, Any]) -> str | None:

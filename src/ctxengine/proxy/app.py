@@ -448,7 +448,7 @@ class Proxy(Relaying):
             body = self._body_cache(api, named).parse(raw) if named else orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             return self._error(api, 400, f"the request body is not valid JSON: {exc}", "bad_request")
-        body = api.routed(body, request.scope["path"])
+        body = api.routed(body, request.scope["path"], request.scope.get("query_string", b""))
         t_parse = time.perf_counter()
         problem = api.problem(body)
         if problem:

@@ -105,14 +105,18 @@ class GeminiApi(Api):
     unreachable_kind = "UNAVAILABLE"
     usage_marker = b'"usageMetadata"'
 
-    def routed(self, body: Any, path: str) -> Any:
-        """``body`` with the model and the streaming its ``path`` names (another body as is)."""
+    def routed(self, body: Any, path: str, query: bytes = b"") -> Any:
+        """``body`` with the model and the streaming its ``path`` names (another body as is). A
+        stream without ``alt=sse`` is one JSON array: relayed whole, unchanged (the value of
+        the proxy's key says so)."""
         if not isinstance(body, dict):
             return body
         target = split_target(path.rsplit("/", 1)[-1])
         if target is None:
             return body
-        return {**body, "model": target[0], "stream": target[1] == "streamGenerateContent", _ROUTE: True}
+        streamed = target[1] == "streamGenerateContent"
+        sse = b"alt=sse" in query
+        return {**body, "model": target[0], "stream": streamed and sse, _ROUTE: "json-array" if streamed and not sse else True}
 
     def problem(self, body: Any) -> str | None:
         if not isinstance(body, dict):
@@ -128,7 +132,10 @@ class GeminiApi(Api):
 
     def passthrough_reason(self, body: Mapping[str, Any]) -> str | None:
         """A request naming a ``cachedContent`` keeps part of its history on the server (what
-        the proxy would count and compact is not all there is): it goes upstream unchanged."""
+        the proxy would count and compact is not all there is), and a stream without
+        ``alt=sse`` is one JSON array (no events to follow): either goes upstream unchanged."""
+        if body.get(_ROUTE) == "json-array":
+            return "streamGenerateContent without alt=sse: a JSON array, relayed whole"
         return "cachedContent: part of the history is stored on the server" if body.get("cachedContent") or body.get("cached_content") else None
 
     def system(self, body: Mapping[str, Any]) -> Any:
