@@ -377,3 +377,14 @@ def test_a_stream_without_alt_sse_is_a_json_array_relayed_unchanged(tmp_path: Pa
         r = httpx.post(f"{p.gemini_base_url}/v1beta/models/{MODEL}:streamGenerateContent", content=raw, headers={"x-goog-api-key": KEY})
         assert r.status_code == 200 and r.content == array  # no failure event appended, nothing added
         assert stub.requests[0].raw == raw
+
+
+def test_a_query_key_is_a_header_from_the_start_so_two_users_are_two_sessions(tmp_path: Path) -> None:
+    body = {"contents": [{"role": "user", "parts": [{"text": "hello"}]}]}
+    with StubServer() as stub, _proxy(stub, tmp_path) as p:
+        url = f"{p.gemini_base_url}/v1beta/models/{MODEL}:generateContent"
+        one = httpx.post(url + "?key=user-one-key", json=body).headers["x-ctxengine-session"]
+        two = httpx.post(url + "?key=user-two-key", json=body).headers["x-ctxengine-session"]
+        keys = [r.headers["x-goog-api-key"] for r in stub.requests]
+    assert one != two and "user-one-key" not in one and one.startswith("px-")
+    assert keys == ["user-one-key", "user-two-key"]

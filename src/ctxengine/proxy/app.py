@@ -84,7 +84,7 @@ from ctxengine.proxy.base import (
     TooLarge,
     is_local,
 )
-from ctxengine.proxy.gemini import GEMINI, count_body, key_to_header, split_target
+from ctxengine.proxy.gemini import GEMINI, count_body, key_into_scope, split_target
 from ctxengine.proxy.limits import Windows
 from ctxengine.proxy.metrics import CONTENT_TYPE, ProxyMetrics
 from ctxengine.proxy.planning import OPENING
@@ -244,17 +244,24 @@ class Proxy(Relaying):
     async def gemini(self, request: Request) -> Response:
         """``POST /v1beta/models/{model}:{method}`` (and ``/v1/models/…``): ``generateContent``
         and ``streamGenerateContent`` are chat requests, ``countTokens`` counts what the proxy
-        would send (:meth:`gemini_count_tokens`); any other method is forwarded."""
+        would send (:meth:`gemini_count_tokens`); any other method is forwarded. A ``?key=`` is
+        moved into the ``x-goog-api-key`` header first."""
+        key_into_scope(request.scope)
+        request = Request(request.scope, request.receive)
         target = split_target(request.path_params.get("target", ""))
         if target is not None and target[1] in ("generateContent", "streamGenerateContent"):
             return await self._chat(request, GEMINI)
         if target is not None and target[1] == "countTokens":
             return await self.gemini_count_tokens(request)
+        if target is None and request.url.path.startswith("/v1/"):
+            return await self.forward(request)  # not Gemini's: an OpenAI-style /v1/models/… path
         return await self.forward_gemini(request)
 
     async def forward_gemini(self, request: Request) -> Response:
         """Any other Gemini API path (``/v1beta/models`` …), unchanged both ways (the key moved
         from the query into its header)."""
+        key_into_scope(request.scope)
+        request = Request(request.scope, request.receive)
         if not self._authorized(request):
             return self._error(GEMINI, 401, f"missing or wrong {TOKEN_HEADER} (this proxy requires a token)", "unauthorized")
         try:
@@ -313,8 +320,7 @@ class Proxy(Relaying):
     async def forward_body(self, request: Request, api: Api, raw: bytes) -> Response:
         """``request`` (its body already read: ``raw``) forwarded unchanged to ``api``'s upstream."""
         headers = self._request_headers(request, passthrough=True)
-        query = key_to_header(request.url.query, headers) if api.upstream == "gemini" else request.url.query
-        url = self._upstream(api, request.url.path, query)
+        url = self._upstream(api, request.url.path, request.url.query)
         try:
             resp = await self.client.send(request.method, url, headers, raw or None, decode=False)
         except UpstreamError as exc:
@@ -384,10 +390,9 @@ class Proxy(Relaying):
                             break
         except (orjson.JSONDecodeError, SessionIdError):
             pass  # the upstream answers a body it cannot count
-        headers = self._request_headers(request)
-        query = key_to_header(request.scope.get("query_string", b"").decode(), headers)
+        query = request.scope.get("query_string", b"").decode()
         try:
-            resp = await self.client.send("POST", self._upstream(api, request.scope["path"], query), headers, content)
+            resp = await self.client.send("POST", self._upstream(api, request.scope["path"], query), self._request_headers(request), content)
             data = await resp.read()
         except UpstreamError as exc:
             return self._error(api, 502, f"upstream unreachable: {exc}", "upstream_unreachable", api.unreachable_kind)
@@ -456,9 +461,6 @@ class Proxy(Relaying):
         if bad_session is not None:
             return self._error(api, 400, bad_session, "bad_request")
         headers = self._request_headers(request)
-        query = request.scope.get("query_string", b"").decode()
-        if api.upstream == "gemini":
-            query = key_to_header(query, headers)  # the key never in a URL
         plan = Plan(api, named or "", body, raw)
         passthrough = api.passthrough_reason(body)
         try:
@@ -478,7 +480,7 @@ class Proxy(Relaying):
         if api.upstream == "anthropic":
             self._sticky_betas(plan.state, headers)
         # the route's own path; the query as Starlette's URL gives it (without building one)
-        url = self._upstream(api, request.scope["path"], query)
+        url = self._upstream(api, request.scope["path"], request.scope.get("query_string", b"").decode())
         extra = [(_SESSION_RAW, plan.session.encode("latin-1")), (_SAVED_RAW, str(plan.saved).encode())]
         try:
             if body.get("stream") is True:

@@ -13,13 +13,14 @@ tools are added as function declarations and answered by the proxy. A streamed r
 ``{"error": {"code", "message", "status"}}``.
 
 The key: ``x-goog-api-key`` goes upstream as sent; a ``?key=`` in the query is moved into that
-header (:func:`key_to_header`), so no URL the proxy builds, sends or could log holds it.
+header as the request comes in (:func:`key_into_scope`), so no URL the proxy builds, sends or
+could log holds it.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
@@ -31,7 +32,7 @@ from ctxengine.proxy.incoming import Converted
 from ctxengine.proxy.sse import Event, StreamEnd, StreamTracker
 from ctxengine.proxy.state import ProxySession
 
-__all__ = ["GEMINI", "METHODS", "GeminiApi", "GeminiStream", "count_body", "key_to_header", "split_target"]
+__all__ = ["GEMINI", "METHODS", "GeminiApi", "GeminiStream", "count_body", "key_into_scope", "key_to_header", "split_target"]
 
 METHODS = ("generateContent", "streamGenerateContent", "countTokens")
 _ROUTE = "ctxengine:route"  # marks a body whose model and stream keys the proxy put there
@@ -68,6 +69,22 @@ def key_to_header(query: str, headers: dict[str, str]) -> str:
     if keys and not any(k.lower() == "x-goog-api-key" for k in headers):
         headers["x-goog-api-key"] = keys[0]
     return urlencode([(k, v) for k, v in pairs if k != "key"])
+
+
+def key_into_scope(scope: MutableMapping[str, Any]) -> None:
+    """Move a request's ``?key=`` into its ``x-goog-api-key`` header, in the ASGI ``scope``
+    itself, before anything reads the request: from then on the key is a header like any
+    client's (forwarded, digested into a derived session id, never in a URL)."""
+    query = scope.get("query_string", b"").decode("latin-1")
+    found: dict[str, str] = {}
+    rest = key_to_header(query, found)
+    if rest == query:
+        return
+    scope["query_string"] = rest.encode("latin-1")
+    headers = list(scope.get("headers") or [])
+    if found and not any(k.lower() == b"x-goog-api-key" for k, _ in headers):
+        headers.append((b"x-goog-api-key", found["x-goog-api-key"].encode("latin-1")))
+    scope["headers"] = headers
 
 
 def _without_route(body: Mapping[str, Any]) -> dict[str, Any]:
