@@ -33,6 +33,9 @@ pytestmark = pytest.mark.filterwarnings("error::ctxengine.models.UnknownModelWar
         ("  OpenAI/GPT-4o  ", "openai", 128_000),
         ("gpt-4.1-mini-2025-04-14", "openai", 1_047_576),
         ("gemini-2.5-pro", "google", 1_048_576),
+        ("gemini-3-pro-preview", "google", 1_048_576),
+        ("models/gemini-2.5-flash-lite", "google", 1_048_576),
+        ("gemini-flash-latest", "google", 1_048_576),
         ("deepseek/deepseek-chat", "deepseek", 128_000),
     ],
 )

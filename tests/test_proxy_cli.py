@@ -29,7 +29,7 @@ def _free_port() -> int:
 def test_help_lists_the_flags() -> None:
     out = CliRunner().invoke(cli, ["proxy", "--help"])
     assert out.exit_code == 0
-    for flag in ("--host", "--port", "--openai-base-url", "--anthropic-base-url", "--config", "--auth-token"):
+    for flag in ("--host", "--port", "--openai-base-url", "--anthropic-base-url", "--gemini-base-url", "--config", "--auth-token"):
         assert flag in out.output
 
 
@@ -79,6 +79,13 @@ def _served_config(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> tuple[Re
     root.handlers[:] = []
     root.propagate = True
     return out, (seen[0] if seen else None)
+
+
+def test_the_gemini_base_url_reaches_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    out, config = _served_config(monkeypatch, ["--gemini-base-url", "http://127.0.0.1:9/gemini"])
+    assert out.exit_code == 0, out.output
+    assert config is not None and config.proxy.gemini_base_url == "http://127.0.0.1:9/gemini"
+    assert Config().proxy.gemini_base_url == "https://generativelanguage.googleapis.com"
 
 
 def test_help_documents_the_window_flags() -> None:

@@ -71,10 +71,11 @@ def test_relayed_responses_carry_date_and_server_once(stub: StubServer, tmp_path
 
 def test_a_path_of_another_api_gets_a_json_404(stub: StubServer, tmp_path: Path) -> None:
     with ProxyServer(make_config(stub, tmp_path)) as p:
-        r = httpx.post(p.url + "/v1beta/models/gemini-2.5-pro:generateContent", json={"contents": []})
+        r = httpx.post(p.url + "/api/chat", json={"model": "llama3", "messages": []})  # Ollama's own API
         assert r.status_code == 404
         error = r.json()["error"]
         assert error["status"] == "NOT_FOUND" and "/v1/chat/completions" in error["message"] and "/v1/messages" in error["message"]
+        assert "/v1beta/models/" in error["message"]
         assert stub.calls == 0
 
 
@@ -241,3 +242,25 @@ def test_after_a_restart_a_derived_key_resumes_its_own_conversation_only(stub: S
     assert len(set(seen["b"])) == 1
     assert seen["b"][-1] != seen["a"][0] and seen["b"][0] != seen["a"][0]
     assert seen["a"][-1] in sessions and seen["b"][-1] in sessions
+
+
+def test_opencode_and_qwen_code_sessions_are_named_by_their_own_ids(stub: StubServer, tmp_path: Path) -> None:
+    """opencode sends ``x-session-id: ses_…`` (Anthropic and OpenAI providers alike), Qwen Code's
+    DashScope provider ``metadata.sessionId``: two chats with the same opening are two sessions,
+    each named by the client's id, and a chat's turns stay in it."""
+    opening = [{"role": "system", "content": "You are opencode."}, {"role": "user", "content": "hi"}]
+    seen: list[str] = []
+    with ProxyServer(make_config(stub, tmp_path)) as p:
+        for turn in range(3):
+            for ses in ("ses_aaa111", "ses_bbb222"):
+                msgs = [*opening, *[m for k in range(turn) for m in ({"role": "assistant", "content": f"{ses} {k}"}, {"role": "user", "content": f"go {k}"})]]
+                r = httpx.post(p.openai_base_url + "/chat/completions", json={"model": "gpt-4o", "messages": msgs}, headers={"authorization": f"Bearer {KEY}", "x-session-id": ses})
+                assert r.status_code == 200
+                seen.append(r.headers[SESSION_HEADER])
+            body = {"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
+            r = httpx.post(p.anthropic_base_url + "/v1/messages", json=body, headers={"x-api-key": KEY, "x-session-id": "ses_ccc333"})
+            seen.append(r.headers[SESSION_HEADER])
+            body = {"model": "qwen3-coder-plus", "messages": opening, "metadata": {"sessionId": "6f0c-qwen", "promptId": f"p{turn}"}}
+            r = httpx.post(p.openai_base_url + "/chat/completions", json=body, headers={"authorization": f"Bearer {KEY}"})
+            seen.append(r.headers[SESSION_HEADER])
+    assert sorted(set(seen)) == ["qwen:6f0c-qwen", "sid:ses_aaa111", "sid:ses_bbb222", "sid:ses_ccc333"]

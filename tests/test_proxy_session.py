@@ -77,6 +77,21 @@ def test_codex_and_the_responses_api_are_known_by_their_ids() -> None:
     assert client_session_id("openai", {}, {"model": "m", "messages": []}) is None
 
 
+def test_opencode_and_qwen_code_are_known_by_their_ids() -> None:
+    # opencode: its session id in x-session-id on every request, whatever the API
+    for api in ("openai", "anthropic", "responses", "gemini"):
+        assert client_session_id(api, {"x-session-id": "ses_4f2a9c1e7b3dffe0"}, {}) == "sid:ses_4f2a9c1e7b3dffe0"
+    # Qwen Code's DashScope provider: metadata.sessionId (its promptId changes every turn: not the id)
+    body = {"model": "qwen3-coder-plus", "messages": [], "metadata": {"sessionId": UUID_A, "promptId": "p-1"}}
+    assert client_session_id("openai", {}, body) == f"qwen:{UUID_A}"
+    assert client_session_id("openai", {}, {**body, "metadata": {"sessionId": "", "promptId": "p"}}) is None
+    # a client that names its conversation keeps an edited turn in it, as Claude Code does
+    assert names_one_conversation("sid:ses_1") and names_one_conversation(f"qwen:{UUID_A}") and routed("sid:ses_1")
+    # Claude Code's and Codex's own ids come first; the user's name before everything
+    assert client_session_id("anthropic", {"x-claude-code-session-id": UUID_B, "x-session-id": "ses_1"}, {}) == f"cc:{UUID_B}"
+    assert client_session_id("openai", {SESSION_HEADER: "mine", "x-session-id": "ses_1"}, {}) == "mine"
+
+
 @given(st.text(min_size=1, max_size=300))
 def test_a_client_id_becomes_a_valid_store_id_and_two_ids_never_become_one(raw: str) -> None:
     sid = client_session_id("openai", {}, {"prompt_cache_key": raw})

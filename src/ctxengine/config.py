@@ -279,6 +279,9 @@ class ProxyConfig(_Section):
     port: int = Field(8787, ge=0, le=65535)
     openai_base_url: str = Field("https://api.openai.com/v1", description="Upstream of /v1/chat/completions and other OpenAI paths (any OpenAI-compatible base URL, ending in /v1).")
     anthropic_base_url: str = Field("https://api.anthropic.com", description="Upstream of /v1/messages (the SDK-style base URL, without /v1).")
+    gemini_base_url: str = Field(
+        "https://generativelanguage.googleapis.com", description="Upstream of the Gemini API (/v1beta/models/…, /v1/models/…: the SDK-style base URL, without the version)."
+    )
     auth_token_env: str = Field("CTXENGINE_PROXY_TOKEN", description="Environment variable holding the token clients must send (required when binding beyond loopback).")
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Larger request bodies get a 413.")
     recall_tools: bool = Field(True, description="Offer the engine's recall tools and answer them in the proxy (only when the client sends tools of its own).")

@@ -128,6 +128,7 @@ def _as_mapping(usage: Any) -> Mapping[str, Any]:
 _COUNT_FIELDS = (
     "prompt_tokens", "completion_tokens", "total_tokens", "input_tokens", "output_tokens",
     "cache_read_input_tokens", "cache_creation_input_tokens", "cached_tokens", "cache_write_tokens",
+    "promptTokenCount", "candidatesTokenCount", "totalTokenCount", "cachedContentTokenCount", "thoughtsTokenCount",
 )
 
 
@@ -162,12 +163,18 @@ def normalize_usage(usage: Any) -> Usage:
     OpenAI: ``prompt_tokens``, ``completion_tokens``, ``total_tokens``,
     ``prompt_tokens_details.cached_tokens`` (and ``.cache_write_tokens`` from gateways).
     Anthropic: ``input_tokens``, ``output_tokens``, ``cache_read_input_tokens``,
-    ``cache_creation_input_tokens``. OpenAI Responses API: ``input_tokens`` (cached part
+    ``cache_creation_input_tokens``. Gemini: ``promptTokenCount`` (cached part included),
+    ``cachedContentTokenCount``, ``candidatesTokenCount`` + ``thoughtsTokenCount``. OpenAI Responses API: ``input_tokens`` (cached part
     included), ``output_tokens``, ``input_tokens_details.cached_tokens|cache_write_tokens``.
     NaN, infinite or negative counts raise :class:`~ctxengine.errors.InputError` naming the field.
     """
     u = _as_mapping(usage)
     _check_counts(u)
+    if "promptTokenCount" in u:
+        # Gemini's usageMetadata: the prompt count includes the cached part; thoughts are output
+        prompt = _int(u.get("promptTokenCount"))
+        completion = _int(u.get("candidatesTokenCount")) + _int(u.get("thoughtsTokenCount"))
+        return Usage(prompt, completion, _int(u.get("totalTokenCount")) or prompt + completion, _int(u.get("cachedContentTokenCount")), 0)
     if "input_tokens" in u and "prompt_tokens" not in u:
         completion = _int(u.get("output_tokens"))
         if u.get("input_tokens_details") is not None and "cache_read_input_tokens" not in u:

@@ -36,6 +36,7 @@ def _model_windows(ctx: click.Context, param: click.Parameter, values: tuple[str
 @click.option("--port", type=click.IntRange(0, 65535), default=None, help="Port (config proxy.port; default 8787).")
 @click.option("--openai-base-url", default=None, help="Upstream for OpenAI-style requests, ending in /v1 (default https://api.openai.com/v1).")
 @click.option("--anthropic-base-url", default=None, help="Upstream for Anthropic-style requests (default https://api.anthropic.com).")
+@click.option("--gemini-base-url", default=None, help="Upstream for Gemini API requests (/v1beta/models/…; default https://generativelanguage.googleapis.com).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="config.yaml (its proxy: section holds the same keys as these flags).")
 @click.option("--auth-token", default=None, help="Token clients must send in x-ctxengine-token (default: $CTXENGINE_PROXY_TOKEN, see proxy.auth_token_env).")
 @click.option("--engine", default=None, help="Context engine for every session (config context.engine).")
@@ -62,6 +63,7 @@ def proxy(
     port: int | None,
     openai_base_url: str | None,
     anthropic_base_url: str | None,
+    gemini_base_url: str | None,
     config_path: Path | None,
     auth_token: str | None,
     engine: str | None,
@@ -73,7 +75,7 @@ def proxy(
     """Serve an OpenAI- and Anthropic-compatible proxy that manages each session's context.
 
     Point an agent at it: OPENAI_BASE_URL=http://127.0.0.1:8787/v1 or
-    ANTHROPIC_BASE_URL=http://127.0.0.1:8787. Needs: pip install 'ctxengine[proxy]'.
+    ANTHROPIC_BASE_URL=http://127.0.0.1:8787 or GOOGLE_GEMINI_BASE_URL=http://127.0.0.1:8787. Needs: pip install 'ctxengine[proxy]'.
     """
     try:
         from ctxengine.proxy import check_bind, serve
@@ -83,7 +85,7 @@ def proxy(
     config = load_config(config_path)
     overrides: dict[str, Any] = {
         k: v
-        for k, v in {"host": host, "port": port, "openai_base_url": openai_base_url, "anthropic_base_url": anthropic_base_url}.items()
+        for k, v in {"host": host, "port": port, "openai_base_url": openai_base_url, "anthropic_base_url": anthropic_base_url, "gemini_base_url": gemini_base_url}.items()
         if v is not None
     }
     if no_recall_tools:

@@ -93,10 +93,17 @@ class Api:
 
     name: str = ""
     upstream: str = "openai"
-    """Which configured upstream serves it: ``"openai"`` (``proxy.openai_base_url``) or
-    ``"anthropic"`` (``proxy.anthropic_base_url``)."""
+    """Which configured upstream serves it: ``"openai"`` (``proxy.openai_base_url``),
+    ``"anthropic"`` (``proxy.anthropic_base_url``) or ``"gemini"`` (``proxy.gemini_base_url``)."""
     unreachable_kind: str = "server_error"
     """The error type of a 502 for an unreachable upstream."""
+    usage_marker: bytes = b'"usage"'
+    """Bytes only a streamed event carrying usage holds (the plain relay parses only those)."""
+
+    def routed(self, body: Any, path: str, query: bytes = b"") -> Any:
+        """The parsed ``body`` with what the request's ``path`` and ``query`` say about it
+        (Gemini: the model and the method), as the proxy reads it; written bodies go without it."""
+        return body
 
     def passthrough_reason(self, body: Mapping[str, Any]) -> str | None:
         """Why a well-formed request must go upstream unchanged (the conversation is kept on

@@ -1,7 +1,8 @@
 """The proxy application: an ASGI app (Starlette) in front of an OpenAI- and an Anthropic-style
 upstream (aiohttp, see :mod:`ctxengine.proxy.upstream`), running a :class:`~ctxengine.ContextManager` per model and session.
 
-Per chat request (``POST /v1/chat/completions``, ``POST /v1/messages``, ``POST /v1/responses``):
+Per chat request (``POST /v1/chat/completions``, ``POST /v1/messages``, ``POST /v1/responses``,
+Gemini's ``POST /v1beta/models/{model}:generateContent`` and ``:streamGenerateContent``):
 
 1. the body is read (at most ``proxy.max_body_bytes``: 413 beyond) and parsed; a body that is
    not a chat request gets the error the client's SDK expects (400, the API's error shape);
@@ -41,7 +42,8 @@ request carries ``x-api-key`` or ``anthropic-version``, else to the OpenAI upstr
 The request path is split by concern into layers, each using only those below it (see
 :mod:`ctxengine.proxy.base`); this module holds the endpoints and :class:`Proxy` itself.
 
-**Keys** (``Authorization``, ``x-api-key``) are forwarded upstream and never stored or logged;
+**Keys** (``Authorization``, ``x-api-key``, ``x-goog-api-key``; a Gemini ``?key=`` is moved into
+``x-goog-api-key``) are forwarded upstream and never stored or logged;
 the session store records messages only, never headers. When a proxy token is set, every
 ``/v1/`` and ``/metrics`` request must carry it in ``x-ctxengine-token``.
 """
@@ -82,6 +84,7 @@ from ctxengine.proxy.base import (
     TooLarge,
     is_local,
 )
+from ctxengine.proxy.gemini import GEMINI, count_body, key_into_scope, split_target
 from ctxengine.proxy.limits import Windows
 from ctxengine.proxy.metrics import CONTENT_TYPE, ProxyMetrics
 from ctxengine.proxy.planning import OPENING
@@ -161,6 +164,9 @@ class Proxy(Relaying):
                 Route("/v1/responses", self.responses, methods=["POST"]),
                 Route("/v1/responses/compact", self.responses_compact, methods=["POST"]),
                 Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
+                Route("/v1beta/models/{target}", self.gemini, methods=["POST"]),
+                Route("/v1/models/{target}", self.gemini, methods=["POST"]),
+                Route("/v1beta/{path:path}", self.forward_gemini, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
                 Route("/v1/{path:path}", self.forward, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
                 Route("/{path:path}", self.not_served, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
             ],
@@ -235,12 +241,41 @@ class Proxy(Relaying):
     async def responses(self, request: Request) -> Response:
         return await self._chat(request, RESPONSES)
 
+    async def gemini(self, request: Request) -> Response:
+        """``POST /v1beta/models/{model}:{method}`` (and ``/v1/models/…``): ``generateContent``
+        and ``streamGenerateContent`` are chat requests, ``countTokens`` counts what the proxy
+        would send (:meth:`gemini_count_tokens`); any other method is forwarded. A ``?key=`` is
+        moved into the ``x-goog-api-key`` header first."""
+        key_into_scope(request.scope)
+        request = Request(request.scope, request.receive)
+        target = split_target(request.path_params.get("target", ""))
+        if target is not None and target[1] in ("generateContent", "streamGenerateContent"):
+            return await self._chat(request, GEMINI)
+        if target is not None and target[1] == "countTokens":
+            return await self.gemini_count_tokens(request)
+        if target is None and request.url.path.startswith("/v1/"):
+            return await self.forward(request)  # not Gemini's: an OpenAI-style /v1/models/… path
+        return await self.forward_gemini(request)
+
+    async def forward_gemini(self, request: Request) -> Response:
+        """Any other Gemini API path (``/v1beta/models`` …), unchanged both ways (the key moved
+        from the query into its header)."""
+        key_into_scope(request.scope)
+        request = Request(request.scope, request.receive)
+        if not self._authorized(request):
+            return self._error(GEMINI, 401, f"missing or wrong {TOKEN_HEADER} (this proxy requires a token)", "unauthorized")
+        try:
+            raw = await self._read_body(request)
+        except TooLarge:
+            return self._error(GEMINI, 413, f"request body larger than {self.settings.max_body_bytes} bytes", "too_large")
+        return await self.forward_body(request, GEMINI, raw)
+
     async def not_served(self, request: Request) -> Response:
-        """A path outside ``/v1/`` (e.g. Gemini's ``/v1beta/…``): a JSON 404 saying what is served."""
+        """A path outside ``/v1/`` and ``/v1beta/``: a JSON 404 saying what is served."""
         message = (
             f"ctxengine proxy: {request.method} {request.url.path} is not served; it serves the OpenAI chat-completions "
-            "(/v1/chat/completions) and Responses (/v1/responses) APIs and the Anthropic messages API (/v1/messages), "
-            "and forwards every other /v1/ path"
+            "(/v1/chat/completions) and Responses (/v1/responses) APIs, the Anthropic messages API (/v1/messages) and "
+            "the Gemini API (/v1beta/models/…), and forwards every other /v1/ and /v1beta/ path"
         )
         self.metrics.requests.labels("passthrough", "not_found").inc()
         return JSONResponse({"error": {"code": 404, "message": message, "status": "NOT_FOUND", "type": "not_found"}}, status_code=404)
@@ -284,9 +319,10 @@ class Proxy(Relaying):
 
     async def forward_body(self, request: Request, api: Api, raw: bytes) -> Response:
         """``request`` (its body already read: ``raw``) forwarded unchanged to ``api``'s upstream."""
+        headers = self._request_headers(request, passthrough=True)
         url = self._upstream(api, request.url.path, request.url.query)
         try:
-            resp = await self.client.send(request.method, url, self._request_headers(request, passthrough=True), raw or None, decode=False)
+            resp = await self.client.send(request.method, url, headers, raw or None, decode=False)
         except UpstreamError as exc:
             return self._error(api, 502, f"upstream unreachable: {exc}", "upstream_unreachable", api.unreachable_kind)
         self.metrics.requests.labels("passthrough", "ok" if resp.status < 400 else "upstream_error").inc()
@@ -323,6 +359,40 @@ class Proxy(Relaying):
         url = self._upstream(api, request.scope["path"], request.scope.get("query_string", b"").decode())
         try:
             resp = await self.client.send("POST", url, self._request_headers(request), content)
+            data = await resp.read()
+        except UpstreamError as exc:
+            return self._error(api, 502, f"upstream unreachable: {exc}", "upstream_unreachable", api.unreachable_kind)
+        self.metrics.requests.labels("passthrough", "ok" if resp.status < 400 else "upstream_error").inc()
+        return self._relayed(resp, data, [])
+
+    async def gemini_count_tokens(self, request: Request) -> Response:
+        """``POST …/models/{model}:countTokens``: the count of what the proxy would send. A body
+        that continues a Gemini session's last request (its ``contents``, or those of its
+        ``generateContentRequest``) is counted with that request's working context plus the
+        contents new since; any other body goes as it came."""
+        api = GEMINI
+        if not self._authorized(request):
+            return self._error(api, 401, f"missing or wrong {TOKEN_HEADER} (this proxy requires a token)", "unauthorized")
+        try:
+            raw = await self._read_body(request)
+        except TooLarge:
+            return self._error(api, 413, f"request body larger than {self.settings.max_body_bytes} bytes", "too_large")
+        content = raw
+        try:
+            body = orjson.loads(raw)
+            named = session_from_header(request.headers.get(SESSION_HEADER))
+            if isinstance(body, dict):
+                for s in self.sessions:
+                    if s.api == api.name and s.last_out is not None and (named is None or s.id == named):
+                        counted = count_body(body, s.last_out[2], s.last_out[0], s.last_out[1])
+                        if counted is not None:
+                            content = encode(counted)
+                            break
+        except (orjson.JSONDecodeError, SessionIdError):
+            pass  # the upstream answers a body it cannot count
+        query = request.scope.get("query_string", b"").decode()
+        try:
+            resp = await self.client.send("POST", self._upstream(api, request.scope["path"], query), self._request_headers(request), content)
             data = await resp.read()
         except UpstreamError as exc:
             return self._error(api, 502, f"upstream unreachable: {exc}", "upstream_unreachable", api.unreachable_kind)
@@ -383,6 +453,7 @@ class Proxy(Relaying):
             body = self._body_cache(api, named).parse(raw) if named else orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             return self._error(api, 400, f"the request body is not valid JSON: {exc}", "bad_request")
+        body = api.routed(body, request.scope["path"], request.scope.get("query_string", b""))
         t_parse = time.perf_counter()
         problem = api.problem(body)
         if problem:

@@ -197,6 +197,9 @@ class ProxyBase:
         if api.upstream == "anthropic":
             base = self.settings.anthropic_base_url.rstrip("/")
             url = base + path if not base.endswith("/v1") else base + path[3:]
+        elif api.upstream == "gemini":  # /v1beta/… or /v1/…: a base ending in a version keeps its own
+            base = self.settings.gemini_base_url.rstrip("/")
+            url = base + path[path.find("/", 1) :] if base.rsplit("/", 1)[-1] in ("v1", "v1beta", "v1alpha") else base + path
         else:
             base = self.settings.openai_base_url.rstrip("/")
             url = base + path[3:] if base.endswith("/v1") else base + path

@@ -25,6 +25,8 @@ Messages parsed (each tested on its real text in ``tests/test_proxy_limits.py``)
   tokens and your request has 2778 input tokens …", "The decoder prompt (length 40000) is
   longer than the maximum model length of 32768";
 * Anthropic: "prompt is too long: 210000 tokens > 200000 maximum";
+* Gemini: "The input token count (1200293) exceeds the maximum number of tokens allowed
+  (1048576)." (``status: INVALID_ARGUMENT``);
 * llama.cpp server: "request (4476 tokens) exceeds the available context size (4096 tokens)"
   (``type: exceed_context_size_error``, ``n_ctx``);
 * other OpenAI-compatible servers: "Requested token count exceeds the model's maximum context
@@ -65,6 +67,8 @@ _LIMIT_PATTERNS = [
     re.compile(r"maximum context (?:length|window|size) of " + _NUM, re.I),
     # "… exceeds max context window of 32768 tokens"
     re.compile(r"max(?:imum)? context (?:length|window|size) (?:of|is) " + _NUM, re.I),
+    # Gemini: "The input token count (1200293) exceeds the maximum number of tokens allowed (1048576)."
+    re.compile(r"maximum number of tokens allowed \(?\s*" + _NUM, re.I),
     # vLLM: "is longer than the maximum model length of 32768"
     re.compile(r"maximum model length (?:of|is) " + _NUM, re.I),
 ]
@@ -74,7 +78,8 @@ _CONTEXT_CODES = frozenset({"context_length_exceeded", "exceed_context_size_erro
 _CONTEXT_PHRASES = re.compile(
     r"maximum context length|context length exceeded|context_length_exceeded|prompt is too long|"
     r"exceeds? the (?:available )?context (?:size|window)|exceeds? (?:the )?(?:model's )?max(?:imum)? context|"
-    r"input length exceeds|context window of this model|maximum model length|too many tokens",
+    r"input length exceeds|context window of this model|maximum model length|too many tokens|"
+    r"input token count .{0,40}exceeds the maximum number of tokens",
     re.I,
 )
 

@@ -12,6 +12,7 @@ from starlette.requests import Request
 
 from ctxengine.manager import CompactionDue, ContextManager
 from ctxengine.messages import tool_name
+from ctxengine.proxy import provider_compaction
 from ctxengine.proxy.apis import Api, Marking, has_cache_control
 from ctxengine.proxy.base import (
     Plan,
@@ -245,7 +246,10 @@ class Planning(Settling):
         # the recall tools reach the model only beside the client's own tools (_engine_tools):
         # otherwise no marker or summary may point to them
         reach = None if self.settings.recall_tools and tools else False
-        out = mgr.prepare(msgs, tools, session_id=session, defer_record=self._local_store, may_compact=not quick, recall=reach)
+        # the provider's own compaction and what precedes it go as sent; the manager gets the rest
+        frozen, live, counted = provider_compaction.split(msgs, tools) if provider_compaction.NEEDLE in raw else ([], msgs, tools)
+        out = mgr.prepare(live, counted, session_id=session, defer_record=self._local_store, may_compact=not quick, recall=reach)
+        out = provider_compaction.join(frozen, out)
         after_status = mgr.counters(session)
         plan = Plan(api, session, body, raw, state=s, request=body, request_raw=raw, manager=mgr, context=out, deferred=self._local_store and mgr.store is not None)
         plan.compactions = 0 if quick else after_status["compactions"] - before
@@ -286,7 +290,8 @@ class Planning(Settling):
             scratch = ProxySession(api.name, session)  # the session's own state stays as it was
             msgs, conv = api.read(body, scratch)
             tools = body.get("tools")
-            fitted = mgr.fit_window(msgs, tools if isinstance(tools, list) else None)
+            frozen, live, counted = provider_compaction.split(msgs, tools if isinstance(tools, list) else None)
+            fitted = provider_compaction.join(frozen, mgr.fit_window(live, counted))
             if _same(fitted, msgs):
                 return plain
             sent = outgoing(api, scratch, body, raw, conv, fitted, True, Marking([], mgr.caching.cache_ttl, mgr.caching.native_anthropic))

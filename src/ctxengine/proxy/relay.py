@@ -134,7 +134,7 @@ class Relaying(RecallRounds):
         outcome = "ok"
         try:
             while True:
-                splitter = EventSplitter(only=None if plan.engine_tools else b'"usage"')
+                splitter = EventSplitter(only=None if plan.engine_tools else api.usage_marker)
                 end = api.stream_end()
                 if not plan.engine_tools:
                     async for chunk in resp.stream():

@@ -89,6 +89,11 @@ class ProxyServer:
     def anthropic_base_url(self) -> str:
         return self.url
 
+    @property
+    def gemini_base_url(self) -> str:
+        """What Gemini CLI takes as ``GOOGLE_GEMINI_BASE_URL`` (it appends ``/v1beta/models/…``)."""
+        return self.url
+
     def start(self) -> ProxyServer:
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, name="ctxengine-proxy", daemon=True)
         self._thread.start()

@@ -13,14 +13,20 @@ Three sources, in this order (:func:`client_session_id`, then :func:`derive_sess
      that ``user_<hash>_account_<uuid>_session_<uuid>`` → ``cc:<uuid>``;
    - Codex: the ``session-id`` / ``thread-id`` headers (``session_id`` / ``conversation_id``
      before), a sub-agent's ``x-openai-subagent`` appended → ``codex:<uuid>[:<subagent>]``;
+   - opencode: the ``x-session-id`` header (``ses_…``, one per session, a sub-agent's its own)
+     → ``sid:<id>``;
+   - Qwen Code (its DashScope provider): ``metadata.sessionId`` in the body → ``qwen:<id>``;
    - the Responses API's ``conversation`` (an id, or ``{"id": …}``) → ``conv:<id>``;
    - ``prompt_cache_key`` (Codex sets it to its session id; other callers may set one key per
      user or per app) → ``pck:<key>``.
 
    Not used: ``user``, ``safety_identifier`` and a ``metadata.user_id`` that is not Claude
    Code's: OpenAI defines them as the *end user's* id, the same for all of a user's
-   conversations, so taking them as a session would join conversations. The OpenAI Agents SDK,
-   llm, LangGraph and aider send no id at all.
+   conversations, so taking them as a session would join conversations; nor Gemini CLI's
+   ``x-gemini-api-privileged-user-id`` (its installation's id). The OpenAI Agents SDK, llm,
+   LangGraph, aider, Gemini CLI (on the Gemini API), pi (chat completions and messages; its
+   Responses requests carry ``prompt_cache_key``) and Qwen Code's default OpenAI provider send
+   no id at all.
 3. **Derived** from what stays the same across the turns of one conversation: the API, a digest
    of the client's key, the system prompt's text and the first user message's text (cache markers
    and other non-text keys left out, since clients move them from turn to turn). The key itself
@@ -75,7 +81,7 @@ _VALID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
 _ID_CHARS = re.compile(r"[A-Za-z0-9._:@/+=-]{1,96}")  # a client's id kept as is (the rest: a digest)
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _LEGACY_CC = re.compile(r"_session_([0-9A-Za-z-]{8,64})$")
-_SOURCES = ("cc:", "codex:", "conv:", "pck:")
+_SOURCES = ("cc:", "codex:", "sid:", "qwen:", "conv:", "pck:")
 
 
 class SessionIdError(ValueError):
@@ -149,6 +155,13 @@ def client_session_id(api_name: str, headers: Mapping[str, str], body: Mapping[s
     if sid is not None:
         sub = _header(headers, "x-openai-subagent")  # a sub-agent (review, compact …): its own history
         return _normalised("codex", f"{sid}:{sub}" if sub else sid)
+    sid = _header(headers, "x-session-id")
+    if sid is not None:
+        return _normalised("sid", sid)
+    metadata = body.get("metadata")
+    qwen = metadata.get("sessionId") if isinstance(metadata, Mapping) else None
+    if isinstance(qwen, str) and qwen.strip():
+        return _normalised("qwen", qwen.strip())
     conversation = body.get("conversation")
     if isinstance(conversation, Mapping):
         conversation = conversation.get("id")
@@ -170,10 +183,10 @@ def routed(session_id: str) -> bool:
 
 def names_one_conversation(session_id: str) -> bool:
     """Whether ``session_id`` is a client's id for one conversation of its own (Claude Code's,
-    Codex's, a Responses ``conversation``): route its requests with ``branches=True`` (an edited
+    Codex's, opencode's, Qwen Code's, a Responses ``conversation``): route its requests with ``branches=True`` (an edited
     or rewound turn, which shares more than the opening, stays in the session). Not a derived id
     nor a ``prompt_cache_key`` (one key may be a whole user's or app's)."""
-    return session_id.startswith(("cc:", "codex:", "conv:"))
+    return session_id.startswith(("cc:", "codex:", "sid:", "qwen:", "conv:"))
 
 
 def system_prompt_digest(system: Any, messages: Sequence[Any]) -> str:
@@ -193,7 +206,7 @@ def system_prompt_digest(system: Any, messages: Sequence[Any]) -> str:
 
 
 def _key(headers: Mapping[str, str]) -> str:
-    key = headers.get("x-api-key") or headers.get("authorization") or ""
+    key = headers.get("x-api-key") or headers.get("authorization") or headers.get("x-goog-api-key") or ""
     return hashlib.sha256(key.encode("utf-8")).hexdigest() if key else ""
 
 
@@ -211,8 +224,8 @@ def derive_session_id(api: str, headers: Mapping[str, str], system: Any, message
         role = m.get("role")
         if system is None and not system_text and role in ("system", "developer"):
             system_text = content_text(m.get("content"))
-        elif role == "user":
-            content = m.get("content")
+        elif role == "user" or (role is None and "parts" in m):
+            content = m.get("content", m.get("parts"))  # a Gemini content's parts
             if isinstance(content, list):  # Anthropic tool results are not the opening message
                 content = [p for p in content if not (isinstance(p, Mapping) and p.get("type") == "tool_result")]
             first_user = content_text(content)

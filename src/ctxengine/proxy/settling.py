@@ -159,10 +159,10 @@ class Settling(ProxyBase):
                 "fields": {
                     "api": api,
                     "session": plan.session,
-                    "model": plan.body.get("model"),
+                    "model": (plan.request or plan.body).get("model"),
                     "status": status,
                     "outcome": outcome,
-                    "stream": plan.body.get("stream") is True,
+                    "stream": (plan.request or plan.body).get("stream") is True,
                     "tokens_in": plan.tokens_in,
                     "tokens_out": plan.tokens_out,
                     "compactions": plan.compactions,

@@ -19,7 +19,9 @@ A request with ``"stream": true`` is answered with server-sent events in each AP
 split into ``StubReply.chunks`` pieces sent ``chunk_delay`` seconds apart, so streaming
 clients and relays can be tested. ``StubReply.tool_calls`` makes the reply call tools.
 Besides the two chat routes the server answers ``POST /v1/responses`` (a minimal Responses
-API reply), ``POST /v1/messages/count_tokens`` and ``GET /v1/models``.
+API reply), ``POST /v1/messages/count_tokens``, ``GET /v1/models`` and the Gemini API
+(``/v1beta/models/{model}:generateContent``, ``:streamGenerateContent``, ``:countTokens``; see
+:mod:`ctxengine.testing.gemini_stub`): ``server.gemini_base_url``.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from ctxengine.testing import gemini_stub
 
 __all__ = ["RecordedRequest", "StubReply", "StubServer"]
 
@@ -120,7 +124,7 @@ class StubReply:
 
 @dataclass(slots=True)
 class RecordedRequest:
-    """One request the server received (``api`` is ``"openai"`` or ``"anthropic"``)."""
+    """One request the server received (``api`` is ``"openai"``, ``"anthropic"`` or ``"gemini"``)."""
 
     api: str
     path: str
@@ -135,6 +139,8 @@ class RecordedRequest:
     @property
     def prompt_text(self) -> str:
         """All message text of the request (system included), for assertions."""
+        if "contents" in self.body:
+            return gemini_stub.contents_text(self.body)
         parts: list[str] = []
         system = self.body.get("system")
         if isinstance(system, str):
@@ -207,6 +213,11 @@ class StubServer:
         """``base_url`` for the Anthropic SDK (it appends /v1/messages)."""
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def gemini_base_url(self) -> str:
+        """The base URL for a Gemini SDK or Gemini CLI (``GOOGLE_GEMINI_BASE_URL``)."""
+        return f"http://127.0.0.1:{self.port}"
+
     def start(self) -> StubServer:
         if self._httpd is not None:
             return self
@@ -276,7 +287,13 @@ class _Handler(BaseHTTPRequestHandler):
                 self.stub.requests.append(req)
             self._send(200, _responses_body(req), {})
             return
-        if path.endswith("/chat/completions"):
+        model = ""
+        if ":" in path.rsplit("/", 1)[-1] and "/models/" in path:
+            model = self._gemini_model(path, headers, body, raw)
+            if not model:
+                return
+            api = "gemini"
+        elif path.endswith("/chat/completions"):
             api = "openai"
         elif path.endswith("/messages"):
             api = "anthropic"
@@ -293,15 +310,24 @@ class _Handler(BaseHTTPRequestHandler):
             with contextlib.suppress(OSError):
                 self.connection.shutdown(2)  # socket.SHUT_RDWR
             return
-        model = str(request.body.get("model", "stub-model"))
+        model = model or str(request.body.get("model", "stub-model"))
         n = len(self.stub.requests)
         if reply.echo_auth:
             creds = " ".join(f"{k}: {v}" for k, v in request.headers.items() if k in ("authorization", "x-api-key", "api-key"))
             reply = StubReply(text=None, status=reply.status if reply.status >= 400 else 401, error=f"{reply.error} (you sent {creds})".strip(), headers=reply.headers)
+        self._answer(api, reply, request, model, n)
+
+    def _answer(self, api: str, reply: StubReply, request: RecordedRequest, model: str, n: int) -> None:
+        """Send ``reply`` to ``request`` in its API's shape."""
         if reply.raw_body is not None:
             self._send_bytes(reply.status, reply.raw_body, reply.headers, reply.trickle)
         elif reply.status >= 400:
             self._send(reply.status, _error_body(api, reply), reply.headers, reply.trickle)
+        elif api == "gemini":
+            if request.path.endswith(":streamGenerateContent"):
+                self._stream(gemini_stub.events(reply, request, model), reply)
+            else:
+                self._send(200, gemini_stub.body(reply, request, model), reply.headers, reply.trickle)
         elif request.body.get("stream") is True:
             events = _openai_events(reply, model, n, request) if api == "openai" else _anthropic_events(reply, model, n, request)
             self._stream(events, reply)
@@ -309,6 +335,17 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, _openai_body(reply, model, n, request), reply.headers, reply.trickle)
         else:
             self._send(200, _anthropic_body(reply, model, n, request), reply.headers, reply.trickle)
+
+    def _gemini_model(self, path: str, headers: dict[str, str], body: Any, raw: bytes) -> str:
+        """The model a Gemini path names; "" when the request was answered here (``countTokens``)."""
+        model, method = path.rsplit("/", 1)[-1].rsplit(":", 1)
+        if method != "countTokens":
+            return model
+        req = RecordedRequest("gemini", path, headers, body if isinstance(body, dict) else {}, time.time(), raw)
+        with self.stub._lock:
+            self.stub.counted.append(req)
+        self._send(200, gemini_stub.count(req), {})
+        return ""
 
     def _stream(self, events: list[bytes], reply: StubReply) -> None:
         try:
@@ -360,6 +397,8 @@ def _tokens(request: RecordedRequest) -> int:
 
 
 def _error_body(api: str, reply: StubReply) -> dict[str, Any]:
+    if api == "gemini":
+        return gemini_stub.error_body(reply)
     if api == "anthropic":
         etype = _ANTHROPIC_ERROR_TYPES.get(reply.status, "api_error")
         return {"type": "error", "error": {"type": etype, "message": reply.error}}
