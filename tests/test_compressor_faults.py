@@ -19,13 +19,15 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ctxengine.engines.compressor import ContextCompressor
 from ctxengine.config import Config
+from ctxengine.engines.compressor import ContextCompressor
 from ctxengine.errors import ContextWindowError, SummarizerAuthError, SummarizerError
+from ctxengine.facts import Facts
 from ctxengine.manager import ContextManager
 from ctxengine.messages import Message, content_text, is_summary, validate
+from ctxengine.summarize.assembly import fit_ledger
 from ctxengine.summarize.base import render_sections
-from ctxengine.tokens import estimate_messages_tokens
+from ctxengine.tokens import estimate, estimate_messages_tokens
 
 TEMPLATE = render_sections({"Goal": ["- keep going"], "Progress/Done": ["- earlier work summarized"]})
 FAULTS = ("error", "auth", "bug", "empty", "prose", "cut-short", "huge", "echo-half", "echo-whole", "ok")
@@ -126,8 +128,11 @@ def test_no_user_message_is_dropped_under_any_summarizer_fault(faults: list[str]
     # host: the engine behind a manager without a store (the window cap after it), else alone
     mgr = ContextManager(Config(), model="gpt-4o", context_length=window, store=None, engine_factory=lambda: engine) if host else None
     system: Message = {"role": "system", "content": "You are a careful coding agent."}
-    if data is None:  # the campaign's shape: 30 short requests, a read and an answer each
-        rounds = [sum(([{"role": "user", "content": f"request 3-{t}: please handle item-3-{t} " + "and keep it tidy " * 50}, {"role": "assistant", "content": f"Done with item {t}; next."}] for t in range(30)), [])]
+    if data is None:  # the campaign's shape: 30 requests of ~200 words, an answer each
+        campaign: list[Message] = []
+        for t in range(30):
+            campaign += [{"role": "user", "content": f"request 3-{t}: please handle item-3-{t} " + "and keep it tidy " * 50}, {"role": "assistant", "content": f"Done with item {t}; next."}]
+        rounds = [campaign]
     else:
         n = data.draw(st.integers(1, 3), label="compactions")
         rounds = [data.draw(sessions(20 * r, data.draw(st.integers(3, 20), label="turns")), label=f"round {r}") for r in range(n)]
@@ -148,3 +153,20 @@ def test_no_user_message_is_dropped_under_any_summarizer_fault(faults: list[str]
         lost = dropped_users(given_users, out, engine)
         assert not lost, f"{len(lost)} of {len(given_users)} user messages neither verbatim nor kept (faults {faults}): {lost[0][:80]!r}"
         msgs = out
+
+
+def test_the_ledgers_last_resort_lists_every_user_message_it_leaves_out() -> None:
+    """When not even the ledger's headings fit beside a summary that cannot shrink, the summary
+    goes alone: every user message it does not hold is listed (the engine keeps it), those the
+    last ledger had quoted included."""
+    summary = render_sections({"Goal": ["- goal"], "Progress/Done": [f"- step {i} of the long work" for i in range(260)]})
+    users = ["go on", "now fix src/a.py", "please keep the API"]
+    required = Facts(users=users, paths=[f"src/deep/pkg_{i}/module_{i}.py" for i in range(200)])
+    budget = estimate(summary) + 30  # room for a few quotes, not for the facts' headings as well
+    ledger = fit_ledger(
+        summary, required, [], tokens_of=lambda m: 10, facts_of=lambda m: Facts(), hard_limit=100_000, context_length=200_000,
+        min_output_tokens=100, shrink=lambda text, tokens: text, budget=budget, quote_budget=budget // 2,
+    )
+    assert estimate(ledger.text) <= budget or ledger.text == summary
+    missing = [u for u in users if u not in ledger.text]
+    assert missing and sorted(missing) == sorted(ledger.unquoted_users)
