@@ -33,7 +33,7 @@ from ctxengine.summarize.assembly import split_summary
 from ctxengine.summarize.fold import summary_budget
 from ctxengine.tokens import estimate
 
-__all__ = ["AiderRun", "aider_session", "measure"]
+__all__ = ["REMINDER", "AiderRun", "aider_session", "measure", "with_reminder"]
 
 SYSTEM = (
     "Act as an expert software developer.\nAlways use best practices when coding.\n"
@@ -110,6 +110,21 @@ def aider_session(turns: int = 36, *, seed: int = 1) -> list[Message]:
         reply = "I will change the files as asked.\n\n" + "\n".join(_edit(rng, f) for f in chosen)
         out.append({"role": "assistant", "content": reply})
     return out
+
+
+REMINDER = (
+    "# *SEARCH/REPLACE block* Rules:\n\nEvery *SEARCH/REPLACE block* must use this format:\n"
+    "1. The *FULL* file path alone on a line, verbatim.\n2. The opening fence and code language.\n"
+    "ONLY EVER RETURN CODE IN A *SEARCH/REPLACE BLOCK*!"
+)
+"""aider's system reminder (``reminder: user``, its default, appends it to the newest user message)."""
+
+
+def with_reminder(history: list[Message], reminder: str = REMINDER) -> list[Message]:
+    """The request aider sends for ``history`` (which ends with a user message): the newest user
+    message with the reminder appended; next turn that message goes out without it again."""
+    last = history[-1]
+    return [*history[:-1], {**last, "content": f"{last['content']}\n\n{reminder}"}]
 
 
 @dataclass
