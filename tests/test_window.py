@@ -344,7 +344,7 @@ def test_without_recall_nothing_is_folded() -> None:
 def test_without_kept_originals_no_user_message_is_cut() -> None:
     msgs = _users_session(10, 60)
     cap = WindowCap(WindowLimit.for_window(500))
-    with pytest.raises(ContextWindowError, match="no store keeps the originals, so older user messages are kept whole"):
+    with pytest.raises(ContextWindowError, match="no session store keeps the originals, so older user messages are kept whole"):
         cap.fit(msgs)  # no store behind: a stub would be the only copy left
     small = _users_session(3, 8)
     small[3] = {**small[3], "content": _listing(300)}  # one output far over the window

@@ -268,7 +268,7 @@ class Fitting:
         """6. Nothing valid can be sent: the error names the sizes."""
         msgs, sizes, latest, reserve, w = self.msgs, self.sizes, self.latest, self.reserve, self.window
         tools = f" - tool definitions {reserve:,}" if reserve else ""
-        users = "older user message" if self.originals else "output (no store keeps the originals, so older user messages are kept whole)"
+        users = "older user message" if self.originals else "output (no session store keeps the originals, so older user messages are kept whole: enable the store or use a larger window)"
         return ContextWindowError(
             f"the request cannot fit the window: {self.total:,} tokens of messages after cutting every {users} "
             f"(limit {self.limit:,} = window {w.context_length:,} - completion reserve {w.reserve:,} "
