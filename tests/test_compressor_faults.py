@@ -114,7 +114,7 @@ def _quiet() -> Any:
     logging.disable(logging.NOTSET)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(
     faults=st.lists(st.sampled_from(FAULTS), min_size=1, max_size=3),
     window=st.sampled_from([500, 1_000, 2_000, 4_000, 8_000, 16_000, 32_000]),
@@ -135,7 +135,7 @@ def test_no_user_message_is_dropped_under_any_summarizer_fault(faults: list[str]
         rounds = [campaign]
     else:
         n = data.draw(st.integers(1, 3), label="compactions")
-        rounds = [data.draw(sessions(20 * r, data.draw(st.integers(3, 20), label="turns")), label=f"round {r}") for r in range(n)]
+        rounds = [data.draw(sessions(20 * r, data.draw(st.integers(3, 15), label="turns")), label=f"round {r}") for r in range(n)]
     given_users: list[str] = []
     msgs: list[Message] = [system]
     for new in rounds:

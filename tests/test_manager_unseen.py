@@ -166,3 +166,12 @@ def test_hermes_records_the_history_before_compacting_it(tmp_path: Path) -> None
     assert MIDDLE not in json.dumps(out)
     answer = json.loads(a.handle_tool_call("ctx_grep", {"query": MIDDLE}))
     assert answer["count"] == 1
+
+
+@pytest.mark.parametrize("engine", ["rules", "cacheaware", "compressor"])
+def test_an_engines_cut_names_no_recall_tool_the_model_cannot_call(engine: str) -> None:
+    mgr = ContextManager(Config().with_overrides(context={"engine": engine}), model="gpt-4o", context_length=16_000, store=SqliteStore(":memory:"))
+    out = mgr.prepare([*_opening(), *_tool_turn(), {"role": "user", "content": "well?"}], recall=False)
+    head = content_text(out[3]["content"]).split("\n")[0]
+    assert head.startswith("[ctxengine:cut ref=") and "kept verbatim in the session store" in head
+    assert "ctx_grep" not in json.dumps(out) and "ctx_expand" not in json.dumps(out)
