@@ -14,7 +14,7 @@ way the proxy does (the raw history each turn, a store, ``recall=False``) and re
 
 Usage::
 
-    python scripts/aider_session.py [--windows 16000,24000,40000] [--turns 36] [--seed 1] [--json out.json]
+    python scripts/aider_session.py [--windows 16000,24000,40000] [--turns 36] [--seed 1] [--reminder] [--json out.json]
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from ctxengine.summarize.assembly import split_summary
 from ctxengine.summarize.fold import summary_budget
 from ctxengine.tokens import estimate
 
-__all__ = ["AiderRun", "aider_session", "measure"]
+__all__ = ["REMINDER", "AiderRun", "aider_session", "measure", "with_reminder"]
 
 SYSTEM = (
     "Act as an expert software developer.\nAlways use best practices when coding.\n"
@@ -112,6 +112,21 @@ def aider_session(turns: int = 36, *, seed: int = 1) -> list[Message]:
     return out
 
 
+REMINDER = (
+    "# *SEARCH/REPLACE block* Rules:\n\nEvery *SEARCH/REPLACE block* must use this format:\n"
+    "1. The *FULL* file path alone on a line, verbatim.\n2. The opening fence and code language.\n"
+    "ONLY EVER RETURN CODE IN A *SEARCH/REPLACE BLOCK*!"
+)
+"""aider's system reminder (``reminder: user``, its default, appends it to the newest user message)."""
+
+
+def with_reminder(history: list[Message], reminder: str = REMINDER) -> list[Message]:
+    """The request aider sends for ``history`` (which ends with a user message): the newest user
+    message with the reminder appended; next turn that message goes out without it again."""
+    last = history[-1]
+    return [*history[:-1], {**last, "content": f"{last['content']}\n\n{reminder}"}]
+
+
 @dataclass
 class AiderRun:
     window: int
@@ -134,16 +149,17 @@ class AiderRun:
         return 1.0 - self.sent_tokens / self.full_tokens if self.full_tokens else 0.0
 
 
-def measure(window: int, *, turns: int = 36, seed: int = 1, recall: bool | None = False, config: Config | None = None) -> AiderRun:
+def measure(window: int, *, turns: int = 36, seed: int = 1, recall: bool | None = False, config: Config | None = None, reminder: bool = False) -> AiderRun:
     """Replay :func:`aider_session` through a manager at ``window`` tokens (see the module
-    docstring); tokens are the window cap's o200k counts."""
+    docstring); tokens are the window cap's o200k counts. ``reminder``: each request as aider
+    sends it by default (:func:`with_reminder`)."""
     history = aider_session(turns, seed=seed)
     ctx = ContextManager(config or Config(), model="gpt-4o", context_length=window, store=SqliteStore(":memory:"))
     run = AiderRun(window, summary_ceiling=summary_budget(10**9, window))
     count = ctx.window.measure
     streak = 0
     for end in range(4, len(history) + 1, 2):  # each request ends with a user turn
-        raw = history[:end]
+        raw = with_reminder(history[:end]) if reminder else history[:end]
         s = ctx._session("aider")
         compactions, cuts = s.compactions, s.window_cuts
         out = ctx.prepare(raw, session_id="aider", recall=recall) if recall is not None else ctx.prepare(raw, session_id="aider")
@@ -182,11 +198,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json")
     ap.add_argument("--recall", choices=("false", "default"), default="false", help="prepare(recall=False), or the default (None)")
+    ap.add_argument("--reminder", action="store_true", help="aider's default reminder: appended to the newest user message, dropped next turn")
     ns = ap.parse_args()
     recall = False if ns.recall == "false" else None
     rows: list[dict[str, Any]] = []
     for w in (int(x) for x in ns.windows.split(",")):
-        r = measure(w, turns=ns.turns, seed=ns.seed, recall=recall)
+        r = measure(w, turns=ns.turns, seed=ns.seed, recall=recall, reminder=ns.reminder)
         row = {**asdict(r), "saved": round(r.saved, 3)}
         rows.append(row)
         print(

@@ -424,6 +424,32 @@ def cases_summarizer(quick: bool) -> Iterator[Case]:
 
     yield Case("summarizer", "should-compress-loop", bounded_loop, limit=120.0)
 
+    for window in (500, 2_000):
+
+        def no_store(window: int = window) -> Result:
+            # a body cut short, the extractive fallback, no store: long user messages in a small
+            # window (the shape that once lost one of 30 user messages to the window cap)
+            with StubServer(default=StubReply(raw_body=b'{"choices": [{"message": ')) as server:
+                cfg = {
+                    "store": {"enabled": False},
+                    "auxiliary": {"compression": {"provider": "custom", "model": "stub", "base_url": server.openai_base_url, "context_length": 64_000, "timeout": 1.0, "deadline": DEADLINE, "max_retries": 0}},
+                }
+                ctx = ContextManager.from_config(Config.from_dict(cfg), model="gpt-4o", context_length=window)
+                msgs = agent_session(30, user_words=200, seed=3)
+                try:
+                    out = ctx.prepare(msgs)
+                except CtxEngineError as exc:
+                    if "user messages are kept whole" in str(exc):
+                        return Result("clean", "a clear error: the window cannot hold the user's words without a store")
+                    return Result("crash", f"{type(exc).__name__}: {str(exc)[:160]}")
+            sent = "\n".join(content_text(m.get("content")) for m in out)
+            gone = [u for u in user_texts(msgs) if u not in sent and not ctx.retrievable(u)]
+            if gone:
+                return Result("lost", f"{len(gone)} of {len(user_texts(msgs))} user messages neither verbatim nor kept")
+            return Result("over-window", f"{count_tokens(out):,} tokens") if over_window(out, window) else Result("clean")
+
+        yield Case("summarizer", f"cut-short-no-store@{window}", no_store, limit=60.0)
+
 
 # -- class: recall search ----------------------------------------------------------------------------------------------
 PATTERNS = ["(a+)+$", "(a|aa)+$", "(.*a){25}", "^(([a-z])+.)+[A-Z]([a-z])+$", "(x+x+)+y", "(\\w+\\s?)+$", "item-3-1[0-9]", "src/pkg/mod_9\\.py", "(?i)REQUEST"]

@@ -178,7 +178,7 @@ def test_an_engine_returning_an_invalid_chat_is_an_engine_error(tmp_path: Path) 
     cfg.write_text(f"plugins:\n  dirs: [{json.dumps(str(tmp_path / 'plugins'))}]\n  entry_points: false\n", encoding="utf-8")
     res = run("compact", str(EXAMPLE), "--engine", "dropper", "--config", str(cfg))
     assert res.exit_code == 2
-    assert "engine 'dropper' returned an invalid chat" in res.stderr and "valid in, valid out" in res.stderr
+    assert "engine 'dropper'" in res.stderr and "broke rule 1 (valid in, valid out)" in res.stderr and "(session example-" in res.stderr
 
 
 @pytest.mark.parametrize("engine", ["compressor", "lcm", "cacheaware"])

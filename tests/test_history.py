@@ -673,3 +673,17 @@ def test_aiders_trailing_reminder_is_not_history_every_turn_appends(tmp_path: Pa
     # a real edit of the history is still a branch
     t = mgr._sessions["s"].history.begin([*history[:3], {"role": "user", "content": "edited"}, reminder])
     assert t.kind == "branch"
+
+
+def test_a_message_retold_with_a_tail_added_or_dropped() -> None:
+    from ctxengine.history import same_but_tail
+
+    base = {"role": "user", "content": "fix the bug"}
+    told = {"role": "user", "content": "fix the bug\n\nReply with SEARCH/REPLACE blocks."}
+    assert same_but_tail(base, told) and same_but_tail(told, base)
+    parts = {"role": "user", "content": [{"type": "text", "text": "fix the bug"}, {"type": "image_url", "image_url": {"url": "u"}}]}
+    assert same_but_tail(parts, {**parts, "content": [*parts["content"], {"type": "text", "text": "reminder"}]})
+    assert same_but_tail({"role": "user", "content": [{"type": "text", "text": "fix the bug", "cache_control": {"type": "ephemeral"}}]}, told)
+    assert not same_but_tail(base, {"role": "user", "content": "please fix the bug"})  # a head is no tail
+    assert not same_but_tail(base, {"role": "assistant", "content": "fix the bug and more"})
+    assert not same_but_tail(base, {"role": "user", "content": "fix the bug!", "name": "other"})

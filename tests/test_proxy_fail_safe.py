@@ -104,7 +104,15 @@ def test_a_failure_outside_the_engine_sends_the_request_held_under_the_window(st
     history = long_history(30)
     with ProxyServer(config(stub, tmp_path)) as p:
         assert post(p, history, "outside").status_code == 200
-        assert_within_window(p, stub.requests[-1].body["messages"], history)
+        sent = stub.requests[-1].body["messages"]
+        assert_within_window(p, sent, history)
+        # what the window cap cut is in the session's store first, and its markers point there
+        cut = [m for m, h in zip(sent, history, strict=False) if m != h and m.get("role") == "tool"]
+        assert cut and all("kept verbatim in the session store" in m["content"].split("\n")[0] for m in cut)
+        store = p.proxy.manager(OPENAI, "gpt-4o").store
+        assert store is not None
+        hits = store.search("line 37 of src/mod3.py: value = compute(37, 3)")
+        assert hits and all(hit.role == "tool" for hit in hits)
         # a request that fits goes as the client sent it
         small = [{"role": "user", "content": "hello"}]
         assert post(p, small, "outside-small").status_code == 200

@@ -184,7 +184,9 @@ def test_a_retry_is_the_same_conversation_and_an_edit_only_for_a_clients_own_id(
             sid = router.route(key, req, branches=branches)
         assert router.route(key, chat[-1], branches=branches) == sid  # the same request again
         assert router.route(key, chat[-1][:-1], branches=branches) == sid  # the last message dropped
-        edited = [*chat[-1][:-2], {"role": "user", "content": "a: request 5, edited"}, chat[-1][-1]]
+        # (a tail added to the newest user message is the same turn retold: aider's reminder)
+        assert router.route(key, [*chat[-1][:-2], {"role": "user", "content": "a: request 5, please"}, chat[-1][-1]], branches=branches) == sid
+        edited = [*chat[-1][:-2], {"role": "user", "content": "a: edited request 5"}, chat[-1][-1]]
         again = router.route(key, edited, branches=branches)
         assert (again == sid) is branches
         # the client's own rewrite (its /compact) shares only the opening: a new conversation
@@ -397,3 +399,32 @@ def test_session_key_says_what_is_routed_and_how() -> None:
     assert not router.knows(own.key)
     router.seed(own.key, own.key, history, prompt=own.prompt)
     assert session_for(router, "anthropic", {}, body, body["system"], [*history, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "go"}]) == own.key
+
+
+def with_user_reminder(request: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """aider's default ``reminder: user``: the reminder appended to the newest user message
+    (instead of a system message at the end), that message resent without it next turn."""
+    history = request[:-1]  # the trailing system reminder of aider_chat
+    last = history[-1]
+    return [*history[:-1], {**last, "content": f"{last['content']}\n\nReply with whole files."}]
+
+
+def test_a_reminder_appended_to_the_newest_user_message_and_dropped_next_turn_is_one_session() -> None:
+    router = SessionRouter()
+    a, b = [[with_user_reminder(r) for r in aider_chat(t, 8)] for t in "ab"]
+    key = key_of(a[0])
+    ids_a, ids_b = [], []
+    for ra, rb in zip(a, b, strict=True):
+        ids_a.append(router.route(key, ra))
+        ids_b.append(router.route(key, rb))
+    assert len(set(ids_a)) == 1 and len(set(ids_b)) == 1 and ids_a[0] != ids_b[0]
+    # only the newest user message may be retold, and only by a tail: another edit is another chat
+    for resent, same in (("a: request 3", True), ("a: request 3\n\nReply with whole files.\nAnd more.", True), ("request 3", False), ("a: request 9", False)):
+        router = SessionRouter()
+        for r in a[:4]:
+            sid = router.route(key, r)
+        nxt = json.loads(json.dumps(a[4]))
+        at = len(a[3]) - 1  # where the newest user message of the last request was
+        assert nxt[at]["content"] == "a: request 3"
+        nxt[at]["content"] = resent
+        assert (router.route(key, nxt) == sid) is same, resent

@@ -335,9 +335,22 @@ def test_more_user_text_than_the_window_becomes_stubs_then_one_folded_line() -> 
 
 def test_without_recall_nothing_is_folded() -> None:
     msgs = _users_session(10, 60)
-    res = WindowCap(WindowLimit.for_window(500)).fit(msgs)  # no ref_for: no store behind
+    # no ref_for, but the caller keeps the originals (a store it recorded them in)
+    res = WindowCap(WindowLimit.for_window(500)).fit(msgs, originals=True)
     assert res.tokens <= res.limit
     assert not any(content_text(m.get("content")).startswith("[ctxengine:folded") for m in res.messages)
+
+
+def test_without_kept_originals_no_user_message_is_cut() -> None:
+    msgs = _users_session(10, 60)
+    cap = WindowCap(WindowLimit.for_window(500))
+    with pytest.raises(ContextWindowError, match="no session store keeps the originals, so older user messages are kept whole"):
+        cap.fit(msgs)  # no store behind: a stub would be the only copy left
+    small = _users_session(3, 8)
+    small[3] = {**small[3], "content": _listing(300)}  # one output far over the window
+    res = cap.fit(small)  # cutting outputs is enough: they are cut, every user message stays
+    assert res.cut and res.tokens <= res.limit
+    assert all(m in res.messages for m in small if m["role"] == "user")
 
 
 @pytest.mark.parametrize(

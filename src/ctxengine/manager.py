@@ -377,13 +377,22 @@ class ContextManager:
             return False
 
     # -- the turn ---------------------------------------------------------------------------
-    def fit_window(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None) -> list[Message]:
+    def fit_window(
+        self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None, *, session_id: str | None = None
+    ) -> list[Message]:
         """``messages`` held under the window by the window cap alone, ``tools`` counted as the
-        provider counts them: no engine, no session, nothing recorded (the originals of what is
-        cut are not kept). The last resort of a caller whose turn failed (the proxy's fail-open
-        path); raises :class:`~ctxengine.errors.ContextWindowError` when even the anchors overflow."""
+        provider counts them: no engine, and no session's state used or changed. The last resort
+        of a caller whose turn failed (the proxy's fail-open path); raises
+        :class:`~ctxengine.errors.ContextWindowError` when even the anchors overflow.
+
+        With ``session_id`` and a store, messages that are over the window are first recorded
+        in that session's store, as :meth:`prepare` records a turn's input (a failed write is
+        logged), and every cut points at its original (``kept verbatim in the session store``,
+        no recall tool named). Without them nothing is recorded: outputs and older user messages
+        are cut to their head and old exchanges dropped, with no marker saying the originals are
+        kept anywhere."""
         reserve = self._tool_counts.count(tools)[1] if tools else 0
-        return self.window.fit(messages, reserve=reserve, recall=False).messages
+        return self._cap.fit_alone(messages, reserve, session_id).messages
 
     def count_tokens(self, messages: Sequence[Message], *, session_id: str | None = None) -> int:
         """Tokens of ``messages`` as the decisions see them: the last real prompt tokens plus a
@@ -473,13 +482,28 @@ class ContextManager:
         """The messages to send, with ``cache_control`` markers when caching applies to this
         model and provider. A new list; ``messages`` is untouched: the marked messages are
         copies, the others are the same dicts (copying the whole history every turn would cost
-        more than the rest of the turn), so treat the request as read-only."""
+        more than the rest of the turn), so treat the request as read-only.
+
+        ``messages`` is meant to be what :meth:`prepare` returned. Given anything else (a tool
+        result appended after ``prepare``, a list ``prepare`` never saw, one it returned with
+        messages dropped), ``request`` prepares it first, exactly as ``prepare(messages,
+        tools)`` with the ``tools`` and ``recall`` of the session's last ``prepare`` would: the
+        new messages are validated and recorded in the session store before anything is cut,
+        the engine may compact, and the window cap's cuts point at the originals. Nothing is
+        ever cut unrecorded. Such a ``request`` is a turn (it may take as long as a compacting
+        ``prepare``); call :meth:`tools` after it, as usual, for the tool list to send."""
+        s = self._session(session_id)
+        with s.lock:
+            seen = s.history.is_working(messages)
+            tools, reach = s.agent_tools, s.reach.tools
+        if not seen:
+            log.debug("session %s: request() given messages prepare() did not return: prepared first", s.id)
+            messages = self._turns.prepare(s, messages, tools, TurnOptions(recall=None if reach else False))
         if self.cap_window:
             # the session's running sums: the list prepare just returned costs nothing here
-            s = self._session(session_id)
             with s.lock:
                 messages = self._cap.fit_request(s, messages)
-        return self._cache.mark(messages, self.breakpoints(messages, session_id=session_id), self._session(session_id).pace)
+        return self._cache.mark(messages, self.breakpoints(messages, session_id=session_id), s.pace)
 
     def cache_ttl(self, *, session_id: str | None = None) -> str:
         """The TTL of the cache markers of the request about to be sent in ``session_id``

@@ -131,6 +131,23 @@ def test_originals_through_two_compactions(store: SessionStore) -> None:
     assert store.originals("s") == [*msgs, {"role": "user", "content": "more"}]
 
 
+@pytest.mark.parametrize("kept", [1, 2])
+def test_originals_of_a_branch_off_what_a_compaction_kept_verbatim(store: SessionStore, kept: int) -> None:
+    """A turn that edits a message the last compaction kept verbatim (aider resends its newest
+    user message without the reminder it appended): the originals are the history before the
+    compaction up to the edit, then the new branch."""
+    msgs = [*_conversation(2), {"role": "user", "content": "now fix it\n\n(reminder)"}]
+    store.record_messages("s", msgs)
+    summary = {"role": "assistant", "content": "[CONTEXT COMPACTION] summary"}
+    after = [msgs[0], summary, *msgs[-kept:]]
+    store.record_compaction("s", {"engine": "x"}, msgs, after)
+    resent = {"role": "user", "content": "now fix it"}
+    branch = [*after[:-1], resent, {"role": "assistant", "content": "done"}, {"role": "user", "content": "next\n\n(reminder)"}]
+    store.record_messages("s", branch)
+    assert store.history("s") == branch
+    assert store.originals("s") == [*msgs[:-1], *branch[-3:]]
+
+
 def test_restore_moves_the_tip_without_losing_anything(store: SessionStore) -> None:
     msgs = _conversation(2)
     store.record_messages("s", msgs)

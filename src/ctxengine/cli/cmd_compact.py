@@ -1,14 +1,18 @@
 """``ctxengine compact``, ``ctxengine count`` and ``ctxengine engines``.
 
 ``compact`` runs one engine over saved sessions, as a manual ``/compress`` does (it always
-compacts, whatever the trigger says), through the one agent loop's isolated call
-(:func:`ctxengine.loop.run_compress`: a copy, ``context.engine_timeout``), and holds the window
-(:mod:`ctxengine.window`). The input is validated first, like the library's ``prepare`` does: an
-invalid message (orphan tool result, duplicate ids, ``content: 42``, a missing role, NaN…) is the
-input's fault and is reported with the file, the session and the index (exit 2), before any
-engine runs. The result must be a valid chat too (an invalid one is
-the engine's fault and is reported as :class:`~ctxengine.errors.EngineError` naming the broken
-rule). The result is written in the shape it came in: a JSON list stays a list, an object keeps its
+compacts, whatever the trigger says), through the library's own turn
+(:meth:`ctxengine.ContextManager.prepare` with ``compact=True``: the one agent loop's isolated
+call, ``context.engine_timeout``, the output guard, the window cap). Each session is recorded in
+the configured store under its id before anything is cut, as the library records a turn, with
+the compaction and any window cut as events: ``ctxengine sessions search`` / ``export
+--originals`` give back verbatim what the output no longer holds (its markers say the originals
+are kept in the session store; ``store.enabled: false`` records nothing). The input is
+validated first, like the library's ``prepare`` does: an invalid message (orphan tool result,
+duplicate ids, ``content: 42``, a missing role, NaN…) is the input's fault and is reported with
+the file, the session and the index (exit 2), before any engine runs. The result must be a
+valid chat too (an invalid one is the engine's fault and is reported as
+:class:`~ctxengine.errors.EngineError` naming the broken rule). The result is written in the shape it came in: a JSON list stays a list, an object keeps its
 other keys (``id``, ``tools``, ``meta``…), JSON Lines stay JSON Lines. The before/after table
 goes to stderr so stdout can be piped.
 """
@@ -24,17 +28,15 @@ from typing import Any
 import click
 
 from ctxengine.config import Config, load_config
-from ctxengine.engine import ContextEngine
 from ctxengine.errors import ConfigError, EngineError, InputError, TokenizerError
 from ctxengine.io import Document, Session, read_document
-from ctxengine.loop import run_compress
-from ctxengine.messages import Message, check, validate
+from ctxengine.manager import ContextManager, default_store
+from ctxengine.messages import Message, check
 from ctxengine.models import resolve_model
-from ctxengine.registry import EngineRegistry, create_engine
+from ctxengine.registry import EngineRegistry
 from ctxengine.storage import SessionRecorder
 from ctxengine.textsafe import clean, dumps
 from ctxengine.tokens import ExactCounter, estimate_messages_tokens, get_counter
-from ctxengine.window import WindowCap, WindowLimit
 
 PROGRESS_MIN_SESSIONS = 5
 """Files with at least this many sessions get a progress bar on stderr."""
@@ -93,16 +95,6 @@ def _progress(items: Sequence[Session], label: str) -> Iterator[Any]:
         yield items
 
 
-def _check_output(engine: ContextEngine, session: Session, out: Any) -> list[Message]:
-    if not isinstance(out, list):
-        raise EngineError(f"engine {engine.name!r} returned a {type(out).__name__}, not a list of messages (session {session.id})")
-    errors = [v for v in validate(out, allow_pending_calls=True) if v.severity == "error"]
-    if errors:
-        shown = "; ".join(str(v) for v in errors[:3])
-        raise EngineError(f"engine {engine.name!r} returned an invalid chat for session {session.id} (rule 'valid in, valid out'): {shown}")
-    return out
-
-
 def _table(rows: list[list[str]], align: str) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     out = []
@@ -118,8 +110,6 @@ def _store_for(config: Config) -> SessionRecorder | None:
     :meth:`ContextManager.from_config` accepts: a store path that is a directory, a file that is
     not a database, a PostgreSQL DSN that is not set are the same error here (exit 2) as there.
     ``None`` when the store is disabled."""
-    from ctxengine.manager import default_store
-
     return default_store(config)
 
 
@@ -146,7 +136,7 @@ def compact(file: str, engine_name: str | None, config_path: str | None, context
     name = engine_name or config.context.engine
     store = _store_for(config)  # checked for every engine, used by the lossless one
     try:
-        outputs, rows = _compact_all(config, inp, name, n, counter, store)
+        outputs, rows = _compact_all(config, inp, name, n, counter, store, model)
     finally:
         _close(store)
     text = _dump(inp, outputs)
@@ -161,36 +151,40 @@ def compact(file: str, engine_name: str | None, config_path: str | None, context
         click.echo(line, err=True)
 
 
-def _compact_all(config: Config, inp: Document, name: str, n: int | None, counter: Any, store: SessionRecorder | None) -> tuple[list[list[Message]], list[list[str]]]:
-    """Compact every session of ``inp``: the outputs and the report table's rows."""
-    from ctxengine.store.sqlite import SqliteStore
-
+def _compact_all(
+    config: Config, inp: Document, name: str, n: int | None, counter: Any, store: SessionRecorder | None, model: str | None = None
+) -> tuple[list[list[Message]], list[list[str]]]:
+    """Compact every session of ``inp`` through the library's turn
+    (:meth:`ContextManager.prepare` with ``compact=True``): each session's messages recorded in
+    the store under its id before anything is cut, the compaction and any window cut recorded
+    as events. Returns the outputs and the report table's rows."""
     outputs: list[list[Message]] = []
     rows = [["session", "messages", "tokens", "after", "reduction", "engine", "ms"]]
     before_total = after_total = 0
-    services: dict[str, Any] = {"store": store if store is not None else SqliteStore(":memory:")} if name == "lcm" else {}
-    ctx = config.context
     window_length = n or config.model.context_length or config.model.default_context_length
-    window = WindowCap(WindowLimit.for_window(window_length, completion_reserve=ctx.completion_reserve, margin_ratio=ctx.window_margin))
+    cfg = config.with_overrides(context={"engine": name})
+    # no model named: the window is given, so the name only labels the manager
+    mgr = ContextManager(cfg, model=model or cfg.model.default or "compact", context_length=window_length, store=store)
     with _progress(inp.sessions, "compacting") as sessions:
         for session in sessions:
-            engine = create_engine(config, name=name, context_length=n, **services)
-            engine.on_session_start(session.id)
+            sid = session.id
             before = counter.count_messages(session.messages)
             try:
-                outcome = run_compress(engine, session.messages, tokens=before, deadline=config.context.engine_timeout)
+                # recall=False: the file's reader gets no recall tools; markers say where the originals are
+                out = mgr.prepare(session.messages, session_id=sid, compact=True, recall=False)
+                engine_name = mgr.engine(sid).name
+                done = mgr.status(sid).get("last_compaction") or {}
             except EngineError as exc:
-                raise EngineError(f"{exc} (session {session.id})") from exc
-            ms = outcome.elapsed_ms
-            out = _check_output(engine, session, outcome.output)
-            out = window.fit(out).messages
-            engine.on_session_end(session.id, out)
+                raise EngineError(f"{exc} (session {sid})") from exc
+            finally:
+                mgr.end_session(sid)  # a later entry with the same id starts over
             after = counter.count_messages(out)
             before_total += before
             after_total += after
             outputs.append(out)
             red = 1.0 - after / before if before else 0.0
-            rows.append([clean(session.id), f"{len(session.messages)} → {len(out)}", f"{before:,}", f"{after:,}", f"{red:.1%}", engine.name, f"{ms:.1f}"])
+            ms = float(done.get("elapsed_ms") or 0.0)
+            rows.append([clean(sid), f"{len(session.messages)} → {len(out)}", f"{before:,}", f"{after:,}", f"{red:.1%}", engine_name, f"{ms:.1f}"])
     if len(inp.sessions) > 1:
         red = 1.0 - after_total / before_total if before_total else 0.0
         rows.append(["total", "", f"{before_total:,}", f"{after_total:,}", f"{red:.1%}", "", ""])

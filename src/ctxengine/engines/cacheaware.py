@@ -435,7 +435,8 @@ class CacheAwareEngine(ContextEngine):
         if lead is not None:  # a harness's header (Codex's exec output) on top of the body's lines
             budget += 2 * (estimate(lead) + 1)
         ref = ids.node([i], kind="cut", text=None)
-        cut = cut_output(text, budget_tokens=budget, ref=ref, head_lines=self.settings.head_lines, tail_lines=self.settings.tail_lines)
+        recall = self.originals is None or self.originals.reach.tools  # no recall tool named where none reaches the model
+        cut = cut_output(text, budget_tokens=budget, ref=ref, head_lines=self.settings.head_lines, tail_lines=self.settings.tail_lines, recall=recall)
         call = call_of(messages, i)
         if call is not None and cut.startswith("[ctxengine:cut"):
             first, _, rest = cut.partition("\n")

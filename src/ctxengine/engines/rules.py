@@ -405,7 +405,8 @@ class _Pass:
             if budget >= estimate(text):
                 return None  # its facts are the output: a record would not be shorter
         ref = self.refs.node([i], kind="cut", text=None)
-        cut = cut_output(text, budget_tokens=budget, ref=ref, head_lines=self.s.head_lines, tail_lines=self.s.tail_lines, known=self.known)
+        recall = self.e.originals is None or self.e.originals.reach.tools  # no recall tool named where none reaches the model
+        cut = cut_output(text, budget_tokens=budget, ref=ref, head_lines=self.s.head_lines, tail_lines=self.s.tail_lines, known=self.known, recall=recall)
         if cut == text or len(cut) >= len(text):
             return None
         first, _, rest = cut.partition("\n")

@@ -54,10 +54,11 @@ from ctxengine.history.markers import (
     MARKER_KEYS,
     first_difference,
     same_but_markers,
+    same_but_tail,
     without_markers,
 )
 from ctxengine.history.session import SessionHistory
 from ctxengine.history.tokens import WorkingTokens
 from ctxengine.history.turn import TurnInput, TurnKind
 
-__all__ = ["MARKER_KEYS", "SessionHistory", "TurnInput", "TurnKind", "WorkingTokens", "first_difference", "same_but_markers", "without_markers"]
+__all__ = ["MARKER_KEYS", "SessionHistory", "TurnInput", "TurnKind", "WorkingTokens", "first_difference", "same_but_markers", "same_but_tail", "without_markers"]

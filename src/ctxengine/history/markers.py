@@ -15,6 +15,7 @@ __all__ = [
     "marker_moves",
     "one_extends_the_other",
     "same_but_markers",
+    "same_but_tail",
     "without_markers",
 ]
 
@@ -84,6 +85,46 @@ def same_but_markers(a: Any, b: Any) -> bool:
     """Whether ``a`` and ``b`` are the same message once their transport details are left out
     (:func:`without_markers`)."""
     return a is b or a == b or without_markers(a) == without_markers(b)
+
+
+def _extends_content(longer: Any, shorter: Any) -> bool:
+    """Whether content ``longer`` is ``shorter`` with something appended: a longer string that
+    starts with it, or parts that start with its parts, the last shared text part's text
+    extended and/or more parts after it (a string counts as one text part)."""
+    if isinstance(longer, str) and isinstance(shorter, str):
+        return len(longer) > len(shorter) and longer.startswith(shorter)
+    if not isinstance(longer, list):
+        return False
+    parts = [{"type": "text", "text": shorter}] if isinstance(shorter, str) else shorter
+    if not isinstance(parts, list) or not parts or len(longer) < len(parts):
+        return False
+    n = len(parts)
+    if longer[: n - 1] != parts[: n - 1]:
+        return False
+    a, b = longer[n - 1], parts[-1]
+    if a == b:
+        return len(longer) > n
+    if not (isinstance(a, dict) and isinstance(b, dict) and a.get("type") == "text" == b.get("type")):
+        return False
+    ta, tb = a.get("text"), b.get("text")
+    rest_a = {k: v for k, v in a.items() if k != "text"}
+    rest_b = {k: v for k, v in b.items() if k != "text"}
+    return isinstance(ta, str) and isinstance(tb, str) and rest_a == rest_b and len(ta) > len(tb) and ta.startswith(tb)
+
+
+def same_but_tail(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` are the same message but for a tail one of them has appended to
+    its content (markers aside): aider appends its reminder to the newest user message and
+    sends that message without it next turn. Every other key must be the same."""
+    if same_but_markers(a, b):
+        return True
+    if type(a) is not dict or type(b) is not dict:
+        return False
+    pa, pb = without_markers(a), without_markers(b)
+    if {k: v for k, v in pa.items() if k != "content"} != {k: v for k, v in pb.items() if k != "content"}:
+        return False
+    ca, cb = pa.get("content"), pb.get("content")
+    return _extends_content(ca, cb) or _extends_content(cb, ca)
 
 
 def first_difference(a: list[Any], b: list[Any], n: int) -> int:

@@ -50,6 +50,16 @@ class SessionHistory:
         self.live_at: int | None = None  # caller index of the user message rewritten in place (live_texts)
 
     # -- the turn ----------------------------------------------------------------------------
+    def is_working(self, messages: Sequence[Message]) -> bool:
+        """Whether ``messages`` is the working context (the list the last turn returned), message
+        by message: the same dicts or equal ones, cache markers aside (a request marked from it).
+        Anything else holds messages no turn has seen (or drops some it returned)."""
+        w = self.working
+        if not self.turns or len(messages) != len(w):
+            return False
+        given = messages if isinstance(messages, list) else list(messages)
+        return given == w or all(same_but_markers(a, b) for a, b in zip(given, w, strict=True))
+
     def begin(self, messages: Sequence[Message]) -> TurnInput:
         """Map the caller's ``messages`` onto the working context (see the module docstring).
 

@@ -60,6 +60,20 @@ class CapStage:
             return messages
         return self.window.fit(messages, tally=s.tally, reserve=s.tool_window).messages
 
+    def fit_alone(self, messages: Sequence[Message], reserve: int, session_id: str | None) -> CapResult:
+        """``messages`` held under the window by the cap alone, no session state used or changed
+        (``ContextManager.fit_window``). When they are over and ``session_id`` is given, they are
+        recorded in that session's store first (:meth:`Recorder.originals`), so every cut points
+        at its original; without a store or ``session_id``, nothing is recorded, no message is
+        folded away and no marker names a ref."""
+        ref_for = None
+        if session_id is not None and self.recorder.store is not None and self.window.over(messages, reserve=reserve):
+            history = list(messages)
+            ids = self.recorder.originals(session_id, history)
+            if ids is not None and len(ids) == len(history):
+                ref_for = _refs(history, ids)
+        return self.window.fit(messages, ref_for=ref_for, reserve=reserve, recall=False)
+
     def cap(
         self,
         s: SessionState,

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from ctxengine.config import Config
 from ctxengine.errors import ConfigError, StoreError
-from ctxengine.history import TurnInput
+from ctxengine.history import TurnInput, without_markers
 from ctxengine.kernel.state import SessionState
 from ctxengine.messages import Message
 from ctxengine.storage import NodeBatchStore, NodeSpec, SessionAppender, SessionRecorder
@@ -115,6 +115,18 @@ class Recorder:
             self._failed(s, exc)
             return lambda: None
         return lambda: ids
+
+    def originals(self, session_id: str, messages: list[Message]) -> list[str] | None:
+        """Record ``messages`` as ``session_id``'s history outside any turn (a caller cutting a
+        request with no session state: ``ContextManager.fit_window``), without their cache
+        markers; their store ids, or ``None`` without a store or when the write failed (logged)."""
+        if self.store is None:
+            return None
+        try:
+            return list(self.store.record_messages(session_id, [without_markers(m) for m in messages]))
+        except Exception as exc:
+            log.warning("session store: recording the history of %s failed: %s", session_id, exc)
+            return None
 
     def _failed(self, s: SessionState, exc: Exception) -> None:
         s.history.forget_tip()

@@ -7,7 +7,7 @@ Every stage takes the :class:`SessionState` it works on as an argument and the
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,4 +126,6 @@ class SessionState:
     # of the provider's prompt tokens, which include it
     tool_tokens: int = 0
     tool_window: int = 0
+    # the agent's tool list the last prepare was given (what request() prepares unseen messages with)
+    agent_tools: Sequence[Mapping[str, Any]] | None = None
     window_version: int = 0  # the manager's window this session's engine was told (set_context_length)

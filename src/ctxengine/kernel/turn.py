@@ -89,7 +89,7 @@ class TurnPlanner:
             extra, extra_window = self.tools.cost(s, tools)  # recall offered after a cut
             tokens = capped.tokens + extra
             s.counter.reset()
-        s.tool_tokens, s.tool_window = extra, extra_window
+        s.tool_tokens, s.tool_window, s.agent_tools = extra, extra_window, tools
         s.last_sent = msgs
         s.last_tokens = tokens
         s.turns += 1

@@ -282,8 +282,9 @@ class Planning(Settling):
         """The plan of a request whose planning failed (fail open): the client's conversation
         held under the window by the window cap alone (:meth:`ContextManager.fit_window`), so
         what goes upstream is never over the window because context management failed; the
-        client's request unchanged when it fits, or when even this fails (logged). The
-        session's own state is not touched: its next request is planned as usual."""
+        client's request unchanged when it fits, or when even this fails (logged). What is cut
+        is recorded in the session's store first (its markers point there). The session's own
+        state is not touched: its next request is planned as usual."""
         plain = Plan(api, session, body, raw)
         try:
             mgr = self.manager(api, str(body["model"]))
@@ -291,7 +292,7 @@ class Planning(Settling):
             msgs, conv = api.read(body, scratch)
             tools = body.get("tools")
             frozen, live, counted = provider_compaction.split(msgs, tools if isinstance(tools, list) else None)
-            fitted = provider_compaction.join(frozen, mgr.fit_window(live, counted))
+            fitted = provider_compaction.join(frozen, mgr.fit_window(live, counted, session_id=session))  # what is cut: recorded first
             if _same(fitted, msgs):
                 return plain
             sent = outgoing(api, scratch, body, raw, conv, fitted, True, Marking([], mgr.caching.cache_ttl, mgr.caching.native_anthropic))

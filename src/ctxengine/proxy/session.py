@@ -56,7 +56,7 @@ from typing import Any
 
 import orjson
 
-from ctxengine.history import without_markers
+from ctxengine.history import same_but_tail, without_markers
 from ctxengine.messages import content_text
 
 __all__ = [
@@ -349,7 +349,12 @@ class SessionRouter:
 
     * a request whose history **continues** a live conversation of the key (the conversation's
       last history is a prefix of this one: the usual turn, cache markers ignored) is that
-      conversation; the longest such one when several are (a retry of a shorter one is rare);
+      conversation; the longest such one when several are (a retry of a shorter one is rare).
+      The conversation's newest user message may come back with a tail added or dropped:
+      aider (``reminder: user``, its default) appends its reminder to the newest user message
+      and resends that message without it next turn, a rewrite of its own tail, not another
+      conversation (the manager branches at that message: the store keeps both versions as
+      sent, and nothing dropped goes upstream again);
     * a request whose history **is a prefix** of a live conversation's last one (a retry, a
       regenerated answer: the client dropped its latest messages) is that conversation;
     * with ``branches=True`` (a client's own id), a request that shares more than the opening
@@ -495,21 +500,31 @@ def _samples(messages: Sequence[Any]) -> dict[int, Any]:
     return {i: messages[i] for i in sample_positions(len(messages))}
 
 
+def _retold(message: Any, seen: Any) -> bool:
+    """Whether ``message`` is the conversation's newest user message ``seen`` sent again with a
+    tail added or dropped (aider's ``reminder: user`` appends its reminder to the newest user
+    message and resends that message without it next turn): the same turn, not another chat."""
+    return isinstance(seen, Mapping) and seen.get("role") == "user" and same_but_tail(message, seen)
+
+
 def _agreement(conv: _Conversation, messages: Sequence[Any], m: int) -> tuple[int, bool] | None:
     """How far the request agrees with ``conv``'s last history: ``(shared, whole)``, ``shared``
     a lower bound of the messages they have in common (one past the furthest sampled position
     where they agree, every sampled position before it agreeing too), ``whole`` when every
     sample of ``conv`` agrees and the request is at least as long. ``None`` when they differ at
     the very first sampled position (nothing shared). Messages are compared as objects (the
-    same object, or equal: in C), and without their markers only where that fails."""
+    same object, or equal: in C), and without their markers only where that fails; the
+    conversation's last message, when a user message, also agrees with itself retold with a
+    tail added or dropped (:func:`_retold`)."""
     shared = 0
     whole = m >= conv.length
+    last = conv.length - 1
     for i, seen in conv.samples.items():
         if i >= m:
             whole = False
             break
         a = messages[i]
-        if a is not seen and a != seen and without_markers(a) != without_markers(seen):
+        if a is not seen and a != seen and without_markers(a) != without_markers(seen) and not (i == last and _retold(a, seen)):
             whole = False
             break
         shared = i + 1

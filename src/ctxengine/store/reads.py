@@ -46,10 +46,36 @@ class Reads(SqlCore):
                     pk = chain[i][0]
                     if pk in by_after and pk not in seen:
                         return expand(by_after[pk], seen | {pk}) + [body for _, _, body in chain[i + 1 :]]
+                # no compaction's result on the way: the chain may branch off one inside the
+                # messages it kept verbatim (a turn edited right after a compaction)
+                for after_tip, before_tip in reversed(by_after.items()):
+                    if after_tip in seen:
+                        continue
+                    tail = self._kept_verbatim(cur, after_tip, before_tip)
+                    for i in range(len(chain) - 1, -1, -1):
+                        if chain[i][0] in tail:
+                            return expand(tail[chain[i][0]], seen | {after_tip}) + [body for _, _, body in chain[i + 1 :]]
                 return [body for _, _, body in chain]
 
             bodies = expand(tip, frozenset())
         return [json.loads(b) for b in bodies]
+
+    def _kept_verbatim(self, cur: Any, after_tip: int, before_tip: int | None) -> dict[int, int]:
+        """Where a chain may leave a compaction's result and still have originals: each message it
+        kept verbatim at the end of its result (the common tail of the histories after and before
+        it, compared by body) and the message just before them (the end of what it compacted),
+        by pk in the result, mapped to the pk of the same point in the history before."""
+        after, before = self._chain(cur, after_tip), self._chain(cur, before_tip)
+        out: dict[int, int] = {}
+        t = 0
+        for (apk, _, abody), (bpk, _, bbody) in zip(reversed(after), reversed(before), strict=False):
+            if abody != bbody:
+                break
+            out[apk] = bpk
+            t += 1
+        if t < len(after) and t < len(before):
+            out[after[-1 - t][0]] = before[-1 - t][0]
+        return out
 
     def get_session(self, session_id: str) -> SessionInfo:
         with self._read() as cur:

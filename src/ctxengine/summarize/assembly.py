@@ -302,10 +302,12 @@ def _fit_within(summary: str, budget: int, ledger_for: _LedgerFor, shrink: Calla
         room = max(0, budget - estimate(base) - over - 8 * (_ + 1))
         ledger = ledger_for(base, room)
     if estimate(ledger.text) > budget:
-        # not even the ledger's headings fit: the prose alone, everything it missed counted
-        users = [*ledger.briefed_users, *ledger.unquoted_users]
-        dropped = {k: n + ledger.added.get(k, 0) for k, n in ledger.dropped.items()}
-        ledger = LedgerResult(shrink(base, budget), dropped=dropped, unquoted_users=users)
+        # not even the ledger's headings fit: the prose alone, everything it missed counted:
+        # the ledger of the prose with no room lists every user message and fact it misses
+        # (those the last ledger quoted included: they are no longer in the text)
+        prose = shrink(base, budget)
+        missed = ledger_for(prose, 0)
+        ledger = LedgerResult(prose, dropped=dict(missed.dropped), unquoted_users=[*missed.briefed_users, *missed.unquoted_users])
     return ledger
 
 

@@ -31,7 +31,10 @@ breaks; no user message is lost: one stubbed or folded stays in the store, retur
    limit of headroom, so the next turns do not cut again by a few tokens each;
 2. oversized tool-call arguments (the arguments become a JSON object holding the cut text);
 3. older user messages become recall stubs (a cut with their ``ref``), oldest first;
-   with recall (a store), then every older user message down to its marker alone;
+   with recall (a store), then every older user message down to its marker alone. Only when
+   their originals are kept: without a store (no ``ref_for``), no user message, and no summary
+   that quotes one, is ever cut (there is no other copy), so a request that fits only that way
+   is a :class:`~ctxengine.errors.ContextWindowError` saying so;
 4. whole old exchanges (an assistant message and its tool results), oldest first, never the
    last one (only when the messages alone, each cut to its marker, overflow: thousands of
    turns in a small window);
@@ -50,7 +53,8 @@ size, the running sums), :mod:`~ctxengine.window.cap` (:class:`WindowCap`: measu
 
 The originals are in the session store (the manager records every message each turn), so
 everything cut stays retrievable verbatim through recall (:mod:`ctxengine.recall`). Without a
-store the cut keeps the facts it can list and the marker has no ``ref``.
+store the cut keeps the facts it can list, the marker has no ``ref``, and only outputs and the
+engine's own texts are cut.
 """
 
 

@@ -96,6 +96,7 @@ class WindowCap:
         tally: WindowTally | None = None,
         reserve: int = 0,
         recall: bool = True,
+        originals: bool | None = None,
     ) -> CapResult:
         """``messages`` within the limit (a new list when anything was cut; the input is never
         mutated). ``estimated`` is accepted for callers that have a count and ignored (see
@@ -105,7 +106,11 @@ class WindowCap:
         messages get ``limit - reserve``. ``recall`` False: the recall tools do not reach the
         model, so no marker or note names them (they say the originals are in the session store).
         When nothing is cut, ``tokens`` of the result (the messages') may be an upper bound of
-        the exact size. Raises :class:`ContextWindowError` when even the anchors overflow."""
+        the exact size. ``originals``: whether the originals of what is cut are kept (a store
+        recorded them); by default when ``ref_for`` is given. When they are not, no user message
+        is cut (there would be no other copy of it), and a request that fits only by cutting
+        one is a :class:`ContextWindowError`. Raises :class:`ContextWindowError` when even the
+        anchors overflow."""
         del estimated
         limit = self.limit - reserve
         t = tally if tally is not None else WindowTally()
@@ -125,7 +130,8 @@ class WindowCap:
                     f"(window {self.window.context_length:,} - completion reserve {self.window.reserve:,} - margin {self.window.margin:,}): "
                     "send fewer tools or use a model with a larger window"
                 )
-            Fitting(self.counter, self.window, messages, result, sizes, ref_for=ref_for, reserve=reserve, recall=recall).run()
+            kept = ref_for is not None if originals is None else originals
+            Fitting(self.counter, self.window, messages, result, sizes, ref_for=ref_for, reserve=reserve, recall=recall, originals=kept).run()
         except ContextWindowError:
             t.reset()
             raise

@@ -73,6 +73,13 @@ def fold_message(n: int, users: int, *, recall: bool = True) -> Message:
     return {"role": "user", "content": header("folded", detail)}
 
 
+def _holds_user_words(m: Message) -> bool:
+    """Whether ``m`` carries the user's words: a user-role summary (it may open a user message
+    whose words follow it) or a summary quoting older user messages (the ledger's ``<<<`` …
+    ``>>>`` blocks). Without a store they exist nowhere else: the cap does not cut them."""
+    return m.get("role") == "user" or "<<<\n" in content_text(m.get("content"))
+
+
 class Fitting:
     """One request over ``limit`` cut to it (:meth:`run`): ``result.messages`` is the working
     copy of ``messages``, ``sizes`` their exact sizes, ``total`` their sum."""
@@ -88,6 +95,7 @@ class Fitting:
         ref_for: RefFor | None,
         reserve: int = 0,
         recall: bool = True,
+        originals: bool = True,
     ) -> None:
         self.counter = counter
         self.window = window
@@ -101,6 +109,7 @@ class Fitting:
         self.ref_for = ref_for
         self.reserve = reserve
         self.recall = recall
+        self.originals = originals  # the originals of what is cut are kept: user messages may be stubbed
         self.latest = latest_user(self.msgs)
         self.headroom = int(HEADROOM_RATIO * self.limit)
 
@@ -140,6 +149,7 @@ class Fitting:
             and (m.get("role") in ("tool", "function", "assistant") or (m.get("role") in ("user", "system") and is_summary(m)))
             and isinstance(m.get("content"), str | list)
             and content_text(m.get("content"))
+            and (self.originals or not _holds_user_words(m))
         ]
         floor = max(MARKER_TOKENS, min(MIN_KEEP_TOKENS, self.limit // 40))
 
@@ -169,9 +179,10 @@ class Fitting:
 
     def stub_users(self) -> None:
         """3. Older user messages become recall stubs, oldest first; still over, and only with
-        recall (which returns them whole): older user messages down to the marker alone."""
+        recall (which returns them whole): older user messages down to the marker alone. Only
+        when their originals are kept (``originals``): otherwise a user message is never cut."""
         stub_floor = max(MARKER_TOKENS, min(STUB_TOKENS, self.limit // 40))
-        if self.over:
+        if self.over and self.originals:
             for i, m in enumerate(self.msgs):
                 if not self.over:
                     break
@@ -257,8 +268,9 @@ class Fitting:
         """6. Nothing valid can be sent: the error names the sizes."""
         msgs, sizes, latest, reserve, w = self.msgs, self.sizes, self.latest, self.reserve, self.window
         tools = f" - tool definitions {reserve:,}" if reserve else ""
+        users = "older user message" if self.originals else "output (no session store keeps the originals, so older user messages are kept whole: enable the store or use a larger window)"
         return ContextWindowError(
-            f"the request cannot fit the window: {self.total:,} tokens of messages after cutting every output and older user message "
+            f"the request cannot fit the window: {self.total:,} tokens of messages after cutting every {users} "
             f"(limit {self.limit:,} = window {w.context_length:,} - completion reserve {w.reserve:,} "
             f"- margin {w.margin:,}{tools}); the system prompt and the latest user message alone are "
             f"{sizes[0] if msgs and is_first_system(msgs, 0) else 0:,} + {sizes[latest] if latest >= 0 else 0:,} tokens"

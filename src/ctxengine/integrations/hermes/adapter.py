@@ -361,7 +361,8 @@ class HermesAdapter:
                 self._cap = WindowCap(WindowLimit.for_window(self.context_length, completion_reserve=ctx.completion_reserve, margin_ratio=ctx.window_margin))
             cap = self._cap
         try:
-            result = cap.fit(out, recall=self._recall_tools() is not None)
+            # the history was recorded before compress (_record_history): with a store, what is cut is kept
+            result = cap.fit(out, recall=self._recall_tools() is not None, originals=self.store is not None)
         except ContextWindowError as exc:
             log.warning("ctxengine: the compacted context does not fit the window: %s", exc)
             return out
