@@ -143,28 +143,37 @@ class CtxEngineHook(CustomLogger):  # type: ignore[misc]  # LiteLLM is untyped
 
     async def async_pre_call_deployment_hook(self, kwargs: dict[str, Any], call_type: Any) -> dict[str, Any] | None:
         """The request with its messages mapped onto the session's working context (compacted
-        when due), or ``None`` (unchanged: not a chat call, or nothing to change)."""
+        when due), or ``None`` (unchanged: not a chat call, nothing to change, or a failure
+        even the window cap could not hold: logged and counted, never raised)."""
         api = _APIS.get(str(getattr(call_type, "value", call_type)))
         if api is None or not isinstance(kwargs.get("messages"), list):
             return None
-        started = time.perf_counter()
-        body: dict[str, Any] = {}
-        plan = Plan(api, "", body, b"")
         try:
-            body = _body(kwargs)
-            if api.problem(body) is not None:
-                return None
-            raw = orjson.dumps(body)
-            plan = Plan(api, "", body, raw)
+            return await self._pre_call(api, kwargs)
+        except Exception as exc:  # the call goes on as it came
+            self.failed += 1
+            self.proxy._fail_open(api, Plan(api, "", {}, b""), "hook", exc)
+            return None
+
+    async def _pre_call(self, api: Api, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        started = time.perf_counter()
+        body = _body(kwargs)
+        if api.problem(body) is not None:
+            return None
+        raw = orjson.dumps(body)
+        plan = Plan(api, "", body, raw)
+        try:
             self.windows.note(body["model"], kwargs)
             plan.session = await self._session(api, _headers(kwargs), body)
             plan = await self.proxy._planned(api, plan.session, body, raw)
         except Exception as exc:  # fail open: the request held under the window by the cap alone
             self.failed += 1
             self.proxy._fail_open(api, plan, "prepare", exc)
-            if not plan.content:
+            try:
+                plan = await anyio.to_thread.run_sync(self.proxy._plan_capped, api, plan.session, body, raw)
+            except Exception as cap:  # not even the window cap: the call goes as it came
+                log.warning("the window cap could not hold a failed call; it goes unchanged: %s: %s", type(cap).__name__, cap)
                 return None
-            plan = await anyio.to_thread.run_sync(self.proxy._plan_capped, api, plan.session, body, plan.content)
         plan.added = time.perf_counter() - started
         self._hold(str(kwargs.get("litellm_call_id") or ""), plan)
         return _applied(kwargs, plan, body)
