@@ -16,19 +16,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-import anthropic
-import openai
 import pytest
 
 from ctxengine.bench.litellm_env import (
     Deployment,
     LiteLLMEnvUnavailable,
     LiteLLMProxy,
+    anthropic_task,
     litellm_config,
     litellm_python,
+    openai_task,
 )
 from ctxengine.store.sqlite import SqliteStore
-from ctxengine.testing.strict_upstream import StrictUpstream, Task, count_request_tokens
+from ctxengine.testing.strict_upstream import StrictUpstream, Task
 
 pytestmark = pytest.mark.litellm
 
@@ -36,8 +36,6 @@ REPO = Path(__file__).resolve().parents[2]
 KEY = "sk-litellm-master"
 WINDOW = 20_000
 STEPS = 8  # 8 files of ~3K tokens: 24K+ of history at a 20K window
-READ = {"type": "function", "function": {"name": "read_file", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}
-READ_ANTHROPIC = {"name": "read_file", "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}
 
 
 @pytest.fixture(scope="module")
@@ -46,41 +44,6 @@ def litellm_py() -> Path:
         return litellm_python(REPO / ".cache" / "litellm-venv", REPO)
     except LiteLLMEnvUnavailable as exc:
         pytest.skip(f"LiteLLM unavailable: {exc}")
-
-
-def _openai_task(base_url: str, task: Task) -> list[int]:
-    """The task through the OpenAI SDK; the tokens of each request the client sent."""
-    client = openai.OpenAI(base_url=base_url + "/v1", api_key=KEY, max_retries=0)
-    messages: list[dict[str, Any]] = [{"role": "user", "content": task.prompt}]
-    sent = []
-    for _ in range(task.steps + 3):
-        sent.append(count_request_tokens({"messages": messages, "tools": [READ]}))
-        r = client.chat.completions.create(model="agent-model", messages=messages, tools=[READ])  # type: ignore[arg-type]
-        msg = r.choices[0].message
-        messages.append(msg.model_dump(exclude_none=True))
-        if not msg.tool_calls:
-            break
-        for call in msg.tool_calls:
-            path = Path(json.loads(call.function.arguments)["path"])  # type: ignore[union-attr]
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": path.read_text()})
-    return sent
-
-
-def _anthropic_task(base_url: str, task: Task) -> list[int]:
-    """The task through the Anthropic SDK, streamed; the tokens of each request it sent."""
-    client = anthropic.Anthropic(base_url=base_url, api_key=KEY, max_retries=0)
-    messages: list[dict[str, Any]] = [{"role": "user", "content": task.prompt}]
-    sent = []
-    for _ in range(task.steps + 3):
-        sent.append(count_request_tokens({"messages": messages, "tools": [READ_ANTHROPIC]}))
-        with client.messages.stream(model="claude-agent", max_tokens=1024, messages=messages, tools=[READ_ANTHROPIC]) as stream:  # type: ignore[arg-type]
-            final = stream.get_final_message()
-        messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in final.content]})
-        uses = [b for b in final.content if b.type == "tool_use"]
-        if not uses:
-            break
-        messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": u.id, "content": Path(u.input["path"]).read_text()} for u in uses]})  # type: ignore[index]
-    return sent
 
 
 def _upstream_bodies(log: Path, path: str) -> list[dict[str, Any]]:
@@ -119,10 +82,10 @@ def test_openai_and_anthropic_clients_through_the_litellm_proxy(tmp_path: Path, 
         )
         runs = {}
         with LiteLLMProxy(litellm_py, config, tmp_path / "litellm.log", {"CTXENGINE_CONFIG": str(tmp_path / "ctxengine.yaml")}) as proxy:
-            for name, run in (("openai", _openai_task), ("anthropic", _anthropic_task)):
-                up.reset()
-                sent = run(proxy.base_url, task)
-                runs[name] = (sent, dict(up.stats))
+            up.reset()
+            runs["openai"] = (openai_task(proxy.base_url + "/v1", KEY, "agent-model", task), dict(up.stats))
+            up.reset()
+            runs["anthropic"] = (anthropic_task(proxy.base_url, KEY, "claude-agent", task), dict(up.stats))
             texts = _originals(store_path, 2)
             assert "context management failed" not in proxy.tail(2000), proxy.tail()  # no call failed open
     for name, (sent, stats) in runs.items():

@@ -24,11 +24,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-import yaml
-
 from ctxengine.bench.venvs import VenvUnavailable, ensure_venv, venv_python
 
-__all__ = ["LITELLM_SPEC", "Deployment", "LiteLLMEnvUnavailable", "LiteLLMProxy", "ensure_litellm_venv", "litellm_config", "litellm_python", "venv_dir"]
+__all__ = [
+    "LITELLM_SPEC",
+    "Deployment",
+    "LiteLLMEnvUnavailable",
+    "LiteLLMProxy",
+    "anthropic_task",
+    "ensure_litellm_venv",
+    "litellm_config",
+    "litellm_python",
+    "openai_task",
+    "venv_dir",
+]
 
 LITELLM_SPEC = "litellm[proxy]>=1.80,<2"
 """What the venv installs beside ``ctxengine[litellm]``: the proxy's server and its parts."""
@@ -89,6 +98,8 @@ class Deployment:
 
 def litellm_config(deployments: Sequence[Deployment], *, master_key: str, hook: bool = True) -> str:
     """A LiteLLM proxy config (YAML) serving ``deployments``; ``hook``: naming ctxengine's hook."""
+    import yaml
+
     models: list[dict[str, Any]] = []
     for d in deployments:
         entry: dict[str, Any] = {"model_name": d.name, "litellm_params": {"model": d.model, "api_base": d.api_base, "api_key": "sk-upstream"}}
@@ -167,3 +178,57 @@ class LiteLLMProxy:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# -- the strict upstream's task driven by the official SDKs (through a LiteLLM or ctxengine proxy)
+
+READ_TOOL = {"type": "function", "function": {"name": "read_file", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}
+READ_TOOL_ANTHROPIC = {"name": "read_file", "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}
+
+
+def openai_task(base_url: str, api_key: str, model: str, task: Any, *, headers: Mapping[str, str] | None = None) -> list[int]:
+    """``task`` (:class:`~ctxengine.testing.strict_upstream.Task`) through the OpenAI SDK at
+    ``base_url`` (ending in ``/v1``), reading each file the model asks for; the o200k tokens of
+    each request the client sent (as the strict upstream counts them)."""
+    import json
+
+    import openai
+
+    from ctxengine.testing.strict_upstream import count_request_tokens
+
+    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, default_headers=dict(headers or {}))
+    messages: list[dict[str, Any]] = [{"role": "user", "content": task.prompt}]
+    sent = []
+    for _ in range(task.steps + 3):
+        sent.append(count_request_tokens({"messages": messages, "tools": [READ_TOOL]}))
+        r = client.chat.completions.create(model=model, messages=messages, tools=[READ_TOOL])  # type: ignore[arg-type, list-item]
+        msg = r.choices[0].message
+        messages.append(msg.model_dump(exclude_none=True))
+        if not msg.tool_calls:
+            break
+        for call in msg.tool_calls:
+            path = Path(json.loads(call.function.arguments)["path"])  # type: ignore[union-attr]
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": path.read_text()})
+    return sent
+
+
+def anthropic_task(base_url: str, api_key: str, model: str, task: Any) -> list[int]:
+    """``task`` through the Anthropic SDK at ``base_url``, streamed; the tokens of each request."""
+    import anthropic
+
+    from ctxengine.testing.strict_upstream import count_request_tokens
+
+    client = anthropic.Anthropic(base_url=base_url, api_key=api_key, max_retries=0)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": task.prompt}]
+    sent = []
+    for _ in range(task.steps + 3):
+        sent.append(count_request_tokens({"messages": messages, "tools": [READ_TOOL_ANTHROPIC]}))
+        with client.messages.stream(model=model, max_tokens=1024, messages=messages, tools=[READ_TOOL_ANTHROPIC]) as stream:  # type: ignore[arg-type, list-item]
+            final = stream.get_final_message()
+        messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in final.content]})
+        uses = [b for b in final.content if b.type == "tool_use"]
+        if not uses:
+            break
+        results = [{"type": "tool_result", "tool_use_id": u.id, "content": Path(str(u.input["path"])).read_text()} for u in uses]
+        messages.append({"role": "user", "content": results})
+    return sent
