@@ -49,6 +49,24 @@ async def _task(up: StrictUpstream, task: Task) -> list[dict[str, Any]]:
     return messages
 
 
+async def _naming(up: StrictUpstream, work: Path, opening: list[dict[str, Any]]) -> list[str]:
+    """The same opening sent as four conversations named four ways: the stored session ids."""
+    hook = _hook(work, "naming")
+    litellm.callbacks = [hook]
+    ways: list[dict[str, Any]] = [
+        {"litellm_session_id": "conv-a"},
+        {"metadata": {"session_id": "conv-b"}},
+        {"extra_headers": {"x-ctxengine-session": "named-c"}},
+        {},
+    ]
+    for extra in ways:
+        await litellm.acompletion(model=MODEL, api_base=up.openai_base_url, api_key="sk-upstream", messages=opening, tools=[READ], **extra)
+    await asyncio.sleep(0.5)
+    hook.close()
+    store = SqliteStore(work / "naming.db")
+    return sorted(s.id for s in store.list_sessions())
+
+
 def _stats(up: StrictUpstream) -> dict[str, Any]:
     s = up.stats
     return {"finished": s["finished"], "requests": s["requests"], "rejected": dict(s["rejected"]), "over_window": s["over_window"], "max_tokens_seen": s["max_tokens_seen"]}
@@ -68,6 +86,8 @@ async def main(work: Path) -> dict[str, Any]:
         sessions = [s.id for s in store.list_sessions()]
         originals = json.dumps([store.originals(s) for s in sessions])
         out["sdk"] = {**_stats(up), "failed": hook.failed, "sessions": sessions, "markers": [f"MARKER part{i:02d}" in originals for i in range(1, task.steps + 1)], "client_tokens": count_request_tokens({"messages": history[:-1], "tools": [READ]})}
+
+        out["naming"] = await _naming(up, work, history[:3])
 
         over = history[:-1]  # the whole task's history: over the window
         for name in ("capped", "unchanged"):

@@ -125,6 +125,9 @@ def test_the_sdk_line_and_failing_open(tmp_path: Path, litellm_py: Path) -> None
     assert sdk["finished"] and sdk["rejected"] == {} and sdk["over_window"] == 0, sdk
     assert sdk["client_tokens"] > 20_000 >= sdk["max_tokens_seen"], sdk
     assert sdk["failed"] == 0 and len(sdk["sessions"]) == 1 and all(sdk["markers"]), sdk
+    # LiteLLM's session id (the request's, or metadata's), a name, else derived: never mixed
+    naming = out["naming"]
+    assert naming[:3] == ["litellm:conv-a", "litellm:conv-b", "named-c"] and naming[3].startswith("px-") and len(naming) == 4, naming
     # planning broke: the call succeeded, held under the window by the window cap alone; counted
     capped = out["capped"]
     assert out["client_over_tokens"] > 20_000, out
