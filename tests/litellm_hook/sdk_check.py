@@ -7,7 +7,8 @@ LiteLLM SDK with one line (``litellm.callbacks = [hook]``), and the hook failing
    against the strict upstream, the hook in ``litellm.callbacks``;
 2. ``capped``: a hook whose planning raises, given a history over the window: the call still
    succeeds, what reaches the upstream is held under the window by the window cap alone;
-3. ``unchanged``: planning and the window cap both raise: the call goes as it came.
+3. ``naming``, ``retry``: how sessions are named; a call LiteLLM sends twice;
+4. ``unchanged``: planning and the window cap both raise: the call goes as it came.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,19 @@ async def _naming(up: StrictUpstream, work: Path, opening: list[dict[str, Any]])
     return sorted(s.id for s in store.list_sessions())
 
 
+async def _retry(work: Path, opening: list[dict[str, Any]]) -> dict[str, Any]:
+    """One call planned twice (LiteLLM retries it, or falls back): the second is not kept
+    waiting for the first's after-work, which never comes."""
+    hook = _hook(work, "retry")
+    kwargs = {"model": MODEL, "messages": opening, "tools": [READ], "litellm_call_id": "one-call"}
+    started = time.perf_counter()
+    for _ in range(2):
+        await hook.async_pre_call_deployment_hook(dict(kwargs), "acompletion")
+    seconds = time.perf_counter() - started
+    hook.close()
+    return {"seconds": seconds, "failed": hook.failed}
+
+
 def _stats(up: StrictUpstream) -> dict[str, Any]:
     s = up.stats
     return {"finished": s["finished"], "requests": s["requests"], "rejected": dict(s["rejected"]), "over_window": s["over_window"], "max_tokens_seen": s["max_tokens_seen"]}
@@ -88,6 +103,7 @@ async def main(work: Path) -> dict[str, Any]:
         out["sdk"] = {**_stats(up), "failed": hook.failed, "sessions": sessions, "markers": [f"MARKER part{i:02d}" in originals for i in range(1, task.steps + 1)], "client_tokens": count_request_tokens({"messages": history[:-1], "tools": [READ]})}
 
         out["naming"] = await _naming(up, work, history[:3])
+        out["retry"] = await _retry(work, history[:3])
 
         over = history[:-1]  # the whole task's history: over the window
         for name in ("capped", "unchanged"):

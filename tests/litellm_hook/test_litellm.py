@@ -128,6 +128,7 @@ def test_the_sdk_line_and_failing_open(tmp_path: Path, litellm_py: Path) -> None
     # LiteLLM's session id (the request's, or metadata's), a name, else derived: never mixed
     naming = out["naming"]
     assert naming[:3] == ["litellm:conv-a", "litellm:conv-b", "named-c"] and naming[3].startswith("px-") and len(naming) == 4, naming
+    assert out["retry"]["seconds"] < 10 and out["retry"]["failed"] == 0, out["retry"]
     # planning broke: the call succeeded, held under the window by the window cap alone; counted
     capped = out["capped"]
     assert out["client_over_tokens"] > 20_000, out

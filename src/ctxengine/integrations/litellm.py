@@ -79,6 +79,10 @@ _BODY_KEYS = ("model", "messages", "system", "tools", "stream", "prompt_cache_ke
 _WRITTEN = ("messages", "system", "tools")
 """The keys a plan may change."""
 
+SETTLE_WAIT = 60.0
+"""Seconds a session's call waits at most for its previous call's after-work (usage, store
+write), which LiteLLM's log event starts; past that it is planned anyway."""
+
 MAX_HELD = 10_000
 """Calls whose after-call work waits for LiteLLM's log event at most (older ones are settled
 without their usage: a call whose event never came must not hold memory or its session)."""
@@ -133,7 +137,10 @@ class CtxEngineHook(CustomLogger):  # type: ignore[misc]  # LiteLLM is untyped
         super().__init__()
         cfg = config if isinstance(config, Config) else load_config(config)
         # no round trip of its own inside LiteLLM: the proxy's no-tools mode (recall=False)
-        cfg = cfg.model_copy(update={"proxy": cfg.proxy.model_copy(update={"recall_tools": False})})
+        # (and the proxy's timeout, which bounds a session's wait for its previous call's
+        # after-work: the hook itself calls no upstream)
+        proxy_cfg = cfg.proxy.model_copy(update={"recall_tools": False, "timeout": min(cfg.proxy.timeout, SETTLE_WAIT)})
+        cfg = cfg.model_copy(update={"proxy": proxy_cfg})
         self.proxy = Proxy(cfg, store=store)
         self.windows = LiteLLMWindows(cfg)
         self.proxy.windows = self.windows
@@ -157,6 +164,10 @@ class CtxEngineHook(CustomLogger):  # type: ignore[misc]  # LiteLLM is untyped
 
     async def _pre_call(self, api: Api, kwargs: dict[str, Any]) -> dict[str, Any] | None:
         started = time.perf_counter()
+        call_id = str(kwargs.get("litellm_call_id") or "")
+        retried = self._held.pop(call_id, None) if call_id else None
+        if retried is not None:  # LiteLLM sends the call again (a retry, a fallback): its first plan is done
+            self.proxy._settle_later(retried)
         body = _body(kwargs)
         if api.problem(body) is not None:
             return None
@@ -175,7 +186,7 @@ class CtxEngineHook(CustomLogger):  # type: ignore[misc]  # LiteLLM is untyped
                 log.warning("the window cap could not hold a failed call; it goes unchanged: %s: %s", type(cap).__name__, cap)
                 return None
         plan.added = time.perf_counter() - started
-        self._hold(str(kwargs.get("litellm_call_id") or ""), plan)
+        self._hold(call_id, plan)
         return _applied(kwargs, plan, body)
 
     async def _session(self, api: Api, headers: dict[str, str], body: Mapping[str, Any]) -> str:
@@ -184,11 +195,7 @@ class CtxEngineHook(CustomLogger):  # type: ignore[misc]  # LiteLLM is untyped
 
     def _hold(self, call_id: str, plan: Plan) -> None:
         """Keep ``plan`` until LiteLLM's log event brings the call's usage; until then the
-        session's next call waits (the proxy's gate). A call LiteLLM retries is planned again:
-        the first plan is settled now."""
-        old = self._held.pop(call_id, None) if call_id else None
-        if old is not None:
-            self.proxy._settle_later(old)
+        session's next call waits (the proxy's gate, at most :data:`SETTLE_WAIT` seconds)."""
         if plan.manager is None or not call_id:
             self.proxy._settle_later(plan)
             return
