@@ -152,88 +152,100 @@ def _history(task: Task, i: int, files: int) -> list[dict[str, Any]]:
     return msgs
 
 
-async def _overhead(work: Path, args: argparse.Namespace) -> dict[str, Any]:
-    import httpx
-    import litellm
+class Overhead:
+    """The append-only turn's timings (see the module docstring), one fresh session per pair."""
 
-    from ctxengine.config import Config
-    from ctxengine.integrations.litellm import CtxEngineHook
-    from ctxengine.store.sqlite import SqliteStore
+    def __init__(self, work: Path, window: int, up: StrictUpstream, proxy: CtxProxy, client: Any) -> None:
+        from litellm.integrations.custom_logger import CustomLogger
 
-    task = Task(work / "ws2", steps=6)
-    task.write()
-    own_hook: list[float] = []
-    e2e_hook: list[float] = []
-    own_proxy: list[float] = []
-    e2e_proxy: list[float] = []
-    inline = 0
-    with StrictUpstream(task, window=args.window) as up:
-        seen: dict[str, tuple[float, str, int]] = {}
+        from ctxengine.config import Config
+        from ctxengine.integrations.litellm import CtxEngineHook
+        from ctxengine.store.sqlite import SqliteStore
+
+        self.up, self.proxy, self.client = up, proxy, client
+        self.seen: dict[str, tuple[float, str, int]] = {}  # call id -> the plan's added, planned, compactions
+        seen = self.seen
 
         class Timed(CtxEngineHook):
             def _hold(self, call_id: str, plan: Any) -> None:
                 seen[call_id] = (plan.added or 0.0, plan.planned, plan.compactions)
                 super()._hold(call_id, plan)
 
-        hook = Timed(Config.from_dict({"models": {"openai/agent-model": {"context_length": args.window}}}), store=SqliteStore(work / "overhead.db"))
+        self.hook = Timed(Config.from_dict({"models": {"openai/agent-model": {"context_length": window}}}), store=SqliteStore(work / "overhead.db"))
+        self.plain = CustomLogger()  # the baseline: a callback that does nothing, so LiteLLM's own work is the same
+        self.own_hook: list[float] = []
+        self.e2e_hook: list[float] = []
+        self.own_proxy: list[float] = []
+        self.e2e_proxy: list[float] = []
+        self.inline = 0
 
-        from litellm.integrations.custom_logger import CustomLogger
+    async def sdk(self, messages: list[dict[str, Any]], with_hook: bool, call_id: str) -> float:
+        import litellm
 
-        plain = CustomLogger()  # the baseline: a callback that does nothing, so LiteLLM's own work is the same
+        litellm.callbacks = [self.hook if with_hook else self.plain]
+        t = time.perf_counter()
+        await litellm.acompletion(model="openai/agent-model", api_base=self.up.openai_base_url, api_key="sk-upstream", messages=messages, tools=[READ_TOOL], litellm_call_id=call_id)
+        return time.perf_counter() - t
 
-        async def sdk(messages: list[dict[str, Any]], with_hook: bool, call_id: str) -> float:
-            litellm.callbacks = [hook if with_hook else plain]
-            t = time.perf_counter()
-            await litellm.acompletion(model="openai/agent-model", api_base=up.openai_base_url, api_key="sk-upstream", messages=messages, tools=[READ_TOOL], litellm_call_id=call_id)
-            return time.perf_counter() - t
+    async def post(self, base: str, messages: list[dict[str, Any]]) -> float:
+        t = time.perf_counter()
+        r = await self.client.post(base + "/chat/completions", json={"model": MODEL, "messages": messages, "tools": [READ_TOOL]}, headers={"authorization": "Bearer x"})
+        r.raise_for_status()
+        return time.perf_counter() - t
 
+    async def pair(self, task: Task, i: int, *, keep: bool) -> None:
+        """Session ``i``: opened with 3 files, then the timed turn with a 4th, four ways, each
+        after a pause (the previous call's after-response work is done), in alternating order."""
+        opening, turn = _history(task, i, 3), _history(task, i, 4)
+        await self.sdk(opening, True, f"o{i}")
+        await self.post(self.proxy.base_url + "/v1", opening)
+        timed: dict[str, float] = {}
+        own_proxy = None
+        for name in ["hook", "plain", "proxy", "direct"] if i % 2 else ["plain", "hook", "direct", "proxy"]:
+            await asyncio.sleep(0.1)
+            if name == "proxy":
+                before = self.proxy.added()
+                timed[name] = await self.post(self.proxy.base_url + "/v1", turn)
+                await asyncio.sleep(0.1)  # the proxy observes its added latency once the response is out
+                after = self.proxy.added()
+                own_proxy = after[0] - before[0] if after[1] - before[1] == 1 else None
+            elif name == "direct":
+                timed[name] = await self.post(self.up.openai_base_url, turn)
+            else:
+                timed[name] = await self.sdk(turn, name == "hook", f"{name}{i}")
+        plan = self.seen.get(f"hook{i}")
+        if not keep or plan is None:
+            return
+        added, planned, compactions = plan
+        self.inline += planned == "inline" and compactions == 0
+        self.own_hook.append(added)
+        self.e2e_hook.append(timed["hook"] - timed["plain"])
+        if own_proxy is not None:
+            self.own_proxy.append(own_proxy)
+        self.e2e_proxy.append(timed["proxy"] - timed["direct"])
+
+    def figures(self) -> dict[str, Any]:
+        def ms(xs: list[float]) -> dict[str, float]:
+            xs = sorted(xs)
+            return {"p50": round(1000 * statistics.median(xs), 3), "p90": round(1000 * xs[int(0.9 * (len(xs) - 1))], 3), "n": len(xs)} if xs else {}
+
+        return {"hook_own": ms(self.own_hook), "proxy_own": ms(self.own_proxy), "hook_e2e": ms(self.e2e_hook), "proxy_e2e": ms(self.e2e_proxy), "hook_turns_inline": self.inline}
+
+
+async def _overhead(work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    import httpx
+
+    task = Task(work / "ws2", steps=6)
+    task.write()
+    with StrictUpstream(task, window=args.window) as up:
         (work / "proxy2.yaml").write_text(f"store:\n  path: {work / 'proxy2.db'}\n")
         with CtxProxy(up.openai_base_url, args.window, work / "proxy2.yaml", work / "proxy2.log") as cp:
             async with httpx.AsyncClient(timeout=60) as client:
-
-                async def post(base: str, messages: list[dict[str, Any]]) -> float:
-                    t = time.perf_counter()
-                    r = await client.post(base + "/chat/completions", json={"model": MODEL, "messages": messages, "tools": [READ_TOOL]}, headers={"authorization": "Bearer x"})
-                    r.raise_for_status()
-                    return time.perf_counter() - t
-
+                bench = Overhead(work, args.window, up, cp, client)
                 for i in range(args.pairs + 2):  # the first two warm up
-                    opening, turn = _history(task, i, 3), _history(task, i, 4)
-                    await sdk(opening, True, f"o{i}")
-                    await post(cp.base_url + "/v1", opening)
-                    timed: dict[str, float] = {}
-                    # each timed call after a pause (the previous call's after-response work is
-                    # done), in alternating order
-                    order = ["hook", "plain", "proxy", "direct"] if i % 2 else ["plain", "hook", "direct", "proxy"]
-                    for name in order:
-                        await asyncio.sleep(0.1)
-                        if name == "proxy":
-                            before = cp.added()
-                            timed[name] = await post(cp.base_url + "/v1", turn)
-                            await asyncio.sleep(0.1)  # the proxy observes its added latency once the response is out
-                            after = cp.added()
-                        elif name == "direct":
-                            timed[name] = await post(up.openai_base_url, turn)
-                        else:
-                            timed[name] = await sdk(turn, name == "hook", f"{name}{i}")
-                    with_hook, without, proxied, direct = timed["hook"], timed["plain"], timed["proxy"], timed["direct"]
-                    plan = seen.get(f"hook{i}")
-                    if i < 2 or plan is None:
-                        continue
-                    added, planned, compactions = plan
-                    inline += planned == "inline" and compactions == 0
-                    own_hook.append(added)
-                    e2e_hook.append(with_hook - without)
-                    if after[1] - before[1] == 1:
-                        own_proxy.append(after[0] - before[0])
-                    e2e_proxy.append(proxied - direct)
-        hook.close()
-
-    def ms(xs: list[float]) -> dict[str, float]:
-        xs = sorted(xs)
-        return {"p50": round(1000 * statistics.median(xs), 3), "p90": round(1000 * xs[int(0.9 * (len(xs) - 1))], 3), "n": len(xs)} if xs else {}
-
-    return {"hook_own": ms(own_hook), "proxy_own": ms(own_proxy), "hook_e2e": ms(e2e_hook), "proxy_e2e": ms(e2e_proxy), "hook_turns_inline": inline}
+                    await bench.pair(task, i, keep=i >= 2)
+        bench.hook.close()
+    return bench.figures()
 
 
 def main() -> int:
