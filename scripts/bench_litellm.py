@@ -47,15 +47,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from ctxengine.bench.litellm_env import (  # noqa: E402
-    READ_TOOL,
     Deployment,
     LiteLLMEnvUnavailable,
     LiteLLMProxy,
     litellm_config,
     litellm_python,
-    openai_task,
 )
 from ctxengine.testing.strict_upstream import StrictUpstream, Task  # noqa: E402
+from ctxengine.testing.strict_upstream.drivers import READ_TOOL, openai_task  # noqa: E402
 
 KEY = "sk-bench"
 MODEL = "agent-model"

@@ -22,13 +22,12 @@ from ctxengine.bench.litellm_env import (
     Deployment,
     LiteLLMEnvUnavailable,
     LiteLLMProxy,
-    anthropic_task,
     litellm_config,
     litellm_python,
-    openai_task,
 )
 from ctxengine.store.sqlite import SqliteStore
 from ctxengine.testing.strict_upstream import StrictUpstream, Task
+from ctxengine.testing.strict_upstream.drivers import anthropic_task, openai_task
 
 pytestmark = pytest.mark.litellm
 
