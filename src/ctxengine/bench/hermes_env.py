@@ -12,26 +12,20 @@ file keeps two processes from building the same venv at once.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib.util
 import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
-from ctxengine.errors import CtxEngineError
+from ctxengine.bench.venvs import VenvUnavailable, ensure_venv, venv_python
 
 __all__ = ["HERMES_VERSION", "HermesEnvUnavailable", "default_cache_dir", "ensure_hermes_venv", "hermes_python", "venv_dir"]
 
 HERMES_VERSION = "0.19.0"
 """The ``hermes-agent`` release the baseline and tests use (``CTXENGINE_HERMES_VERSION`` overrides)."""
 
-_INSTALL_TIMEOUT_S = 900
-
-
-class HermesEnvUnavailable(CtxEngineError):
+class HermesEnvUnavailable(VenvUnavailable):
     """The Hermes venv could not be built or found; the message says why."""
 
 
@@ -61,17 +55,7 @@ def venv_dir(version: str | None = None, *, cache_dir: Path | None = None, ctxen
 
 
 def _python(d: Path) -> Path:
-    return d / "bin" / "python"
-
-
-def _run(cmd: list[str], what: str) -> None:
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_INSTALL_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise HermesEnvUnavailable(f"{what} failed: {exc}") from exc
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
-        raise HermesEnvUnavailable(f"{what} failed (exit {proc.returncode}): {tail}")
+    return venv_python(d)
 
 
 def ensure_hermes_venv(
@@ -89,30 +73,12 @@ def ensure_hermes_venv(
     """
     version = version or _version()
     target = venv_dir(version, cache_dir=cache_dir, ctxengine_source=ctxengine_source)
-    ready = target / ".ready"
-    if ready.is_file() and _python(target).exists() and not force:
-        return _python(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if ready.is_file() and _python(target).exists() and not force:
-            return _python(target)
-        shutil.rmtree(target, ignore_errors=True)
-        try:
-            _run([sys.executable, "-m", "venv", str(target)], "creating the venv")
-            pip = [str(_python(target)), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-            _run([*pip, f"hermes-agent=={version}"], f"pip install hermes-agent=={version}")
-            if ctxengine_source is not None:
-                _run([*pip, "-e", f"{ctxengine_source}[hermes]"], "pip install -e ctxengine[hermes]")
-        except HermesEnvUnavailable:
-            shutil.rmtree(target, ignore_errors=True)
-            raise
-        ready.write_text(f"hermes-agent=={version}\n", encoding="utf-8")
-        if ctxengine_source is not None:  # venvs of an older pyproject.toml are never used again
-            for old in target.parent.glob("hermes-*-ctxengine-*"):
-                if old != target and old.is_dir():
-                    shutil.rmtree(old, ignore_errors=True)
-        return _python(target)
+    installs = [[f"hermes-agent=={version}"]]
+    if ctxengine_source is not None:
+        installs.append(["-e", f"{ctxengine_source}[hermes]"])
+    # venvs of an older pyproject.toml are never used again
+    stale = "hermes-*-ctxengine-*" if ctxengine_source is not None else None
+    return ensure_venv(target, installs, ready_text=f"hermes-agent=={version}", force=force, error=HermesEnvUnavailable, stale=stale)
 
 
 def hermes_python(*, build: bool = True) -> Path:

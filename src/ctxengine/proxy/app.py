@@ -469,7 +469,7 @@ class Proxy(Relaying):
                 self.metrics.child(self.metrics.plans, api.name, "passthrough").inc()
             else:
                 if not named:  # the client's own id, or a derived one: routed by the history
-                    plan.session = await self._route(api, request, body)
+                    plan.session = await self._route(api, request.headers, body)
                 plan = await self._planned(api, plan.session, body, raw)
         except Exception as exc:  # fail open: the client's request, held under the window
             self._fail_open(api, plan, "prepare", exc)

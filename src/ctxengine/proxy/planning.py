@@ -8,7 +8,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import anyio
-from starlette.requests import Request
 
 from ctxengine.manager import CompactionDue, ContextManager
 from ctxengine.messages import tool_name
@@ -43,13 +42,14 @@ process (on the model it names); :meth:`Planning._open` opens it in a worker thr
 class Planning(Settling):
     """See the module docstring."""
 
-    async def _route(self, api: Api, request: Request, body: Mapping[str, Any]) -> str:
-        """The session of a request that names none (:func:`session_key`, then the router); a
+    async def _route(self, api: Api, headers: Mapping[str, str], body: Mapping[str, Any]) -> str:
+        """The session of a request that names none (:func:`session_key`, then the router;
+        ``headers`` by their lower-case names); a
         key's first request since this process started seeds the router with the key's stored
         conversation first, so that after a restart a request resumes the conversation it
         continues and no other one."""
         history = api.history(body)
-        k = session_key(api.name, request.headers, body, api.system(body), history)
+        k = session_key(api.name, headers, body, api.system(body), history)
         if not k.routed:
             return k.key
         if self.store is not None and not self.router.knows(k.key):

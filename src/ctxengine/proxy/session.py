@@ -16,6 +16,8 @@ Three sources, in this order (:func:`client_session_id`, then :func:`derive_sess
    - opencode: the ``x-session-id`` header (``ses_…``, one per session, a sub-agent's its own)
      → ``sid:<id>``;
    - Qwen Code (its DashScope provider): ``metadata.sessionId`` in the body → ``qwen:<id>``;
+   - LiteLLM's session id (``x-litellm-session-id``, which the LiteLLM hook also fills from the
+     request's ``litellm_session_id`` or ``metadata.session_id``) → ``litellm:<id>``;
    - the Responses API's ``conversation`` (an id, or ``{"id": …}``) → ``conv:<id>``;
    - ``prompt_cache_key`` (Codex sets it to its session id; other callers may set one key per
      user or per app) → ``pck:<key>``.
@@ -81,7 +83,7 @@ _VALID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
 _ID_CHARS = re.compile(r"[A-Za-z0-9._:@/+=-]{1,96}")  # a client's id kept as is (the rest: a digest)
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _LEGACY_CC = re.compile(r"_session_([0-9A-Za-z-]{8,64})$")
-_SOURCES = ("cc:", "codex:", "sid:", "qwen:", "conv:", "pck:")
+_SOURCES = ("cc:", "codex:", "sid:", "qwen:", "litellm:", "conv:", "pck:")
 
 
 class SessionIdError(ValueError):
@@ -162,6 +164,9 @@ def client_session_id(api_name: str, headers: Mapping[str, str], body: Mapping[s
     qwen = metadata.get("sessionId") if isinstance(metadata, Mapping) else None
     if isinstance(qwen, str) and qwen.strip():
         return _normalised("qwen", qwen.strip())
+    sid = _header(headers, "x-litellm-session-id")
+    if sid is not None:
+        return _normalised("litellm", sid)
     conversation = body.get("conversation")
     if isinstance(conversation, Mapping):
         conversation = conversation.get("id")
@@ -183,10 +188,11 @@ def routed(session_id: str) -> bool:
 
 def names_one_conversation(session_id: str) -> bool:
     """Whether ``session_id`` is a client's id for one conversation of its own (Claude Code's,
-    Codex's, opencode's, Qwen Code's, a Responses ``conversation``): route its requests with ``branches=True`` (an edited
-    or rewound turn, which shares more than the opening, stays in the session). Not a derived id
-    nor a ``prompt_cache_key`` (one key may be a whole user's or app's)."""
-    return session_id.startswith(("cc:", "codex:", "sid:", "qwen:", "conv:"))
+    Codex's, opencode's, Qwen Code's, LiteLLM's, a Responses ``conversation``): route its
+    requests with ``branches=True`` (an edited or rewound turn, which shares more than the
+    opening, stays in the session). Not a derived id nor a ``prompt_cache_key`` (one key may be
+    a whole user's or app's)."""
+    return session_id.startswith(("cc:", "codex:", "sid:", "qwen:", "litellm:", "conv:"))
 
 
 def system_prompt_digest(system: Any, messages: Sequence[Any]) -> str:
