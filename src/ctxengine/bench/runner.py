@@ -170,8 +170,7 @@ def _run(
         plan[n] = (cfg.context.engine, default_placement()) if n == DEFAULT else (n, placement)
     factories = {e: make_engine_factory(e, cfg, context_length, registry, **services) for e in dict.fromkeys(e for e, _ in plan.values())}
     t0 = time.perf_counter()
-    facts = [session_facts(s) for s in sessions]
-    uses = [session_uses(s.messages) for s in sessions]
+    facts, uses = [session_facts(s) for s in sessions], [session_uses(s.messages) for s in sessions]
     result = BenchResult(context_length, placement, amodel.name, omodel.name, [s.id for s in sessions], {}, cache_ttl=cfg.cache_ttl, pause=pause)
     result.engines = {n: EngineTotals(n) for n in names}
     # a configuration listed under two names (``default`` and its engine) runs once

@@ -340,17 +340,16 @@ class CacheAwareEngine(ContextEngine):
         before = sum(self._tokens(m) for m in messages)
         # the host's count (tool definitions included; a forced compaction is judged at the
         # threshold) and a manual compaction with a topic count as reaching the threshold
-        over = max(before, int(current_tokens or 0)) >= self.threshold_tokens or focus_topic is not None
+        judged = max(before, int(current_tokens or 0))
+        over = judged >= self.threshold_tokens or focus_topic is not None
         giant, waiting = self._plan(messages)
         ids = Refs(self.originals, messages)
         plan: dict[int, tuple[int, Message]] = {}  # start -> (end, replacement)
         notes: list[str] = []
         for i in giant:
             plan[i] = (i + 1, self._cut(messages, i, s.giant_tokens, ids))
-        # under the fold floor only what the window requires is done (giant outputs)
-        may_fold = over or not self.roomy(max(before, int(current_tokens or 0)))
-        cold = may_fold and bool(waiting) and self.cold()
-        rewrite = may_fold and self.pacing.may_rewrite()
+        may_fold = over or not self.roomy(judged)  # under the fold floor: only the giant outputs
+        cold, rewrite = may_fold and bool(waiting) and self.cold(), may_fold and self.pacing.may_rewrite()
         if over or cold or rewrite:
             self._fold_task(messages, plan, ids, notes)
         batch = cold or ((over or rewrite) and self._batch_due(messages, waiting))
@@ -360,8 +359,7 @@ class CacheAwareEngine(ContextEngine):
         elif batch or over:
             for i in (k for k in waiting if not _planned(plan, k, k + 1)):
                 plan[i] = (i + 1, self._cut(messages, i, s.record_tokens, ids))
-        finished = self._finished_run(messages) if may_fold else None
-        if finished is not None and not _planned(plan, *finished):
+        if (finished := self._finished_run(messages) if may_fold else None) is not None and not _planned(plan, *finished):
             self._fold(messages, [finished], plan, ids, -1)
             notes.append("folded the finished turn into a digest")
         out = _apply(messages, plan)
@@ -397,27 +395,11 @@ class CacheAwareEngine(ContextEngine):
         self.last_report = CompactionReport(self.name, len(messages), len(out), before, tokens, replaced=replaced, notes=notes, elapsed_ms=(time.perf_counter() - t0) * 1000.0)
         return out
 
-    def _task_pieces(self, messages: Sequence[Message], task: tuple[int, int]) -> list[tuple[int, int]]:
-        """``task`` split around the user messages it keeps: with ``task_users: repeated`` a user
-        message is folded only when its text is sent again later (a harness's demonstration
-        that comes with every task); the others stay verbatim where they are."""
-        a, b = task
-        if self.settings.task_users == "all":
-            return [task]
-        later = {content_text(m.get("content")) for m in messages[b:] if m.get("role") == "user"}
-        kept = [k for k in range(a, b) if messages[k].get("role") == "user" and not is_marked(messages[k]) and content_text(messages[k].get("content")) not in later]
-        pieces: list[tuple[int, int]] = []
-        for k in [*kept, b]:
-            if k > a:
-                pieces.append((a, k))
-            a = k + 1
-        return pieces
-
     def _fold_task(self, messages: Sequence[Message], plan: dict[int, tuple[int, Message]], ids: Refs, notes: list[str]) -> None:
         """Fold the finished task (:meth:`_task_span`), if any, into digests in ``plan``."""
         task = self._task_span(messages)
         if task is not None:
-            self._fold(messages, self._task_pieces(messages, task), plan, ids, -1, role="user")
+            self._fold(messages, task_pieces(messages, task, self.settings.task_users), plan, ids, -1, role="user")
             if any(task[0] <= k < task[1] for k in plan):
                 notes.append("folded the finished task into digests")
 
@@ -482,6 +464,23 @@ class CacheAwareEngine(ContextEngine):
             plan[a] = (b, new)
             ids.text(ref, text)
             tokens -= saved
+
+
+def task_pieces(messages: Sequence[Message], task: tuple[int, int], task_users: str) -> list[tuple[int, int]]:
+    """``task`` split around the user messages it keeps: with ``task_users: repeated`` a user
+    message is folded only when its text is sent again later (a harness's demonstration
+    that comes with every task); the others stay verbatim where they are."""
+    a, b = task
+    if task_users == "all":
+        return [task]
+    later = {content_text(m.get("content")) for m in messages[b:] if m.get("role") == "user"}
+    kept = [k for k in range(a, b) if messages[k].get("role") == "user" and not is_marked(messages[k]) and content_text(messages[k].get("content")) not in later]
+    pieces: list[tuple[int, int]] = []
+    for k in [*kept, b]:
+        if k > a:
+            pieces.append((a, k))
+        a = k + 1
+    return pieces
 
 
 def _planned(plan: Mapping[int, tuple[int, Message]], a: int, b: int) -> bool:
