@@ -65,8 +65,8 @@ from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ctxengine.config import Config
@@ -103,6 +103,8 @@ from ctxengine.proxy.upstream import (
 )
 from ctxengine.proxy.writer import encode
 from ctxengine.storage import SessionRecorder
+from ctxengine.store import SessionStore
+from ctxengine.ui.app import BASE, Dashboard
 
 __all__ = ["TOKENS_SAVED_HEADER", "TOKEN_HEADER", "Proxy", "create_app"]
 
@@ -162,6 +164,8 @@ class Proxy(Relaying):
                 Route("/v1/responses/compact", self.responses_compact, methods=["POST"]),
                 Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
                 Route("/v1/{path:path}", self.forward, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
+                Route(BASE, self.to_dashboard, methods=["GET"]),
+                Mount(BASE, app=Dashboard(self.store if isinstance(self.store, SessionStore) else None, auth_token=self.auth_token).pages),
                 Route("/{path:path}", self.not_served, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
             ],
             middleware=[Middleware(_ChatFront, proxy=self)],
@@ -219,6 +223,10 @@ class Proxy(Relaying):
             sessions = sum(len(m.sessions) for m in self._managers.values())
         store = type(self.store).__name__ if self.store is not None else None
         return JSONResponse({"status": "ok", "store": store, "sessions": sessions})
+
+    async def to_dashboard(self, request: Request) -> Response:
+        """``/ui`` → ``/ui/`` (the dashboard's overview)."""
+        return RedirectResponse(f"{BASE}/", status_code=307)
 
     async def metrics_endpoint(self, request: Request) -> Response:
         if not self._authorized(request):
@@ -391,6 +399,7 @@ class Proxy(Relaying):
             return self._error(api, 400, bad_session, "bad_request")
         headers = self._request_headers(request)
         plan = Plan(api, named or "", body, raw)
+        client = _client_name(request.headers.get("user-agent"))
         passthrough = api.passthrough_reason(body)
         try:
             if passthrough is not None:
@@ -403,6 +412,7 @@ class Proxy(Relaying):
         except Exception as exc:  # fail open: the client's request, held under the window
             self._fail_open(api, plan, "prepare", exc)
             plan = await anyio.to_thread.run_sync(self._plan_capped, api, plan.session, body, raw)
+        plan.client = client
         # the metrics are updated once the response is out (_settle_later), off this path
         plan.stages += [("read", t_read - t0), ("parse", t_parse - t_read)]
         plan.added = time.perf_counter() - t0
@@ -416,6 +426,7 @@ class Proxy(Relaying):
                 return await self._stream(plan, url, headers, extra)
             return await self._complete(plan, url, headers, extra, raw)
         except UpstreamError as exc:
+            plan.outcome, plan.status = "upstream_unreachable", 502
             return self._after(self._error(api, 502, f"upstream unreachable: {exc}", "upstream_unreachable", api.unreachable_kind), plan)
         except BaseException:
             self._settle_later(plan)  # the deferred write still runs
@@ -479,6 +490,13 @@ class _ChatFront:
 
 
 _CHAT_PATHS = {"/v1/chat/completions": OPENAI, "/v1/messages": ANTHROPIC, "/v1/responses": RESPONSES}
+
+
+def _client_name(user_agent: str | None) -> str:
+    """A client's name for the request log: its user-agent's first product (``claude-cli/2.1.3
+    (external, cli)`` → ``claude-cli``), at most 40 printable characters."""
+    first = (user_agent or "").strip().split(" ", 1)[0].split("/", 1)[0]
+    return "".join(c for c in first if c.isprintable())[:40]
 
 
 def _count_body(s: ProxySession | None, body: Mapping[str, Any]) -> dict[str, Any] | None:

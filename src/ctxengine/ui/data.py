@@ -1,0 +1,293 @@
+"""What the dashboard and ``ctxengine stats`` show, read from a session store: plain dicts, every
+string passed through :func:`ctxengine.redact.redact_obj` (no key shape, URL credential or
+registered secret leaves here), money from :func:`ctxengine.cost.billed_cost` at the model
+table's prices (``None`` for a model the table does not know: tokens, never invented money).
+
+Money saved is priced as the tokens a request did not send, at the model's cache-read price:
+the lowest price those tokens would have been billed at had they stayed in a warm cache, so the
+figure is a lower bound (a cold cache would have billed them at the full input price)."""
+
+from __future__ import annotations
+
+import re
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ctxengine.cost import billed_cost, read_price
+from ctxengine.facts import context_text, extract_facts, missing_facts
+from ctxengine.messages import Message, content_text, is_summary, message_text
+from ctxengine.models import ModelProfile, UnknownModelWarning, resolve_model
+from ctxengine.recall import Recall
+from ctxengine.redact import redact_obj
+from ctxengine.store import SessionStore, UsageRow
+from ctxengine.tokens import estimate_message_tokens
+
+__all__ = [
+    "PRICE_SOURCE",
+    "audit",
+    "expand",
+    "grep",
+    "overview",
+    "price",
+    "session_detail",
+    "sessions_table",
+]
+
+PRICE_SOURCE = "ctxengine model table (src/ctxengine/data/models.json, prices as of 2025-11)"
+"""Where the money figures' prices come from, shown beside every figure."""
+
+_SERIES_POINTS = 48
+
+
+def _safe(value: dict[str, Any]) -> dict[str, Any]:
+    """``value`` with every string redacted (keys shapes, URL credentials, registered secrets)."""
+    out: dict[str, Any] = redact_obj(value)
+    return out
+
+
+def _profile(model: str) -> ModelProfile | None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnknownModelWarning)
+        p = resolve_model(model or None)
+    return p if p.known and p.input > 0 else None
+
+
+def price(model: str, row: UsageRow) -> dict[str, float | None]:
+    """``cost`` (what the provider billed for the prompts and completions of ``row``) and
+    ``saved`` (tokens not sent at the cache-read price), both USD; ``None`` for an unknown model."""
+    p = _profile(model)
+    if p is None:
+        return {"cost": None, "saved": None}
+    cost = billed_cost(
+        p,
+        prompt_tokens=row.prompt_tokens,
+        cache_read_tokens=row.cache_read_tokens,
+        cache_write_tokens=row.cache_write_tokens,
+        completion_tokens=row.completion_tokens,
+    )
+    saved = max(0, row.tokens_in - row.tokens_out) * read_price(p) / 1_000_000
+    return {"cost": cost, "saved": saved}
+
+
+def _figures(row: UsageRow, money: Mapping[str, float | None]) -> dict[str, Any]:
+    return {
+        **row.key,
+        "requests": row.requests,
+        "tokens_in": row.tokens_in,
+        "tokens_out": row.tokens_out,
+        "saved_tokens": max(0, row.tokens_in - row.tokens_out),
+        "prompt_tokens": row.prompt_tokens,
+        "completion_tokens": row.completion_tokens,
+        "cache_read_tokens": row.cache_read_tokens,
+        "cache_write_tokens": row.cache_write_tokens,
+        "cache_read_share": row.cache_read_tokens / row.prompt_tokens if row.prompt_tokens else None,
+        "compactions": row.compactions,
+        "fail_opens": row.fail_opens,
+        "errors": row.errors,
+        "shadow": row.shadow,
+        "last_at": row.last_at,
+        "cost": money.get("cost"),
+        "saved": money.get("saved"),
+    }
+
+
+def _add(rows: Sequence[dict[str, Any]], key: dict[str, Any]) -> dict[str, Any]:
+    """``rows`` added up (money: ``None`` when every row's is unknown, else the known part)."""
+    out: dict[str, Any] = dict(key)
+    for name in ("requests", "tokens_in", "tokens_out", "saved_tokens", "prompt_tokens", "completion_tokens", "cache_read_tokens",
+                 "cache_write_tokens", "compactions", "fail_opens", "errors", "shadow"):
+        out[name] = sum(int(r[name]) for r in rows)
+    for name in ("cost", "saved"):
+        known = [float(r[name]) for r in rows if r[name] is not None]
+        out[name] = sum(known) if known else None
+    out["unpriced_requests"] = sum(int(r["requests"]) for r in rows if r["cost"] is None)
+    out["cache_read_share"] = out["cache_read_tokens"] / out["prompt_tokens"] if out["prompt_tokens"] else None
+    out["last_at"] = max((float(r["last_at"]) for r in rows), default=0.0)
+    return out
+
+
+def overview(store: SessionStore, *, since: float | None = None, now: float | None = None) -> dict[str, Any]:
+    """Totals, per model, per client and over time (about 48 points from the first request)."""
+    pairs = store.usage(["model", "client"], since=since)
+    rows = [_figures(r, price(str(r.key["model"]), r)) for r in pairs]
+    models = sorted({str(r["model"]) for r in rows})
+    clients = sorted({str(r["client"]) for r in rows})
+    by_model = [_add([r for r in rows if r["model"] == m], {"model": m}) for m in models]
+    by_client = [_add([r for r in rows if r["client"] == c], {"client": c or "(unnamed)"}) for c in clients]
+    for m in by_model:
+        m["priced"] = _profile(str(m["model"])) is not None
+    totals = _add(rows, {})
+    return _safe({
+        "totals": totals,
+        "by_model": sorted(by_model, key=lambda r: -int(r["tokens_in"])),
+        "by_client": sorted(by_client, key=lambda r: -int(r["tokens_in"])),
+        "series": _series(store, since, now),
+        "sessions": len(store.usage(["session"], since=since)),
+        "price_source": PRICE_SOURCE,
+        "generated_at": time.time() if now is None else now,
+    })
+
+
+def _series(store: SessionStore, since: float | None, now: float | None) -> list[dict[str, Any]]:
+    """Every bucket from the first request to now (at most about 48), empty ones included."""
+    first = store.usage([], since=since)
+    if not first or not first[0].requests:
+        return []
+    end = max(time.time() if now is None else now, first[0].last_at)
+    start = first[0].first_at
+    bucket = max(60.0, (end - start) / _SERIES_POINTS)
+    points: dict[int, list[dict[str, Any]]] = {}
+    for r in store.usage(["bucket", "model"], since=since, bucket=bucket):
+        points.setdefault(round(float(r.key["bucket"]) / bucket), []).append(_figures(r, price(str(r.key["model"]), r)))
+    lo, hi = min(points), max(max(points), int(end // bucket))
+    return [_add(points.get(i, []), {"at": i * bucket, "bucket": bucket}) for i in range(lo, hi + 1)]
+
+
+def sessions_table(store: SessionStore, *, limit: int = 1000) -> list[dict[str, Any]]:
+    """One row per session (most recently active first): client, model, turns, tokens, saved."""
+    usage = {str(r.key["session"]): r for r in store.usage(["session"])}
+    per_model = store.usage(["session", "model", "client"])
+    main: dict[str, tuple[str, str, int]] = {}
+    for r in per_model:
+        sid = str(r.key["session"])
+        if sid not in main or r.requests > main[sid][2]:
+            main[sid] = (str(r.key["model"]), str(r.key["client"]), r.requests)
+    money: dict[str, float | None] = {}
+    for r in per_model:
+        sid = str(r.key["session"])
+        saved = price(str(r.key["model"]), r)["saved"]
+        if saved is not None:
+            money[sid] = (money.get(sid) or 0.0) + saved
+        else:
+            money.setdefault(sid, None)
+    out = []
+    for info in store.list_sessions(limit=limit):
+        u = usage.get(info.id)
+        model, client, _ = main.get(info.id, ("", "", 0))
+        out.append({
+            "id": info.id,
+            "client": client,
+            "model": model,
+            "turns": u.requests if u else 0,
+            "messages": info.length,
+            "compactions": info.compactions,
+            "tokens_in": u.tokens_in if u else 0,
+            "tokens_out": u.tokens_out if u else 0,
+            "saved_tokens": max(0, u.tokens_in - u.tokens_out) if u else 0,
+            "saved": money.get(info.id),
+            "last_active": max(info.updated_at, u.last_at if u else 0.0),
+        })
+    out.sort(key=lambda r: -float(str(r["last_active"])))
+    return list(redact_obj(out))
+
+
+def session_detail(store: SessionStore, session_id: str) -> dict[str, Any]:
+    """A session: its figures, each request (tokens as received and as sent, cache reads and
+    writes) and its compactions (raises :class:`~ctxengine.errors.NotFoundError`)."""
+    info = store.get_session(session_id)
+    requests = store.requests(session_id)
+    comps = store.compactions(session_id)
+    rows = [_figures(r, price(str(r.key["model"]), r)) for r in store.usage(["model"], session_id=session_id)]
+    marks = _compactions_per_request([r.created_at for r in requests], [c.created_at for c in comps])
+    return _safe({
+        "id": info.id,
+        "messages": info.length,
+        "stored": info.stored,
+        "created_at": info.created_at,
+        "updated_at": info.updated_at,
+        "totals": _add(rows, {}),
+        "models": sorted(str(r["model"]) for r in rows),
+        "requests": [
+            {"at": r.created_at, "compacted": marks[i], "model": r.model, "client": r.client, "outcome": r.outcome, "status": r.status, "tokens_in": r.tokens_in,
+             "tokens_out": r.tokens_out, "prompt_tokens": r.prompt_tokens, "cache_read_tokens": r.cache_read_tokens,
+             "cache_write_tokens": r.cache_write_tokens, "completion_tokens": r.completion_tokens, "compactions": r.compactions, "shadow": r.shadow}
+            for i, r in enumerate(requests)
+        ],
+        "compactions": [
+            {"id": c.id, "at": c.created_at, "engine": c.engine, "tokens_before": c.tokens_before, "tokens_after": c.tokens_after,
+             "removed": len(c.replaced), "notes": list(c.report.get("notes") or []), "fallback": c.report.get("fallback")}
+            for c in comps
+        ],
+        "price_source": PRICE_SOURCE,
+    })
+
+
+_RECORD = re.compile(r"\[ctxengine:([a-z_]+)(?: ref=([^\s:\]]+))?")
+
+
+def _compactions_per_request(requests: Sequence[float], compactions: Sequence[float]) -> list[int]:
+    """How many of the stored compactions each request ran: those recorded after the previous
+    request was logged and by the time this one was (a request is logged after its response)."""
+    out = [0] * len(requests)
+    i = 0
+    for at in sorted(compactions):
+        while i < len(requests) and requests[i] < at:
+            i += 1
+        if i < len(requests):
+            out[i] += 1
+    return out
+
+
+def _stand_in(m: Message) -> tuple[str, str | None]:
+    """What a message an engine put in the context is (``cut marker``, ``digest``, ``summary``
+    …) and the ref ``ctx_expand`` takes for its originals, when it names one."""
+    text = content_text(m.get("content"))
+    found = _RECORD.search(text[:2000])
+    if found:
+        kind = {"cut": "cut marker"}.get(found.group(1), found.group(1))
+        return kind, found.group(2)
+    return ("summary" if is_summary(m) or m.get("role") != "tool" else "changed"), None
+
+
+def audit(store: SessionStore, compaction_id: str) -> dict[str, Any]:
+    """A compaction's audit: every message it removed or changed (role, size, facts kept in the
+    context it produced) and what stands in their place (raises NotFoundError)."""
+    c = store.get_compaction(compaction_id)
+    before_ids = store.history_ids(c.session_id, f"before:{c.id}")
+    after_ids = store.history_ids(c.session_id, f"after:{c.id}")
+    before = store.get_messages(before_ids)
+    after = store.get_messages(after_ids)
+    kept_ids = set(after_ids)
+    replaced = set(c.replaced) | {mid for mid in before_ids if mid not in kept_ids}
+    after_text = context_text(after)
+    removed = []
+    for position, (mid, m) in enumerate(zip(before_ids, before, strict=True)):
+        if mid not in replaced:
+            continue
+        facts = extract_facts([m]).all()
+        missing = set(missing_facts(extract_facts([m]), after_text).all())
+        removed.append({
+            "position": position, "id": mid, "role": str(m.get("role")), "tokens": estimate_message_tokens(m), "chars": len(message_text(m)),
+            "preview": _preview(message_text(m)), "facts": len(facts), "facts_kept": len(facts) - len(missing),
+            "facts_missing": [f for f in facts if f in missing][:20],
+        })
+    before_set = set(before_ids)
+    stand_ins = []
+    for i, (mid, m) in enumerate(zip(after_ids, after, strict=True)):
+        if mid not in before_set:
+            kind, ref = _stand_in(m)
+            stand_ins.append({"position": i, "id": mid, "role": str(m.get("role")), "kind": kind, "ref": ref, "tokens": estimate_message_tokens(m), "text": message_text(m)})
+    return _safe({
+        "id": c.id, "session_id": c.session_id, "at": c.created_at, "engine": c.engine, "tokens_before": c.tokens_before,
+        "tokens_after": c.tokens_after, "messages_before": len(before_ids), "messages_after": len(after_ids),
+        "notes": list(c.report.get("notes") or []), "removed": removed, "stand_ins": stand_ins,
+    })
+
+
+def _preview(text: str, width: int = 160) -> str:
+    one = " ".join(text.split())
+    return one if len(one) <= width else one[: width - 1] + "…"
+
+
+def expand(store: SessionStore, session_id: str, ref: str) -> dict[str, Any]:
+    """What ``ctx_expand`` returns for ``ref`` (a message id, node id or cut marker's ref)."""
+    store.get_session(session_id)
+    return dict(redact_obj(Recall(store, session_id).expand(ref, max_tokens=20_000)))
+
+
+def grep(store: SessionStore, session_id: str, query: str) -> dict[str, Any]:
+    """What ``ctx_grep`` returns for ``query`` over the session."""
+    store.get_session(session_id)
+    return dict(redact_obj(Recall(store, session_id).grep(query, limit=50)))
