@@ -29,7 +29,7 @@ def ui(config_path: Path | None, store_path: str | None, host: str, port: int, a
         import uvicorn
 
         from ctxengine.proxy import check_bind
-        from ctxengine.ui import Dashboard
+        from ctxengine.ui.app import Dashboard
     except ImportError as exc:
         raise click.ClickException(f"the dashboard needs the proxy extra: pip install 'ctxengine[proxy]' ({exc})") from exc
     config = load_config(config_path)
