@@ -147,17 +147,23 @@ def test_a_compactions_audit_lists_every_message_it_removed(proxy: ProxyServer) 
         assert comps
         for c in comps:
             a = data.audit(store, c.id)
-            before = store.history_ids(SESSION, f"before:{c.id}")
-            after = set(store.history_ids(SESSION, f"after:{c.id}"))
-            gone = {m for m in before if m not in after} | set(c.replaced)
-            assert {r["id"] for r in a["removed"]} == gone  # 100 % of what it removed
+            before = store.history(SESSION, f"before:{c.id}")
+            after = [json.dumps(m, sort_keys=True) for m in store.history(SESSION, f"after:{c.id}")]
+            listed = {r["position"] for r in a["removed"]}
+            gone = {i for i, m in enumerate(before) if json.dumps(m, sort_keys=True) not in after}
+            assert gone <= listed  # 100 % of the messages it removed
+            assert set(c.replaced) <= {r["id"] for r in a["removed"]}  # and every one the engine reported
+            assert len(listed) < len(before)  # unchanged messages (new ids after an edit) are not listed
             assert all(r["role"] and r["tokens"] > 0 for r in a["removed"])
-            assert a["stand_ins"] or not after - set(before)
-    first = data.audit(_store(proxy), comps[0].id)
+            assert a["stand_ins"]
+        first = data.audit(store, comps[0].id)
     html = _get(proxy, f"/ui/sessions/{SESSION}/compactions/{comps[0].id}").text
     assert html.count('class="original"') == len(first["removed"])
     kinds = {s["kind"] for s in first["stand_ins"]}
     assert kinds and all(k in html for k in kinds)
+    for s in first["stand_ins"]:  # a cut marker's originals: what ctx_expand returns for its ref
+        if s["ref"]:
+            assert "What ctx_expand returns: 1 message(s)" in _get(proxy, f"/ui/sessions/{SESSION}/expand/{s['ref']}").text
 
 
 def test_the_original_is_what_ctx_expand_returns(proxy: ProxyServer) -> None:
@@ -263,3 +269,29 @@ def test_a_screenshot_of_the_overview(proxy: ProxyServer, tmp_path: Path) -> Non
     shot = tmp_path / "overview.png"
     _chromium("--window-size=1280,900", f"--screenshot={shot}", proxy.url + "/ui/")
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000  # a page drawn, not a blank one
+
+
+# -- the terminal -------------------------------------------------------------------------------------------
+def test_stats_and_the_audit_in_the_terminal(proxy: ProxyServer) -> None:
+    from click.testing import CliRunner
+
+    from ctxengine.cli.main import cli
+
+    path = str(proxy.proxy.config.store.path)
+    out = CliRunner().invoke(cli, ["stats", "--store", path])
+    assert out.exit_code == 0, out.output
+    assert f"{TURNS} requests in 1 sessions" in out.output and "gpt-4o" in out.output and "% saved" in out.output and "█" in out.output
+    assert "demo-agent" in out.output and "prices: ctxengine model table" in out.output
+    as_json = json.loads(CliRunner().invoke(cli, ["stats", "--store", path, "--json"]).output)
+    assert as_json["totals"]["requests"] == TURNS
+    bad = CliRunner().invoke(cli, ["stats", "--store", path, "--since", "yesterday"])
+    assert bad.exit_code == 2 and "30m, 24h, 7d" in bad.output
+    with _store(proxy) as store:
+        c = store.compactions(SESSION)[0]
+        n = len(data.audit(store, c.id)["removed"])
+    out = CliRunner().invoke(cli, ["sessions", "audit", SESSION, c.id[:10], "--store", path])
+    assert out.exit_code == 0, out.output
+    assert f"removed or changed ({n}):" in out.output and "in their place" in out.output and "[cut marker]" in out.output
+    assert KEY not in CliRunner().invoke(cli, ["sessions", "audit", SESSION, "--store", path, "--full"]).output
+    missing = CliRunner().invoke(cli, ["sessions", "audit", SESSION, "ffff", "--store", path])
+    assert missing.exit_code == 2 and "no compaction 'ffff'" in missing.output

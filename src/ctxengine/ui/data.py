@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import time
 import warnings
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ from ctxengine.models import ModelProfile, UnknownModelWarning, resolve_model
 from ctxengine.recall import Recall
 from ctxengine.redact import redact_obj
 from ctxengine.store import SessionStore, UsageRow
+from ctxengine.store.ids import canonical_json
 from ctxengine.tokens import estimate_message_tokens
 
 __all__ = [
@@ -238,42 +240,59 @@ def _stand_in(m: Message) -> tuple[str, str | None]:
     if found:
         kind = {"cut": "cut marker"}.get(found.group(1), found.group(1))
         return kind, found.group(2)
-    return ("summary" if is_summary(m) or m.get("role") != "tool" else "changed"), None
+    return ("summary" if is_summary(m) else "changed"), None
 
 
 def audit(store: SessionStore, compaction_id: str) -> dict[str, Any]:
-    """A compaction's audit: every message it removed or changed (role, size, facts kept in the
-    context it produced) and what stands in their place (raises NotFoundError)."""
+    """A compaction's audit (raises NotFoundError): every message of the history before it that
+    the context after it lacks, or that the engine reported replacing (role, size, the facts of
+    it the compacted context still holds verbatim), and every message of the context after it
+    that the history before it lacked (the digests, summaries and cut markers standing in).
+
+    Messages are compared by content, not by id: a message's id chains its parent's, so every
+    message after a changed one has a new id even when it is unchanged."""
     c = store.get_compaction(compaction_id)
     before_ids = store.history_ids(c.session_id, f"before:{c.id}")
     after_ids = store.history_ids(c.session_id, f"after:{c.id}")
     before = store.get_messages(before_ids)
     after = store.get_messages(after_ids)
-    kept_ids = set(after_ids)
-    replaced = set(c.replaced) | {mid for mid in before_ids if mid not in kept_ids}
+    after_left = Counter(canonical_json(m) for m in after)
+    reported = set(c.replaced)
+    gone: list[int] = []
+    for i, (mid, m) in enumerate(zip(before_ids, before, strict=True)):
+        key = canonical_json(m)
+        if after_left[key] > 0 and mid not in reported:
+            after_left[key] -= 1
+        else:
+            gone.append(i)
     after_text = context_text(after)
-    removed = []
-    for position, (mid, m) in enumerate(zip(before_ids, before, strict=True)):
-        if mid not in replaced:
-            continue
-        facts = extract_facts([m]).all()
-        missing = set(missing_facts(extract_facts([m]), after_text).all())
-        removed.append({
-            "position": position, "id": mid, "role": str(m.get("role")), "tokens": estimate_message_tokens(m), "chars": len(message_text(m)),
-            "preview": _preview(message_text(m)), "facts": len(facts), "facts_kept": len(facts) - len(missing),
-            "facts_missing": [f for f in facts if f in missing][:20],
-        })
-    before_set = set(before_ids)
+    removed = [_removed(i, before_ids[i], before[i], after_text) for i in gone]
+    before_left = Counter(canonical_json(m) for m in before)
     stand_ins = []
     for i, (mid, m) in enumerate(zip(after_ids, after, strict=True)):
-        if mid not in before_set:
-            kind, ref = _stand_in(m)
-            stand_ins.append({"position": i, "id": mid, "role": str(m.get("role")), "kind": kind, "ref": ref, "tokens": estimate_message_tokens(m), "text": message_text(m)})
+        key = canonical_json(m)
+        if before_left[key] > 0:
+            before_left[key] -= 1
+            continue
+        kind, ref = _stand_in(m)
+        stand_ins.append({"position": i, "id": mid, "role": str(m.get("role")), "kind": kind, "ref": ref, "tokens": estimate_message_tokens(m), "text": message_text(m)})
     return _safe({
         "id": c.id, "session_id": c.session_id, "at": c.created_at, "engine": c.engine, "tokens_before": c.tokens_before,
         "tokens_after": c.tokens_after, "messages_before": len(before_ids), "messages_after": len(after_ids),
         "notes": list(c.report.get("notes") or []), "removed": removed, "stand_ins": stand_ins,
     })
+
+
+def _removed(position: int, mid: str, m: Message, after_text: str) -> dict[str, Any]:
+    facts = extract_facts([m])
+    every = facts.all()
+    missing = set(missing_facts(facts, after_text).all())
+    text = message_text(m)
+    return {
+        "position": position, "id": mid, "role": str(m.get("role")), "tokens": estimate_message_tokens(m), "chars": len(text),
+        "preview": _preview(text), "facts": len(every), "facts_kept": len(every) - len(missing),
+        "facts_missing": [f for f in every if f in missing][:20],
+    }
 
 
 def _preview(text: str, width: int = 160) -> str:
