@@ -50,3 +50,24 @@ def test_an_empty_log_adds_up_to_zero(store: SessionStore) -> None:
     [total] = store.usage()
     assert total.requests == 0 and total.key == {}
     assert store.usage(["model"]) == []
+
+
+def test_a_reader_adds_up_only_what_was_logged_since(store: SessionStore) -> None:
+    from ctxengine.ui.usage import UsageReader
+
+    reader = UsageReader(store)
+    _log(store)
+    by = ["model", "client", "bucket"]
+
+    def same() -> None:
+        assert sorted(map(repr, reader.usage(by, bucket=60.0))) == sorted(map(repr, store.usage(by, bucket=60.0)))
+        assert reader.usage()[0] == store.usage()[0]
+
+    same()
+    position = store.request_log_position()
+    store.record_request(RequestRecord("c", "openai", "gpt-4o", created_at=1010.0, client="aider", tokens_in=7, tokens_out=5, prompt_tokens=5))
+    store.record_request(RequestRecord("c", "openai", "o3", created_at=9000.0, client="codex", tokens_in=3, tokens_out=3))
+    assert store.request_log_position() > position
+    assert [r.requests for r in store.usage(after=position)] == [2]
+    same()  # the rows since, added to the kept sums
+    assert reader.usage(session_id="c")[0].requests == 2  # scoped reads go to the store

@@ -4,6 +4,7 @@ the same pages at ``/ui``)."""
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import click
@@ -37,8 +38,10 @@ def ui(config_path: Path | None, store_path: str | None, host: str, port: int, a
     check_bind(host, token, config.proxy.auth_token_env)
     store: SessionStore = SqliteStore(store_path) if store_path else open_store(config.store)
     click.echo(f"ctxengine dashboard on http://{host}:{port}/ui/ (store {store.backend})", err=True)
+    dashboard = Dashboard(store, auth_token=token)
+    threading.Thread(target=dashboard.warm, name="ctxengine-ui-warm", daemon=True).start()  # the log added up once
     try:
-        uvicorn.run(Dashboard(store, auth_token=token).app, host=host, port=port, log_config=None, access_log=False)
+        uvicorn.run(dashboard.app, host=host, port=port, log_config=None, access_log=False)
     finally:
         store.close()
 

@@ -121,9 +121,23 @@ class SessionStore(ABC):
         """The session's last ``limit`` logged requests, oldest first."""
 
     @abstractmethod
-    def usage(self, by: Sequence[str] = (), *, since: float | None = None, bucket: float | None = None, session_id: str | None = None) -> list[UsageRow]:
+    def usage(
+        self,
+        by: Sequence[str] = (),
+        *,
+        since: float | None = None,
+        bucket: float | None = None,
+        session_id: str | None = None,
+        after: int = 0,
+        upto: int | None = None,
+    ) -> list[UsageRow]:
         """The request log added up per group: ``by`` names ``model``, ``client``, ``api``,
-        ``session``, ``outcome`` or ``bucket`` (``bucket``-second intervals)."""
+        ``session``, ``outcome`` or ``bucket`` (``bucket``-second intervals); ``after`` and
+        ``upto`` bound the rows' positions (:meth:`request_log_position`)."""
+
+    @abstractmethod
+    def request_log_position(self) -> int:
+        """The position of the request log's newest row (0: empty)."""
 
     @abstractmethod
     def get_session(self, session_id: str) -> SessionInfo: ...

@@ -79,10 +79,28 @@ class RequestLog(SqlCore):
             rows = self._all(cur, f"SELECT {_COLUMNS} FROM requests WHERE session_pk = ? ORDER BY created_at DESC, pk DESC LIMIT ?", (spk, int(limit)))
         return [_record(session_id, row) for row in reversed(rows)]
 
-    def usage(self, by: Sequence[str] = (), *, since: float | None = None, bucket: float | None = None, session_id: str | None = None) -> list[UsageRow]:
+    def request_log_position(self) -> int:
+        """The position of the log's newest row (0: empty); positions only grow. On SQLite, whose
+        writers take turns, rows become visible in the order of their positions, so the rows
+        after a position read once are exactly what was logged since."""
+        with self._read() as cur:
+            row = self._one(cur, "SELECT MAX(pk) FROM requests")
+        return int(row[0]) if row and row[0] is not None else 0
+
+    def usage(
+        self,
+        by: Sequence[str] = (),
+        *,
+        since: float | None = None,
+        bucket: float | None = None,
+        session_id: str | None = None,
+        after: int = 0,
+        upto: int | None = None,
+    ) -> list[UsageRow]:
         """The log added up per group of ``by`` (names of :data:`GROUPS`, and ``bucket``: the
-        start of each ``bucket``-second interval), over requests since ``since`` (a time) and of
-        ``session_id`` if given; one row with ``key={}`` when ``by`` is empty."""
+        start of each ``bucket``-second interval), over requests since ``since`` (a time), of
+        ``session_id`` if given, and at positions in (``after``, ``upto``] (see
+        :meth:`request_log_position`); one row with ``key={}`` when ``by`` is empty."""
         keys: list[tuple[str, str]] = []
         for name in by:
             if name == "bucket":
@@ -101,9 +119,16 @@ class RequestLog(SqlCore):
         if session_id is not None:
             where.append("s.id = ?")
             params.append(session_id)
+        if after:
+            where.append("r.pk > ?")
+            params.append(int(after))
+        if upto is not None:
+            where.append("r.pk <= ?")
+            params.append(int(upto))
         select = ", ".join([*(expr for _, expr in keys), _SUMS])
         group = f" GROUP BY {', '.join(str(i + 1) for i in range(len(keys)))}" if keys else ""
-        sql = f"SELECT {select} FROM requests r JOIN sessions s ON s.pk = r.session_pk WHERE {' AND '.join(where)}{group}"
+        join = " JOIN sessions s ON s.pk = r.session_pk" if session_id is not None or "session" in by else ""
+        sql = f"SELECT {select} FROM requests r{join} WHERE {' AND '.join(where)}{group}"
         with self._read() as cur:
             rows = self._all(cur, sql, params)
         out = []

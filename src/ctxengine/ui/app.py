@@ -33,6 +33,7 @@ from ctxengine.errors import CtxEngineError, InputError, NotFoundError
 from ctxengine.redact import redact
 from ctxengine.store import SessionStore
 from ctxengine.ui import data, pages
+from ctxengine.ui.usage import UsageReader
 
 __all__ = ["BASE", "TOKEN_COOKIE", "TOKEN_HEADER", "Dashboard"]
 
@@ -42,6 +43,8 @@ BASE = "/ui"
 TOKEN_HEADER = "x-ctxengine-token"
 TOKEN_COOKIE = "ctxengine_token"
 _STATIC = Path(__file__).parent / "static"
+_SESSIONS_SHOWN = 200  # the most recently active; ?all=1 for the rest (a page stays light)
+_ALL_SESSIONS = 10_000
 
 
 class _NoStore(CtxEngineError):
@@ -54,6 +57,7 @@ class Dashboard:
     def __init__(self, store: SessionStore | None, *, auth_token: str | None = None) -> None:
         self.store = store
         self.auth_token = auth_token or None
+        self.reader = UsageReader(store) if store is not None else None
         page = self._page
         routes = [
             Route("/", page(self._overview)),
@@ -71,6 +75,13 @@ class Dashboard:
         """The pages, paths relative to :data:`BASE` (what ``ctxengine proxy`` mounts there)."""
         self.app: ASGIApp = Starlette(routes=[Route(BASE, _to_base), Route("/", _to_base), Mount(BASE, app=self.pages)])
         """The pages at :data:`BASE` (``/`` and ``/ui`` lead there): what ``ctxengine ui`` serves."""
+
+    def warm(self) -> None:
+        """Add up the whole request log once (the first overview of a large store), so the first
+        page is as quick as the next."""
+        if self.store is not None:
+            data.overview(self.store, reader=self.reader)
+            data.sessions_table(self.store, reader=self.reader)
 
     # -- plumbing -----------------------------------------------------------------------------------
     def _store(self) -> SessionStore:
@@ -104,7 +115,7 @@ class Dashboard:
 
     def _version(self, session_id: str | None = None) -> str:
         store = self._store()
-        u = store.usage([], session_id=session_id)[0]
+        u = (self.reader or store).usage([], session_id=session_id)[0]
         if session_id is not None:
             info = store.get_session(session_id)
             return f"{u.requests}:{u.last_at}:{info.updated_at}:{info.compactions}"
@@ -113,10 +124,12 @@ class Dashboard:
 
     # -- pages ---------------------------------------------------------------------------------------
     def _overview(self, request: Request) -> str:
-        return pages.overview_page(data.overview(self._store()), base=BASE)
+        return pages.overview_page(data.overview(self._store(), reader=self.reader), base=BASE)
 
     def _sessions(self, request: Request) -> str:
-        return pages.sessions_page(data.sessions_table(self._store()), base=BASE)
+        shown = _ALL_SESSIONS if request.query_params.get("all") else _SESSIONS_SHOWN
+        rows = data.sessions_table(self._store(), limit=shown + 1, reader=self.reader)
+        return pages.sessions_page(rows[:shown], base=BASE, more=len(rows) > shown)
 
     def _session(self, request: Request) -> str:
         sid = request.path_params["sid"]
@@ -142,10 +155,10 @@ class Dashboard:
 
     # -- JSON ----------------------------------------------------------------------------------------
     def _api_overview(self, request: Request) -> dict[str, Any]:
-        return {"version": self._version(), **data.overview(self._store())}
+        return {"version": self._version(), **data.overview(self._store(), reader=self.reader)}
 
     def _api_sessions(self, request: Request) -> dict[str, Any]:
-        return {"version": self._version(), "sessions": data.sessions_table(self._store())}
+        return {"version": self._version(), "sessions": data.sessions_table(self._store(), reader=self.reader)}
 
     def _api_session(self, request: Request) -> dict[str, Any]:
         sid = request.path_params["sid"]

@@ -25,6 +25,7 @@ from ctxengine.redact import redact_obj
 from ctxengine.store import SessionStore, UsageRow
 from ctxengine.store.ids import canonical_json
 from ctxengine.tokens import estimate_message_tokens
+from ctxengine.ui.usage import UsageReader
 
 __all__ = [
     "PRICE_SOURCE",
@@ -110,76 +111,73 @@ def _add(rows: Sequence[dict[str, Any]], key: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def overview(store: SessionStore, *, since: float | None = None, now: float | None = None) -> dict[str, Any]:
-    """Totals, per model, per client and over time (about 48 points from the first request)."""
-    pairs = store.usage(["model", "client"], since=since)
-    rows = [_figures(r, price(str(r.key["model"]), r)) for r in pairs]
-    models = sorted({str(r["model"]) for r in rows})
-    clients = sorted({str(r["client"]) for r in rows})
-    by_model = [_add([r for r in rows if r["model"] == m], {"model": m}) for m in models]
-    by_client = [_add([r for r in rows if r["client"] == c], {"client": c or "(unnamed)"}) for c in clients]
-    for m in by_model:
-        m["priced"] = _profile(str(m["model"])) is not None
-    totals = _add(rows, {})
+_LADDER = (60.0, 300.0, 900.0, 3600.0, 3 * 3600.0, 6 * 3600.0, 86_400.0, 7 * 86_400.0, 30 * 86_400.0)
+
+
+def _bucket(span: float) -> float:
+    """The series' bucket: the smallest step of a fixed ladder giving at most about 48 points
+    (fixed steps, so a reader's kept sums stay valid while the log grows)."""
+    return next((b for b in _LADDER if span / b <= _SERIES_POINTS), _LADDER[-1])
+
+
+def overview(store: SessionStore, *, since: float | None = None, now: float | None = None, reader: UsageReader | None = None) -> dict[str, Any]:
+    """Totals, per model, per client and over time (about 48 points from the first request),
+    all from one grouping of the log by time bucket, model and client."""
+    u = reader or UsageReader(store)
+    end = time.time() if now is None else now
+    [whole] = u.usage([], since=since) or [UsageRow(key={})]
+    bucket = _bucket(max(end, whole.last_at) - whole.first_at if whole.requests else 0.0)
+    groups = [(r.key, _figures(r, price(str(r.key["model"]), r))) for r in u.usage(["bucket", "model", "client"], since=since, bucket=bucket)]
+    models = sorted({str(k["model"]) for k, _ in groups})
+    clients = sorted({str(k["client"]) for k, _ in groups})
+    by_model = [_add([f for k, f in groups if k["model"] == m], {"model": m, "priced": _profile(m) is not None}) for m in models]
+    by_client = [_add([f for k, f in groups if k["client"] == c], {"client": c or "(unnamed)"}) for c in clients]
     return _safe({
-        "totals": totals,
+        "totals": _add([f for _, f in groups], {}),
         "by_model": sorted(by_model, key=lambda r: -int(r["tokens_in"])),
         "by_client": sorted(by_client, key=lambda r: -int(r["tokens_in"])),
-        "series": _series(store, since, now),
-        "sessions": len(store.usage(["session"], since=since)),
+        "series": _series(groups, bucket, end),
+        "sessions": len(u.usage(["session"], since=since)),
         "price_source": PRICE_SOURCE,
-        "generated_at": time.time() if now is None else now,
+        "generated_at": end,
     })
 
 
-def _series(store: SessionStore, since: float | None, now: float | None) -> list[dict[str, Any]]:
-    """Every bucket from the first request to now (at most about 48), empty ones included."""
-    first = store.usage([], since=since)
-    if not first or not first[0].requests:
+def _series(groups: Sequence[tuple[dict[str, Any], dict[str, Any]]], bucket: float, end: float) -> list[dict[str, Any]]:
+    """Every bucket from the first request's to now's, empty ones included."""
+    if not groups:
         return []
-    end = max(time.time() if now is None else now, first[0].last_at)
-    start = first[0].first_at
-    bucket = max(60.0, (end - start) / _SERIES_POINTS)
     points: dict[int, list[dict[str, Any]]] = {}
-    for r in store.usage(["bucket", "model"], since=since, bucket=bucket):
-        points.setdefault(round(float(r.key["bucket"]) / bucket), []).append(_figures(r, price(str(r.key["model"]), r)))
+    for key, figures in groups:
+        points.setdefault(round(float(key["bucket"]) / bucket), []).append(figures)
     lo, hi = min(points), max(max(points), int(end // bucket))
+    lo = max(lo, hi - 2 * _SERIES_POINTS)  # a clock that went back: the recent part
     return [_add(points.get(i, []), {"at": i * bucket, "bucket": bucket}) for i in range(lo, hi + 1)]
 
 
-def sessions_table(store: SessionStore, *, limit: int = 1000) -> list[dict[str, Any]]:
+def sessions_table(store: SessionStore, *, limit: int = 1000, reader: UsageReader | None = None) -> list[dict[str, Any]]:
     """One row per session (most recently active first): client, model, turns, tokens, saved."""
-    usage = {str(r.key["session"]): r for r in store.usage(["session"])}
-    per_model = store.usage(["session", "model", "client"])
-    main: dict[str, tuple[str, str, int]] = {}
-    for r in per_model:
+    u = reader or UsageReader(store)
+    per: dict[str, dict[str, Any]] = {}
+    for r in u.usage(["session", "model", "client"]):
         sid = str(r.key["session"])
-        if sid not in main or r.requests > main[sid][2]:
-            main[sid] = (str(r.key["model"]), str(r.key["client"]), r.requests)
-    money: dict[str, float | None] = {}
-    for r in per_model:
-        sid = str(r.key["session"])
+        row = per.setdefault(sid, {"turns": 0, "tokens_in": 0, "tokens_out": 0, "saved": None, "last": 0.0, "main": ("", "", 0)})
+        row["turns"] += r.requests
+        row["tokens_in"] += r.tokens_in
+        row["tokens_out"] += r.tokens_out
+        row["last"] = max(row["last"], r.last_at)
+        if r.requests > row["main"][2]:
+            row["main"] = (str(r.key["model"]), str(r.key["client"]), r.requests)
         saved = price(str(r.key["model"]), r)["saved"]
         if saved is not None:
-            money[sid] = (money.get(sid) or 0.0) + saved
-        else:
-            money.setdefault(sid, None)
+            row["saved"] = (row["saved"] or 0.0) + saved
     out = []
     for info in store.list_sessions(limit=limit):
-        u = usage.get(info.id)
-        model, client, _ = main.get(info.id, ("", "", 0))
+        p = per.get(info.id, {"turns": 0, "tokens_in": 0, "tokens_out": 0, "saved": None, "last": 0.0, "main": ("", "", 0)})
         out.append({
-            "id": info.id,
-            "client": client,
-            "model": model,
-            "turns": u.requests if u else 0,
-            "messages": info.length,
-            "compactions": info.compactions,
-            "tokens_in": u.tokens_in if u else 0,
-            "tokens_out": u.tokens_out if u else 0,
-            "saved_tokens": max(0, u.tokens_in - u.tokens_out) if u else 0,
-            "saved": money.get(info.id),
-            "last_active": max(info.updated_at, u.last_at if u else 0.0),
+            "id": info.id, "client": p["main"][1], "model": p["main"][0], "turns": p["turns"], "messages": info.length,
+            "compactions": info.compactions, "tokens_in": p["tokens_in"], "tokens_out": p["tokens_out"],
+            "saved_tokens": max(0, p["tokens_in"] - p["tokens_out"]), "saved": p["saved"], "last_active": max(info.updated_at, p["last"]),
         })
     out.sort(key=lambda r: -float(str(r["last_active"])))
     return list(redact_obj(out))

@@ -119,7 +119,7 @@ def overview_page(d: dict[str, Any], *, base: str) -> str:
     return layout("Overview", body, base=base, active="overview", poll=f"{base}/api/overview")
 
 
-def sessions_page(rows: Sequence[dict[str, Any]], *, base: str) -> str:
+def sessions_page(rows: Sequence[dict[str, Any]], *, base: str, more: bool = False) -> str:
     trs = []
     for r in rows:
         trs.append(
@@ -135,9 +135,10 @@ def sessions_page(rows: Sequence[dict[str, Any]], *, base: str) -> str:
     heads = [("session", ""), ("client", ""), ("model", ""), ("turns", "num"), ("messages", "num"), ("compactions", "num"),
              ("received", "num"), ("sent", "num"), ("saved", "num"), ("saved $", "num"), ("last active (UTC)", "")]
     body = (
-        f'<h1>Sessions <span class="muted">{len(rows):,}</span></h1>'
+        f'<h1>Sessions <span class="muted">{len(rows):,}{"+" if more else ""}</span></h1>'
         '<p><input id="filter" type="search" placeholder="Filter by session, client or model" autocomplete="off"></p>'
         + (_table(heads, trs, cls="sortable") if rows else '<p class="empty">No sessions in the store yet.</p>')
+        + (f'<p class="muted">The {len(rows):,} most recently active sessions. <a href="{base}/sessions?all=1">Show every session</a></p>' if more else "")
     )
     return layout("Sessions", body, base=base, active="sessions", poll=f"{base}/api/sessions")
 
