@@ -295,3 +295,27 @@ def test_stats_and_the_audit_in_the_terminal(proxy: ProxyServer) -> None:
     assert KEY not in CliRunner().invoke(cli, ["sessions", "audit", SESSION, "--store", path, "--full"]).output
     missing = CliRunner().invoke(cli, ["sessions", "audit", SESSION, "ffff", "--store", path])
     assert missing.exit_code == 2 and "no compaction 'ffff'" in missing.output
+
+
+# -- shadow mode ---------------------------------------------------------------------------------------------
+def test_shadow_mode_forwards_unchanged_and_logs_what_would_have_gone(tmp_path: Path) -> None:
+    path = tmp_path / "shadow.db"
+    with StubServer() as stub:
+        stub.responder = lambda req: StubReply.ok("ack " + "z" * 40)
+        with ProxyServer(_config(stub, path, shadow=True)) as p:
+            _drive(p)
+            _settled(path, TURNS)
+            sent = [r.body for r in stub.requests]
+    assert len(sent) == TURNS
+    last = sent[-1]
+    assert "tools" in last and [t["function"]["name"] for t in last["tools"]] == ["read_file"]  # no recall tool added
+    assert all("[ctxengine:" not in json.dumps(b) for b in sent)  # nothing compacted went upstream
+    assert len(last["messages"]) == 2 + 4 * TURNS - 2  # the client's whole history, as sent
+    with SqliteStore(str(path)) as store:
+        rows = store.requests(SESSION)
+        assert len(rows) == TURNS and all(r.shadow for r in rows)
+        assert rows[-1].tokens_out < rows[-1].tokens_in  # what ctxengine would have sent
+        assert rows[-1].prompt_tokens > 0  # the usage of what was really sent
+        assert store.compactions(SESSION)  # the compactions it would have run, recorded for the audit
+        d = data.overview(store)
+    assert d["totals"]["shadow"] == TURNS and d["totals"]["saved_tokens"] > 0

@@ -353,6 +353,27 @@ class Proxy(Relaying):
             return self._error(api, 413, f"request body larger than {self.settings.max_body_bytes} bytes", "too_large", "request_too_large")
         return await self.forward_body(request, api, raw)
 
+    async def _shadow(self, request: Request, api: Api, plan: Plan, named: str | None, headers: dict[str, str], client: str, t0: float) -> Response:
+        """A request in shadow mode: forwarded unchanged at once (routed to its session like any
+        other); :meth:`_settle` plans it after the response and logs what would have gone."""
+        plan.shadow, plan.client = True, client
+        try:
+            if not named:
+                plan.session = await self._route(api, request, plan.body)
+        except Exception as exc:  # no session: forwarded all the same, nothing to plan
+            self._fail_open(api, plan, "prepare", exc)
+            plan.shadow = False
+        plan.added = time.perf_counter() - t0
+        url = self._upstream(api, request.scope["path"], request.scope.get("query_string", b"").decode())
+        extra = [(_SESSION_RAW, plan.session.encode("latin-1"))] if plan.session else []
+        try:
+            if plan.body.get("stream") is True:
+                return await self._stream(plan, url, headers, extra)
+            return await self._complete(plan, url, headers, extra, plan.content)
+        except UpstreamError as exc:
+            plan.outcome, plan.status = "upstream_unreachable", 502
+            return self._after(self._error(api, 502, f"upstream unreachable: {exc}", "upstream_unreachable", api.unreachable_kind), plan)
+
     async def _planned(self, api: Api, session: str, body: Mapping[str, Any], raw: bytes) -> Plan:
         """The plan of a chat request, once the session's previous request has settled: on the
         event loop when the turn only appends (a session new in this process opened first, in
@@ -401,6 +422,8 @@ class Proxy(Relaying):
         plan = Plan(api, named or "", body, raw)
         client = _client_name(request.headers.get("user-agent"))
         passthrough = api.passthrough_reason(body)
+        if self.settings.shadow and passthrough is None:
+            return await self._shadow(request, api, plan, named, headers, client, t0)
         try:
             if passthrough is not None:
                 log.debug("request forwarded unchanged: %s", passthrough)
@@ -463,6 +486,12 @@ class Proxy(Relaying):
 
 
 
+
+
+class _Shadow:
+    """Shadow mode (``proxy.shadow``): the request goes upstream as the client sent it; what
+    ctxengine would have sent is planned after the response, in the after-response worker
+    thread (:meth:`~ctxengine.proxy.settling.Settling._settle`), and logged with the request."""
 
 
 class _ChatFront:

@@ -66,7 +66,7 @@ class Settling(ProxyBase):
         plan.settled = True
         self._observe(plan)
         feed = self._usage_metrics(plan, usage)
-        logged = self._logs_requests(plan)
+        logged = self._logs_requests(plan) or plan.shadow
         state = plan.state
         gate, plan.gate = plan.gate, None  # recall answered beside the client's calls (_answer_beside)
         if not (feed or plan.deferred or logged):
@@ -116,8 +116,14 @@ class Settling(ProxyBase):
             except Exception as exc:
                 log.warning("writing a turn to the store failed", extra={"fields": {"session": plan.session, "error": f"{type(exc).__name__}: {exc}"}})
             self.metrics.child(self.metrics.stage, plan.api.name, "record").observe(time.perf_counter() - started)
+        if plan.shadow:
+            self._shadow_plan(plan)
         if self._logs_requests(plan):
             self._log_request(plan)
+
+    def _shadow_plan(self, plan: Plan) -> None:
+        """Shadow mode's plan of a request forwarded unchanged (:class:`~ctxengine.proxy.planning.Planning`
+        makes it: planning is the layer above this one)."""
 
     def _logs_requests(self, plan: Plan) -> bool:
         """Whether the request goes into the store's request log: a chat request of a session,
