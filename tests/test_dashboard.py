@@ -125,7 +125,7 @@ def test_every_page_renders_and_shows_the_figures(proxy: ProxyServer) -> None:
     pages = _pages(proxy)
     overview = pages["/ui/"]
     assert "Tokens saved" in overview and "gpt-4o" in overview and "demo-agent" in overview and "<svg" in overview
-    assert "Prices: ctxengine model table" in overview
+    assert "Prices: genai-prices" in overview
     assert SESSION in pages["/ui/sessions"]
     assert "Each request" in pages[f"/ui/sessions/{SESSION}"] and "cacheaware" in pages[f"/ui/sessions/{SESSION}"]
     assert 'id="hits"' in pages[f"/ui/sessions/{SESSION}?q=deploy"] and "No match" not in pages[f"/ui/sessions/{SESSION}?q=deploy"]
@@ -281,7 +281,7 @@ def test_stats_and_the_audit_in_the_terminal(proxy: ProxyServer) -> None:
     out = CliRunner().invoke(cli, ["stats", "--store", path])
     assert out.exit_code == 0, out.output
     assert f"{TURNS} requests in 1 sessions" in out.output and "gpt-4o" in out.output and "% saved" in out.output and "█" in out.output
-    assert "demo-agent" in out.output and "prices: ctxengine model table" in out.output
+    assert "demo-agent" in out.output and "prices: genai-prices" in out.output
     as_json = json.loads(CliRunner().invoke(cli, ["stats", "--store", path, "--json"]).output)
     assert as_json["totals"]["requests"] == TURNS
     bad = CliRunner().invoke(cli, ["stats", "--store", path, "--since", "yesterday"])

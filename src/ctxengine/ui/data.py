@@ -1,7 +1,8 @@
 """What the dashboard and ``ctxengine stats`` show, read from a session store: plain dicts, every
 string passed through :func:`ctxengine.redact.redact_obj` (no key shape, URL credential or
-registered secret leaves here), money from :func:`ctxengine.cost.billed_cost` at the model
-table's prices (``None`` for a model the table does not know: tokens, never invented money).
+registered secret leaves here), money at the prices of :mod:`ctxengine.ui.prices`
+(``genai-prices``, else the model table; ``None`` for a model neither knows: tokens, never
+invented money), each figure with the source of its prices.
 
 Money saved is priced as the tokens a request did not send, at the model's cache-read price:
 the lowest price those tokens would have been billed at had they stayed in a warm cache, so the
@@ -11,24 +12,21 @@ from __future__ import annotations
 
 import re
 import time
-import warnings
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ctxengine.cost import billed_cost, read_price
 from ctxengine.facts import context_text, extract_facts, missing_facts
 from ctxengine.messages import Message, content_text, is_summary, message_text
-from ctxengine.models import ModelProfile, UnknownModelWarning, resolve_model
 from ctxengine.recall import Recall
 from ctxengine.redact import redact_obj
 from ctxengine.store import SessionStore, UsageRow
 from ctxengine.store.ids import canonical_json
 from ctxengine.tokens import estimate_message_tokens
-from ctxengine.ui.usage import UsageReader
+from ctxengine.ui.prices import OWN_TABLE, pricing
+from ctxengine.ui.usage import UsageReader, merge
 
 __all__ = [
-    "PRICE_SOURCE",
     "audit",
     "expand",
     "grep",
@@ -37,9 +35,6 @@ __all__ = [
     "session_detail",
     "sessions_table",
 ]
-
-PRICE_SOURCE = "ctxengine model table (src/ctxengine/data/models.json, prices as of 2025-11)"
-"""Where the money figures' prices come from, shown beside every figure."""
 
 _SERIES_POINTS = 48
 
@@ -50,28 +45,15 @@ def _safe(value: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _profile(model: str) -> ModelProfile | None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UnknownModelWarning)
-        p = resolve_model(model or None)
-    return p if p.known and p.input > 0 else None
-
-
-def price(model: str, row: UsageRow) -> dict[str, float | None]:
+def price(model: str, row: UsageRow) -> dict[str, Any]:
     """``cost`` (what the provider billed for the prompts and completions of ``row``) and
-    ``saved`` (tokens not sent at the cache-read price), both USD; ``None`` for an unknown model."""
-    p = _profile(model)
+    ``saved`` (tokens not sent, at the cache-read price), both USD, and their ``source``; both
+    ``None`` for a model no price source knows."""
+    p = pricing(model)
     if p is None:
-        return {"cost": None, "saved": None}
-    cost = billed_cost(
-        p,
-        prompt_tokens=row.prompt_tokens,
-        cache_read_tokens=row.cache_read_tokens,
-        cache_write_tokens=row.cache_write_tokens,
-        completion_tokens=row.completion_tokens,
-    )
-    saved = max(0, row.tokens_in - row.tokens_out) * read_price(p) / 1_000_000
-    return {"cost": cost, "saved": saved}
+        return {"cost": None, "saved": None, "source": None}
+    cost = p.cost(row.requests, row.prompt_tokens, row.cache_read_tokens, row.cache_write_tokens, row.completion_tokens)
+    return {"cost": cost, "saved": max(0, row.tokens_in - row.tokens_out) * p.read, "source": p.source}
 
 
 def _figures(row: UsageRow, money: Mapping[str, float | None]) -> dict[str, Any]:
@@ -93,6 +75,7 @@ def _figures(row: UsageRow, money: Mapping[str, float | None]) -> dict[str, Any]
         "last_at": row.last_at,
         "cost": money.get("cost"),
         "saved": money.get("saved"),
+        "price_source": money.get("source"),
     }
 
 
@@ -106,6 +89,7 @@ def _add(rows: Sequence[dict[str, Any]], key: dict[str, Any]) -> dict[str, Any]:
         known = [float(r[name]) for r in rows if r[name] is not None]
         out[name] = sum(known) if known else None
     out["unpriced_requests"] = sum(int(r["requests"]) for r in rows if r["cost"] is None)
+    out["price_sources"] = sorted({str(r["price_source"]) for r in rows if r.get("price_source")} | {src for r in rows for src in r.get("price_sources", [])})
     out["cache_read_share"] = out["cache_read_tokens"] / out["prompt_tokens"] if out["prompt_tokens"] else None
     out["last_at"] = max((float(r["last_at"]) for r in rows), default=0.0)
     return out
@@ -122,25 +106,39 @@ def _bucket(span: float) -> float:
 
 def overview(store: SessionStore, *, since: float | None = None, now: float | None = None, reader: UsageReader | None = None) -> dict[str, Any]:
     """Totals, per model, per client and over time (about 48 points from the first request),
-    all from one grouping of the log by time bucket, model and client."""
+    all from one grouping of the log by time bucket, model and client (priced per model and
+    client)."""
     u = reader or UsageReader(store)
     end = time.time() if now is None else now
     [whole] = u.usage([], since=since) or [UsageRow(key={})]
     bucket = _bucket(max(end, whole.last_at) - whole.first_at if whole.requests else 0.0)
-    groups = [(r.key, _figures(r, price(str(r.key["model"]), r))) for r in u.usage(["bucket", "model", "client"], since=since, bucket=bucket)]
-    models = sorted({str(k["model"]) for k, _ in groups})
-    clients = sorted({str(k["client"]) for k, _ in groups})
-    by_model = [_add([f for k, f in groups if k["model"] == m], {"model": m, "priced": _profile(m) is not None}) for m in models]
-    by_client = [_add([f for k, f in groups if k["client"] == c], {"client": c or "(unnamed)"}) for c in clients]
+    rows = u.usage(["bucket", "model", "client"], since=since, bucket=bucket)
+    pairs: dict[tuple[str, str], UsageRow] = {}
+    for r in rows:
+        k = (str(r.key["model"]), str(r.key["client"]))
+        pairs[k] = merge(pairs.get(k), UsageRow({"model": k[0], "client": k[1]}, *_sums(r)))
+    priced = [_figures(r, price(m, r)) for (m, _), r in pairs.items()]
+    by_model = [_add([f for f in priced if f["model"] == m], {"model": m, "priced": pricing(m) is not None}) for m in sorted({m for m, _ in pairs})]
+    by_client = [_add([f for f in priced if f["client"] == c], {"client": c or "(unnamed)"}) for c in sorted({c for _, c in pairs})]
+    totals = _add(priced, {})
     return _safe({
-        "totals": _add([f for _, f in groups], {}),
+        "totals": totals,
         "by_model": sorted(by_model, key=lambda r: -int(r["tokens_in"])),
         "by_client": sorted(by_client, key=lambda r: -int(r["tokens_in"])),
-        "series": _series(groups, bucket, end),
+        "series": _series([(r.key, _figures(r, {})) for r in rows], bucket, end),
         "sessions": len(u.usage(["session"], since=since)),
-        "price_source": PRICE_SOURCE,
+        "price_source": _sources(totals["price_sources"]),
         "generated_at": end,
     })
+
+
+def _sums(r: UsageRow) -> tuple[Any, ...]:
+    return (r.requests, r.tokens_in, r.tokens_out, r.prompt_tokens, r.completion_tokens, r.cache_read_tokens, r.cache_write_tokens,
+            r.compactions, r.fail_opens, r.errors, r.shadow, r.last_at, r.first_at)
+
+
+def _sources(names: Sequence[str]) -> str:
+    return "; ".join(names) if names else f"none yet (genai-prices where it knows a model, else the {OWN_TABLE})"
 
 
 def _series(groups: Sequence[tuple[dict[str, Any], dict[str, Any]]], bucket: float, end: float) -> list[dict[str, Any]]:
@@ -168,9 +166,9 @@ def sessions_table(store: SessionStore, *, limit: int = 1000, reader: UsageReade
         row["last"] = max(row["last"], r.last_at)
         if r.requests > row["main"][2]:
             row["main"] = (str(r.key["model"]), str(r.key["client"]), r.requests)
-        saved = price(str(r.key["model"]), r)["saved"]
-        if saved is not None:
-            row["saved"] = (row["saved"] or 0.0) + saved
+        rates = pricing(str(r.key["model"]))
+        if rates is not None:
+            row["saved"] = (row["saved"] or 0.0) + max(0, r.tokens_in - r.tokens_out) * rates.read
     out = []
     for info in store.list_sessions(limit=limit):
         p = per.get(info.id, {"turns": 0, "tokens_in": 0, "tokens_out": 0, "saved": None, "last": 0.0, "main": ("", "", 0)})
@@ -210,7 +208,7 @@ def session_detail(store: SessionStore, session_id: str) -> dict[str, Any]:
              "removed": len(c.replaced), "notes": list(c.report.get("notes") or []), "fallback": c.report.get("fallback")}
             for c in comps
         ],
-        "price_source": PRICE_SOURCE,
+        "price_source": _sources(_add(rows, {})["price_sources"]),
     })
 
 

@@ -93,7 +93,9 @@ def _usage_rows(rows: Sequence[dict[str, Any]], key: str) -> list[str]:
     for r in rows:
         name = e(r[key] or "(unnamed)")
         if key == "model" and not r.get("priced"):
-            name += ' <span class="tag" title="not in the price table: tokens only">no price</span>'
+            name += ' <span class="tag" title="no price source knows this model: tokens only">no price</span>'
+        elif key == "model":
+            name = f'<span title="prices: {e("; ".join(r.get("price_sources") or []))}">{name}</span>'
         out.append(
             f"<tr><td>{name}</td><td class=num>{_n(r['requests'])}</td><td class=num>{tokens(r['tokens_in'])}</td>"
             f"<td class=num>{tokens(r['tokens_out'])}</td><td class=num>{tokens(r['saved_tokens'])}</td>"
