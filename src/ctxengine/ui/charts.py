@@ -12,7 +12,7 @@ from typing import Any
 __all__ = ["requests_chart", "series_chart", "tokens"]
 
 _W, _H = 960, 240
-_L, _R, _T, _B = 64, 16, 16, 36  # margins: room for the axis labels
+_L, _R, _T, _B = 64, 16, 16, 44  # margins: room for the axis labels
 
 
 def tokens(n: float) -> str:
@@ -24,7 +24,7 @@ def tokens(n: float) -> str:
     return f"{n:.0f}"
 
 
-def _axis(top: float, ticks: int = 4) -> str:
+def _axis(top: float, ticks: int = 5) -> str:
     out = []
     for i in range(ticks + 1):
         v = top * i / ticks
@@ -38,7 +38,7 @@ def _nice(top: float) -> float:
     if top <= 0:
         return 1.0
     mag = 10 ** (len(str(int(top))) - 1)
-    for step in (1, 2, 2.5, 5, 10):
+    for step in (1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10):
         if top <= step * mag:
             return float(step * mag)
     return float(10 * mag)
@@ -84,33 +84,38 @@ def series_chart(points: Sequence[dict[str, Any]]) -> str:
 
 
 def requests_chart(requests: Sequence[dict[str, Any]]) -> str:
-    """Each request: tokens received and sent (bars), cache reads and writes (ticks), and a
-    marker over each request that compacted."""
+    """Each request: tokens received and sent (bars), the prompt the provider billed split into
+    cache reads, cache writes and the rest (a stacked bar), and a marker over each request that
+    compacted."""
     if not requests:
         return '<p class="empty">No requests of this session in the request log (it was recorded without the proxy).</p>'
-    top = _nice(max(max(int(r["tokens_in"]), int(r["tokens_out"]), int(r["cache_read_tokens"]) + int(r["cache_write_tokens"])) for r in requests))
+    top = _nice(max(max(int(r["tokens_in"]), int(r["tokens_out"]), int(r["prompt_tokens"])) for r in requests))
     width, height = _W - _L - _R, _H - _T - _B
     slot = width / len(requests)
-    bar = max(1.0, slot * 0.4)
+    bar = max(1.0, min(14.0, slot * 0.28))
+    base = _T + height
 
-    def y(v: float) -> float:
-        return _T + height * (1 - v / top)
+    def h(v: float) -> float:
+        return height * float(v) / top
 
     out = [_axis(top)]
     for i, r in enumerate(requests):
-        x = _L + slot * i + slot * 0.1
-        tip = f"#{i + 1}: received {int(r['tokens_in']):,}, sent {int(r['tokens_out']):,}, cache read {int(r['cache_read_tokens']):,}, written {int(r['cache_write_tokens']):,}"
+        x = _L + slot * i + (slot - 3 * bar) / 2
+        read, write, prompt = int(r["cache_read_tokens"]), int(r["cache_write_tokens"]), int(r["prompt_tokens"])
+        tip = (f"#{i + 1}: received {int(r['tokens_in']):,}, sent {int(r['tokens_out']):,}; billed prompt {prompt:,}: "
+               f"cache read {read:,}, written {write:,}" + (f"; {int(r.get('compacted', r['compactions']))} compaction(s)" if r.get("compacted", r["compactions"]) else ""))
         out.append(f"<g><title>{escape(tip)}</title>")
-        out.append(f'<rect x="{x:.1f}" y="{y(r["tokens_in"]):.1f}" width="{bar:.1f}" height="{_T + height - y(r["tokens_in"]):.1f}" class="s-in"/>')
-        out.append(f'<rect x="{x + bar:.1f}" y="{y(r["tokens_out"]):.1f}" width="{bar:.1f}" height="{_T + height - y(r["tokens_out"]):.1f}" class="s-out"/>')
-        read, write = int(r["cache_read_tokens"]), int(r["cache_write_tokens"])
-        if read:
-            out.append(f'<line x1="{x + bar:.1f}" x2="{x + 2 * bar:.1f}" y1="{y(read):.1f}" y2="{y(read):.1f}" class="s-read"/>')
-        if write:
-            out.append(f'<line x1="{x + bar:.1f}" x2="{x + 2 * bar:.1f}" y1="{y(read + write):.1f}" y2="{y(read + write):.1f}" class="s-write"/>')
+        out.append(f'<rect x="{x:.1f}" y="{base - h(r["tokens_in"]):.1f}" width="{bar:.1f}" height="{h(r["tokens_in"]):.1f}" class="s-in"/>')
+        out.append(f'<rect x="{x + bar:.1f}" y="{base - h(r["tokens_out"]):.1f}" width="{bar:.1f}" height="{h(r["tokens_out"]):.1f}" class="s-out"/>')
+        y: float = base
+        for value, cls in ((read, "s-read"), (write, "s-write"), (max(0, prompt - read - write), "s-rest")):
+            if value:
+                out.append(f'<rect x="{x + 2 * bar:.1f}" y="{y - h(value):.1f}" width="{bar:.1f}" height="{h(value):.1f}" class="{cls}"/>')
+                y -= h(value)
         if r.get("compacted", r["compactions"]):
-            cx = x + bar
+            cx = x + 1.5 * bar
             out.append(f'<path d="M{cx - 5:.1f},{_T - 2} L{cx + 5:.1f},{_T - 2} L{cx:.1f},{_T + 6}" class="s-comp"/>')
+            out.append(f'<line x1="{cx:.1f}" x2="{cx:.1f}" y1="{_T + 6}" y2="{base:.1f}" class="s-comp-line"/>')
         out.append("</g>")
-    out.append(_legend([("s-in", "received"), ("s-out", "sent"), ("s-read", "cache read"), ("s-write", "cache write"), ("s-comp", "compaction")]))
+    out.append(_legend([("s-in", "received"), ("s-out", "sent"), ("s-read", "cache read"), ("s-write", "cache write"), ("s-rest", "uncached"), ("s-comp", "compaction")]))
     return _svg("".join(out), "tokens of each request")
