@@ -75,10 +75,11 @@ def series_chart(points: Sequence[dict[str, Any]]) -> str:
             h = height * float(p[key]) / top
             out.append(f'<rect x="{x + k * bar:.1f}" y="{_T + height - h:.1f}" width="{bar:.1f}" height="{h:.1f}" class="{cls}"/>')
         out.append("</g>")
-    for i in sorted({0, len(points) // 2, len(points) - 1}):
-        x = _L + slot * (i + 0.5)
+    last = len(points) - 1
+    for i in sorted({0, len(points) // 2, last}):
+        anchor, x = ("start", _L + slot * i) if i == 0 else ("end", _L + slot * (i + 1)) if i == last else ("middle", _L + slot * (i + 0.5))
         when = dt.datetime.fromtimestamp(float(points[i]["at"]), tz=dt.UTC).strftime("%m-%d %H:%M")
-        out.append(f'<text x="{x:.1f}" y="{_H - _B + 14}" text-anchor="middle" class="tick">{when}</text>')
+        out.append(f'<text x="{x:.1f}" y="{_H - _B + 16}" text-anchor="{anchor}" class="tick">{when} UTC</text>')
     out.append(_legend([("s-in", "tokens received"), ("s-out", "tokens sent")]))
     return _svg("".join(out), "tokens received and sent over time")
 
