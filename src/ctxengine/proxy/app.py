@@ -353,10 +353,10 @@ class Proxy(Relaying):
             return self._error(api, 413, f"request body larger than {self.settings.max_body_bytes} bytes", "too_large", "request_too_large")
         return await self.forward_body(request, api, raw)
 
-    async def _shadow(self, request: Request, api: Api, plan: Plan, named: str | None, headers: dict[str, str], client: str, t0: float) -> Response:
+    async def _shadow(self, request: Request, api: Api, plan: Plan, named: str | None, headers: dict[str, str], t0: float) -> Response:
         """A request in shadow mode: forwarded unchanged at once (routed to its session like any
         other); :meth:`_settle` plans it after the response and logs what would have gone."""
-        plan.shadow, plan.client = True, client
+        plan.shadow, plan.client = True, _client_name(request.headers.get("user-agent"))
         try:
             if not named:
                 plan.session = await self._route(api, request, plan.body)
@@ -420,10 +420,9 @@ class Proxy(Relaying):
             return self._error(api, 400, bad_session, "bad_request")
         headers = self._request_headers(request)
         plan = Plan(api, named or "", body, raw)
-        client = _client_name(request.headers.get("user-agent"))
         passthrough = api.passthrough_reason(body)
         if self.settings.shadow and passthrough is None:
-            return await self._shadow(request, api, plan, named, headers, client, t0)
+            return await self._shadow(request, api, plan, named, headers, t0)
         try:
             if passthrough is not None:
                 log.debug("request forwarded unchanged: %s", passthrough)
@@ -435,7 +434,7 @@ class Proxy(Relaying):
         except Exception as exc:  # fail open: the client's request, held under the window
             self._fail_open(api, plan, "prepare", exc)
             plan = await anyio.to_thread.run_sync(self._plan_capped, api, plan.session, body, raw)
-        plan.client = client
+        plan.client = _client_name(request.headers.get("user-agent"))
         # the metrics are updated once the response is out (_settle_later), off this path
         plan.stages += [("read", t_read - t0), ("parse", t_parse - t_read)]
         plan.added = time.perf_counter() - t0
