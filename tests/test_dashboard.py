@@ -319,3 +319,13 @@ def test_shadow_mode_forwards_unchanged_and_logs_what_would_have_gone(tmp_path: 
         assert store.compactions(SESSION)  # the compactions it would have run, recorded for the audit
         d = data.overview(store)
     assert d["totals"]["shadow"] == TURNS and d["totals"]["saved_tokens"] > 0
+
+
+def test_the_ui_command_refuses_to_bind_beyond_loopback_without_a_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from ctxengine.cli.main import cli
+
+    monkeypatch.delenv("CTXENGINE_PROXY_TOKEN", raising=False)
+    out = CliRunner().invoke(cli, ["ui", "--store", str(tmp_path / "s.db"), "--host", "0.0.0.0"])
+    assert out.exit_code == 2 and "requires a proxy token" in out.output
