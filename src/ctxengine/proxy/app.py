@@ -154,6 +154,7 @@ class Proxy(Relaying):
         self._local_store = is_local(self.store)
         self._tasks: set[asyncio.Task[None]] = set()
         self._lock = threading.Lock()
+        self.dashboard = Dashboard(self.store if isinstance(self.store, SessionStore) else None, auth_token=self.auth_token)
         self.app = Starlette(
             routes=[
                 Route("/healthz", self.healthz, methods=["GET"]),
@@ -165,7 +166,7 @@ class Proxy(Relaying):
                 Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
                 Route("/v1/{path:path}", self.forward, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
                 Route(BASE, self.to_dashboard, methods=["GET"]),
-                Mount(BASE, app=Dashboard(self.store if isinstance(self.store, SessionStore) else None, auth_token=self.auth_token).pages),
+                Mount(BASE, app=self.dashboard.pages),
                 Route("/{path:path}", self.not_served, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
             ],
             middleware=[Middleware(_ChatFront, proxy=self)],
@@ -176,6 +177,8 @@ class Proxy(Relaying):
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
         self._client = self._new_client()
+        # the request log added up once, off the request path, so the first /ui page is quick
+        threading.Thread(target=self.dashboard.warm, name="ctxengine-ui-warm", daemon=True).start()
         if self.freeze_gc:
             gc.collect()  # garbage is not frozen: only what is still alive
             gc.freeze()

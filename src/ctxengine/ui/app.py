@@ -79,9 +79,13 @@ class Dashboard:
     def warm(self) -> None:
         """Add up the whole request log once (the first overview of a large store), so the first
         page is as quick as the next."""
-        if self.store is not None:
+        if self.store is None:
+            return
+        try:
             data.overview(self.store, reader=self.reader)
-            data.sessions_table(self.store, reader=self.reader)
+            data.sessions_table(self.store, limit=_SESSIONS_SHOWN + 1, reader=self.reader)
+        except Exception as exc:  # the pages will say what is wrong with the store
+            log.debug("adding up the request log failed: %s", redact(str(exc)))
 
     # -- plumbing -----------------------------------------------------------------------------------
     def _store(self) -> SessionStore:
