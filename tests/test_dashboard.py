@@ -329,3 +329,23 @@ def test_the_ui_command_refuses_to_bind_beyond_loopback_without_a_token(tmp_path
     monkeypatch.delenv("CTXENGINE_PROXY_TOKEN", raising=False)
     out = CliRunner().invoke(cli, ["ui", "--store", str(tmp_path / "s.db"), "--host", "0.0.0.0"])
     assert out.exit_code == 2 and "requires a proxy token" in out.output
+
+
+def test_an_lcm_summary_is_audited_with_its_originals_one_click_away(tmp_path: Path) -> None:
+    from ctxengine.manager import ContextManager
+
+    store = SqliteStore(str(tmp_path / "s.db"))
+    mgr = ContextManager(Config().with_overrides(context={"engine": "lcm"}, model={"context_length": 6000}), model="gpt-4o", store=store)
+    msgs: list[Any] = [{"role": "system", "content": "sys"}, {"role": "user", "content": "fix the build"}]
+    for t in range(30):
+        call = {"id": f"c{t}", "type": "function", "function": {"name": "read_file", "arguments": json.dumps({"path": f"log{t}.txt"})}}
+        msgs += [{"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "tool", "tool_call_id": f"c{t}", "content": f"turn {t}: " + "log line with details about the build\n" * 30}]
+        mgr.prepare(msgs, session_id="L")
+        msgs += [{"role": "assistant", "content": "ack"}, {"role": "user", "content": f"continue {t}"}]
+    lcm = [c for c in store.compactions("L") if c.engine == "lcm"]
+    assert lcm
+    a = data.audit(store, lcm[0].id)
+    [summary] = [s for s in a["stand_ins"] if s["kind"] == "summary"]
+    assert summary["ref"] and len(a["removed"]) >= len(lcm[0].replaced)
+    assert data.expand(store, "L", summary["ref"])["total"] == len(a["removed"])  # the originals behind it
+    store.close()

@@ -212,7 +212,7 @@ def session_detail(store: SessionStore, session_id: str) -> dict[str, Any]:
     })
 
 
-_RECORD = re.compile(r"\[ctxengine:([a-z_]+)(?: ref=([^\s:\]]+))?")
+_RECORD = re.compile(r"\[ctxengine:([a-z_]+)(?: (?:ref|node)=([^\s:\]]+))?")
 
 
 def _compactions_per_request(requests: Sequence[float], compactions: Sequence[float]) -> list[int]:
@@ -234,7 +234,7 @@ def _stand_in(m: Message) -> tuple[str, str | None]:
     text = content_text(m.get("content"))
     found = _RECORD.search(text[:2000])
     if found:
-        kind = {"cut": "cut marker"}.get(found.group(1), found.group(1))
+        kind = {"cut": "cut marker", "lcm": "summary"}.get(found.group(1), found.group(1))
         return kind, found.group(2)
     return ("summary" if is_summary(m) else "changed"), None
 
