@@ -349,3 +349,21 @@ def test_an_lcm_summary_is_audited_with_its_originals_one_click_away(tmp_path: P
     assert summary["ref"] and len(a["removed"]) >= len(lcm[0].replaced)
     assert data.expand(store, "L", summary["ref"])["total"] == len(a["removed"])  # the originals behind it
     store.close()
+
+
+@browser
+def test_the_browser_sorts_and_filters_the_sessions_table(tmp_path: Path) -> None:
+    from ctxengine.store import RequestRecord
+
+    store = SqliteStore(str(tmp_path / "s.db"))
+    for sid, client, turns in (("alpha", "aider", 5), ("beta", "claude-cli", 9), ("gamma", "aider", 2)):
+        store.record_messages(sid, [{"role": "user", "content": f"hello {sid}"}])
+        for t in range(turns):
+            store.record_request(RequestRecord(sid, "openai", "gpt-4o", client=client, tokens_in=100 * (t + 1), tokens_out=80 * (t + 1)))
+    with ProxyServer(Config(), store=store) as p:
+        dom = _dom(p.url + "/ui/sessions#filter=aider&sort=3&dir=-1")  # column 3: turns, most first
+    rows = re.findall(r'<tr data-text="([a-z]+) [^"]*"( style="display: none;")?>', dom)
+    assert [sid for sid, hidden in rows if not hidden] == ["alpha", "gamma"]  # aider's, by turns
+    assert [sid for sid, hidden in rows if hidden] == ["beta"]
+    assert 'class="num desc"' in dom  # the sorted column says so
+    store.close()

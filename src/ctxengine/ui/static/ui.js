@@ -27,6 +27,20 @@
     });
   }
 
+  // the table's state lives in the address (#filter=…&sort=N&dir=-1): a view can be shared
+  function readHash() {
+    var h = new URLSearchParams(location.hash.slice(1));
+    filterText = (h.get("filter") || "").toLowerCase();
+    sortCol = h.has("sort") ? parseInt(h.get("sort"), 10) : -1;
+    sortDir = h.get("dir") === "-1" ? -1 : 1;
+  }
+  function writeHash() {
+    var h = new URLSearchParams();
+    if (filterText) h.set("filter", filterText);
+    if (sortCol >= 0) { h.set("sort", String(sortCol)); h.set("dir", String(sortDir)); }
+    history.replaceState(null, "", location.pathname + location.search + (String(h) ? "#" + h : ""));
+  }
+
   function bind() {
     var table = document.querySelector("table.sortable");
     if (table) {
@@ -35,13 +49,14 @@
           sortDir = sortCol === i ? -sortDir : (th.classList.contains("num") ? -1 : 1);
           sortCol = i;
           applyTable();
+          writeHash();
         });
       });
     }
     var input = document.getElementById("filter");
     if (input) {
       input.value = filterText;
-      input.addEventListener("input", function () { filterText = input.value.trim().toLowerCase(); applyTable(); });
+      input.addEventListener("input", function () { filterText = input.value.trim().toLowerCase(); applyTable(); writeHash(); });
     }
     applyTable();
   }
@@ -69,6 +84,7 @@
       })
       .catch(function () {});
   }
+  if (document.querySelector("table.sortable")) readHash();
   bind();
   if (poll) { refresh(); setInterval(refresh, 5000); }
 })();
