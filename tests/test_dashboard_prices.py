@@ -36,3 +36,24 @@ def test_the_model_table_prices_what_genai_prices_lacks_and_unknown_models_get_n
     assert data.price("my-local-model", row) == {"cost": None, "saved": None, "source": None}
     priced = data.price("gpt-4o", UsageRow({}, requests=1, tokens_in=2_000_000, tokens_out=1_000_000, prompt_tokens=1_000_000))
     assert priced["saved"] == pytest.approx(1.25) and str(priced["source"]).startswith("genai-prices")
+
+
+def test_a_model_the_table_lacks_takes_its_window_and_prices_from_genai_prices() -> None:
+    import warnings
+
+    from ctxengine.models import UnknownModelWarning, resolve_model
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnknownModelWarning)  # known now: no warning
+        p = resolve_model("xai/grok-4")
+    assert (p.known, p.window_source, p.provider) == (True, "genai-prices", "x-ai")
+    assert p.context_length == 256_000 and p.input == pytest.approx(3.0) and p.output == pytest.approx(15.0)
+    assert resolve_model("gpt-4o").window_source == "table"  # the table keeps what it has
+    assert resolve_model("my-local-model", context_length=1000).window_source == "argument"
+
+
+def test_the_proxy_window_of_such_a_model_names_its_source() -> None:
+    from ctxengine.config import Config
+    from ctxengine.proxy.limits import Window, Windows
+
+    assert Windows(Config()).window_for("openai", "grok-4") == Window(256_000, "genai-prices")
