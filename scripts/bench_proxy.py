@@ -145,13 +145,17 @@ def start_stub(reply: str = "StubReply.ok('ok')") -> tuple[subprocess.Popen[byte
     return proc, port
 
 
+SHADOW = False  # --shadow: every proxy of the run in shadow mode (proxy.shadow)
+
+
 def start_proxy(tmp: Path, stub_port: int, extra_yaml: str = "", src: Path | None = None) -> tuple[subprocess.Popen[bytes], int]:
     """``ctxengine proxy`` in a process of its own, from ``src`` (default: this tree's ``src``)."""
     port = free_port()
     cfg = tmp / f"proxy-{port}.yaml"
     cfg.write_text(
         f"store:\n  path: {tmp / f'sessions-{port}.db'}\n"
-        f"proxy:\n  openai_base_url: http://127.0.0.1:{stub_port}/v1\n  anthropic_base_url: http://127.0.0.1:{stub_port}\n" + extra_yaml,
+        f"proxy:\n  openai_base_url: http://127.0.0.1:{stub_port}/v1\n  anthropic_base_url: http://127.0.0.1:{stub_port}\n"
+        + ("  shadow: true\n" if SHADOW else "") + extra_yaml,
         encoding="utf-8",
     )
     env = {**os.environ, "PYTHONPATH": str(src or ROOT / "src")}
@@ -591,7 +595,10 @@ def main() -> None:
         help="the src directory of another version (e.g. a checkout of main): latency and ttfb then run a second proxy from it, "
         "interleaved with this one against the same stub, and report its figures under 'baseline'",
     )
+    ap.add_argument("--shadow", action="store_true", help="run the proxies in shadow mode (requests forwarded unchanged, planned after the response)")
     args = ap.parse_args()
+    global SHADOW
+    SHADOW = args.shadow
     parts = args.only or ["latency", "ttfb", "sessions", "replay"]
     results: dict[str, Any] = {}
     for part in parts:

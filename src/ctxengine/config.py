@@ -296,6 +296,13 @@ class ProxyConfig(_Section):
         ),
     )
     timeout: float = Field(600.0, gt=0, description="Upstream timeout in seconds.")
+    shadow: bool = Field(
+        False,
+        description=(
+            "Forward every request unchanged and record what ctxengine would have sent (tokens, compactions) in the request log, "
+            "planned after the response is out: the dashboard shows the savings before a team switches."
+        ),
+    )
     session_idle_seconds: float = Field(
         3600.0, gt=0, description="A session idle this long is ended in memory (its record stays in the store; a returning client resumes from it)."
     )

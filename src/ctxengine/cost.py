@@ -49,9 +49,11 @@ __all__ = [
     "OpenAICache",
     "PrefixHasher",
     "Request",
+    "billed_cost",
     "compaction_break_even",
     "marked_breakpoints",
     "message_blocks",
+    "read_price",
     "simulate",
 ]
 
@@ -447,3 +449,33 @@ def compaction_break_even(
     rewritten = max(0, tokens_after - stable_prefix_tokens)
     extra = stable_prefix_tokens * ANTHROPIC_READ + rewritten * ANTHROPIC_WRITE[ttl] - tokens_before * ANTHROPIC_READ
     return max(0.0, extra / saved_per_call)
+
+
+def read_price(profile: ModelProfile) -> float:
+    """USD per million prompt tokens read from the provider's cache: Anthropic's read rate, or
+    OpenAI's cached discount, times the input price."""
+    rate = ANTHROPIC_READ if profile.is_claude else profile.openai_cached_discount
+    return profile.input * rate
+
+
+def billed_cost(
+    profile: ModelProfile,
+    *,
+    prompt_tokens: int,
+    cache_read_tokens: int = 0,
+    cache_write_tokens: int = 0,
+    completion_tokens: int = 0,
+    ttl: Literal["5m", "1h"] = "5m",
+) -> float:
+    """USD a request costs as the provider bills its usage (``prompt_tokens`` includes the cached
+    parts, as :func:`ctxengine.engine.normalize_usage` reads it): uncached prompt tokens at the
+    input price, cache reads at :func:`read_price`, cache writes at Anthropic's write rate for
+    ``ttl`` (OpenAI bills its automatic writes as plain input), completion at the output price."""
+    uncached = max(0, prompt_tokens - cache_read_tokens - cache_write_tokens)
+    write_rate = ANTHROPIC_WRITE[ttl] if profile.is_claude else 1.0
+    return (
+        uncached * profile.input
+        + cache_read_tokens * read_price(profile)
+        + cache_write_tokens * profile.input * write_rate
+        + completion_tokens * profile.output
+    ) / 1_000_000

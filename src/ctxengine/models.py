@@ -5,8 +5,9 @@ The table lives in ``data/models.json`` (data, not code). A model name is looked
 matching prefix, so dated ids (``claude-sonnet-4-5-20250929``) resolve too. Config overrides
 (``models:`` in config.yaml, or ``overrides=`` here) win over the table; a key may be a glob
 (``qwen*``, ``*``), applied before the keys naming the model exactly. An unknown model gets
-``default_context_length`` and a warning, never an exception. :attr:`ModelProfile.window_source`
-says where the window came from.
+``default_context_length`` and a warning, never an exception; a model the table lacks that
+``genai-prices`` (installed with the proxy extra) knows takes its window and prices from there.
+:attr:`ModelProfile.window_source` says where the window came from.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ class ModelProfile:
     openai_cached_discount: float = 0.5
     known: bool = True
     window_source: str = "table"
-    """Where ``context_length`` comes from: ``table``, ``default`` (an unknown model),
+    """Where ``context_length`` comes from: ``table``, ``genai-prices`` (a model the table
+    lacks, known to that maintained table), ``default`` (an unknown model),
     ``config`` (``models.<name>.context_length``), ``argument`` (``context_length=``), or what
     :meth:`ctxengine.ContextManager.set_context_length` was told (``learnt`` …)."""
 
@@ -106,6 +108,43 @@ def _is_glob(key: str) -> bool:
     return any(c in key for c in "*?[")
 
 
+_PROBE = 10_000  # tokens of the request that measures a maintained table's prices per token
+
+
+@functools.lru_cache(maxsize=256)
+def _maintained(bare: str) -> dict[str, Any] | None:
+    """The window, provider and prices of a model the table lacks, from ``genai-prices`` (a
+    maintained table on PyPI, installed with the proxy extra; its bundled data, never fetched)
+    when it knows the model and its window; ``None`` otherwise."""
+    if not bare:
+        return None
+    try:
+        import genai_prices
+    except ImportError:
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            plain = genai_prices.calc_price(genai_prices.Usage(input_tokens=_PROBE, output_tokens=_PROBE), bare)
+            cached = genai_prices.calc_price(genai_prices.Usage(input_tokens=_PROBE, cache_read_tokens=_PROBE), bare)
+    except (LookupError, ValueError, TypeError, ArithmeticError):
+        return None
+    window = plain.model.context_window
+    if not window:
+        return None
+    anthropic = plain.provider.id == "anthropic"
+    per_million = 1_000_000 / _PROBE
+    price_in = float(plain.input_price) * per_million
+    return {
+        "provider": str(plain.provider.id),
+        "context_length": int(window),
+        "anthropic_cache": anthropic,
+        "input": price_in,
+        "output": float(plain.output_price) * per_million,
+        "openai_cached_discount": min(1.0, float(cached.input_price) * per_million / price_in) if price_in > 0 else 0.5,
+    }
+
+
 def model_overrides(model: str | None, overrides: Mapping[str, Mapping[str, Any]] | None) -> list[tuple[str, Mapping[str, Any]]]:
     """The ``models:`` entries that apply to ``model``, in the order they apply: globs
     (matched against the name with and without its ``provider/`` prefix, case-insensitively)
@@ -149,8 +188,11 @@ def resolve_model(
     for key in table:
         if bare.startswith(key) and len(key) > len(best):
             best = key
+    maintained = None if best else _maintained(bare)
     if best:
         profile = ModelProfile(name=name, **table[best])
+    elif maintained is not None:
+        profile = ModelProfile(name=name, window_source="genai-prices", **maintained)
     else:
         profile = ModelProfile(name=name or "unknown", context_length=default_context_length, known=False, window_source="default")
         if "claude" in bare:

@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ctxengine.messages import Message
 
-__all__ = ["NodeBatchStore", "NodeSpec", "NodeStage", "NodeStore", "RecallIndexStore", "RecallStore", "SessionAppender", "SessionRecorder"]
+__all__ = ["NodeBatchStore", "NodeSpec", "NodeStage", "NodeStore", "RecallIndexStore", "RecallStore", "RequestRecorder", "SessionAppender", "SessionRecorder"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +91,17 @@ class RecallStore(Protocol):
 
     def node_messages(self, node_id: str) -> list[tuple[str, Message]]:
         """The original messages under a node, in order, verbatim: ``(message id, message)``."""
+        ...
+
+
+@runtime_checkable
+class RequestRecorder(Protocol):
+    """A store that keeps the proxy's request log (one row per request: tokens received and
+    sent, billed usage, compactions, outcome; a :class:`ctxengine.store.RequestRecord`), which
+    the dashboard and ``ctxengine stats`` read. Stores from :mod:`ctxengine.store` implement it."""
+
+    def record_request(self, record: Any) -> None:
+        """Add one request to the log."""
         ...
 
 

@@ -57,6 +57,7 @@ def _model_windows(ctx: click.Context, param: click.Parameter, values: tuple[str
     help="Window of one model, or of every model a glob matches ('qwen*=32768', '*=16384'); repeatable (config models.<name>.context_length). "
     "Otherwise: the model table, or a window learnt from the provider's rejection.",
 )
+@click.option("--shadow", is_flag=True, default=False, help="Forward every request unchanged and record what ctxengine would have sent (config proxy.shadow): the dashboard shows the savings before you switch.")
 @click.option("--log-format", type=click.Choice(["json", "text"]), default="json", show_default=True, help="Log lines as JSON objects or as text.")
 def proxy(
     host: str | None,
@@ -70,6 +71,7 @@ def proxy(
     no_recall_tools: bool,
     context_length: int | None,
     model_windows: dict[str, int],
+    shadow: bool,
     log_format: str,
 ) -> None:
     """Serve an OpenAI- and Anthropic-compatible proxy that manages each session's context.
@@ -90,6 +92,8 @@ def proxy(
     }
     if no_recall_tools:
         overrides["recall_tools"] = False
+    if shadow:
+        overrides["shadow"] = True
     sections: dict[str, Any] = {"proxy": overrides}
     if engine:
         sections["context"] = {"engine": engine}
@@ -107,7 +111,8 @@ def proxy(
     root.handlers[:] = [handler]
     root.setLevel(min(logging.getLogger().level or logging.INFO, logging.INFO))
     root.propagate = False
-    click.echo(f"ctxengine proxy on http://{settings.host}:{settings.port} (engine {config.context.engine}, store {config.store.backend})", err=True)
+    mode = ", shadow mode: requests go upstream unchanged" if settings.shadow else ""
+    click.echo(f"ctxengine proxy on http://{settings.host}:{settings.port} (engine {config.context.engine}, store {config.store.backend}{mode}); dashboard at /ui/", err=True)
     serve(config, auth_token=token)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from ctxengine.config import load_config
-from ctxengine.errors import InputError
+from ctxengine.errors import InputError, NotFoundError
 from ctxengine.io import loads_json, read_text
 from ctxengine.messages import content_text, message_text
 from ctxengine.store import SessionStore, SqliteStore, open_store
@@ -215,6 +215,61 @@ def restore(session_id: str | None, point: str | None, store_path: str | None, c
     else:
         for i, m in enumerate(messages[-10:], start=max(0, len(messages) - 10)):
             click.echo(f"{i:>5}  {m.get('role')!s:<9}  {_preview(content_text(m.get('content')) or message_text(m))}", err=True)
+
+
+@sessions.command()
+@click.argument("session_id")
+@click.argument("compaction_id", required=False)
+@_store_option
+@_config_option
+@click.option("--full", is_flag=True, help="Print each stand-in's whole text (default: its first lines).")
+@click.option("--json", "as_json", is_flag=True, help="JSON instead of tables.")
+def audit(session_id: str, compaction_id: str | None, store_path: str | None, config_path: str | None, full: bool, as_json: bool) -> None:
+    """What each compaction of SESSION removed and what stands in its place (or COMPACTION only).
+
+    Every message removed or changed (position, role, tokens, facts kept in the compacted
+    context), then the digests, summaries and cut markers that replaced them; the originals are
+    one `sessions export SESSION --at before:<compaction>` away (or ctx_expand's ref).
+    """
+    from ctxengine.ui.data import audit as audit_of
+
+    with _open(store_path, config_path) as store:
+        comps = store.compactions(session_id)
+        if compaction_id:
+            comps = [c for c in comps if c.id == compaction_id or c.id.startswith(compaction_id)]
+            if not comps:
+                raise NotFoundError(f"no compaction {compaction_id!r} in session {session_id!r}")
+        audits = [audit_of(store, c.id) for c in comps]
+    if as_json:
+        click.echo(dumps(audits, indent=2))
+        return
+    if not audits:
+        click.echo(f"session {clean(session_id)} has no compaction")
+    for a in audits:
+        _print_audit(a, full)
+
+
+def _print_audit(a: dict[str, Any], full: bool) -> None:
+    click.echo(
+        f"compaction {a['id']} ({a['engine']}, {_when(a['at'])} UTC): {a['messages_before']:,} → {a['messages_after']:,} messages, "
+        f"{a['tokens_before']:,} → {a['tokens_after']:,} tokens"
+    )
+    click.echo(f"\nremoved or changed ({len(a['removed'])}):")
+    _table(
+        ["#", "id", "role", "tokens", "facts kept", "text"],
+        [[str(r["position"]), r["id"][:12], r["role"], f"{r['tokens']:,}", f"{r['facts_kept']}/{r['facts']}", _preview(r["preview"], 60)] for r in a["removed"]],
+        "><<>><",
+    )
+    click.echo(f"\nin their place ({len(a['stand_ins'])}):")
+    for s in a["stand_ins"]:
+        ref = f", originals: ref {s['ref']}" if s.get("ref") else ""
+        click.echo(f"  [{s['kind']}] position {s['position']}, {s['role']}, {s['tokens']:,} tokens{ref}")
+        lines = clean(s["text"]).splitlines()
+        for line in lines if full else lines[:4]:
+            click.echo(f"    {line}")
+        if not full and len(lines) > 4:
+            click.echo(f"    … {len(lines) - 4} more lines (--full)")
+    click.echo("")
 
 
 COMMANDS = [sessions]

@@ -67,8 +67,8 @@ from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ctxengine.config import Config
@@ -106,6 +106,8 @@ from ctxengine.proxy.upstream import (
 )
 from ctxengine.proxy.writer import encode
 from ctxengine.storage import SessionRecorder
+from ctxengine.store import SessionStore
+from ctxengine.ui.app import BASE, Dashboard
 
 __all__ = ["TOKENS_SAVED_HEADER", "TOKEN_HEADER", "Proxy", "create_app"]
 
@@ -155,6 +157,7 @@ class Proxy(Relaying):
         self._local_store = is_local(self.store)
         self._tasks: set[asyncio.Task[None]] = set()
         self._lock = threading.Lock()
+        self.dashboard = Dashboard(self.store if isinstance(self.store, SessionStore) else None, auth_token=self.auth_token)
         self.app = Starlette(
             routes=[
                 Route("/healthz", self.healthz, methods=["GET"]),
@@ -168,6 +171,8 @@ class Proxy(Relaying):
                 Route("/v1/models/{target}", self.gemini, methods=["POST"]),
                 Route("/v1beta/{path:path}", self.forward_gemini, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
                 Route("/v1/{path:path}", self.forward, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
+                Route(BASE, self.to_dashboard, methods=["GET"]),
+                Mount(BASE, app=self.dashboard.pages),
                 Route("/{path:path}", self.not_served, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
             ],
             middleware=[Middleware(_ChatFront, proxy=self)],
@@ -178,6 +183,8 @@ class Proxy(Relaying):
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
         self._client = self._new_client()
+        # the request log added up once, off the request path, so the first /ui page is quick
+        threading.Thread(target=self.dashboard.warm, name="ctxengine-ui-warm", daemon=True).start()
         if self.freeze_gc:
             gc.collect()  # garbage is not frozen: only what is still alive
             gc.freeze()
@@ -225,6 +232,10 @@ class Proxy(Relaying):
             sessions = sum(len(m.sessions) for m in self._managers.values())
         store = type(self.store).__name__ if self.store is not None else None
         return JSONResponse({"status": "ok", "store": store, "sessions": sessions})
+
+    async def to_dashboard(self, request: Request) -> Response:
+        """``/ui`` → ``/ui/`` (the dashboard's overview)."""
+        return RedirectResponse(f"{BASE}/", status_code=307)
 
     async def metrics_endpoint(self, request: Request) -> Response:
         if not self._authorized(request):
@@ -415,6 +426,27 @@ class Proxy(Relaying):
             return self._error(api, 413, f"request body larger than {self.settings.max_body_bytes} bytes", "too_large", "request_too_large")
         return await self.forward_body(request, api, raw)
 
+    async def _shadow(self, request: Request, api: Api, plan: Plan, named: str | None, headers: dict[str, str], t0: float) -> Response:
+        """A request in shadow mode: forwarded unchanged at once (routed to its session like any
+        other); :meth:`_settle` plans it after the response and logs what would have gone."""
+        plan.shadow, plan.client = True, _client_name(request.headers.get("user-agent"))
+        try:
+            if not named:
+                plan.session = await self._route(api, request, plan.body)
+        except Exception as exc:  # no session: forwarded all the same, nothing to plan
+            self._fail_open(api, plan, "prepare", exc)
+            plan.shadow = False
+        plan.added = time.perf_counter() - t0
+        url = self._upstream(api, request.scope["path"], request.scope.get("query_string", b"").decode())
+        extra = [(_SESSION_RAW, plan.session.encode("latin-1"))] if plan.session else []
+        try:
+            if plan.body.get("stream") is True:
+                return await self._stream(plan, url, headers, extra)
+            return await self._complete(plan, url, headers, extra, plan.content)
+        except UpstreamError as exc:
+            plan.outcome, plan.status = "upstream_unreachable", 502
+            return self._after(self._error(api, 502, f"upstream unreachable: {exc}", "upstream_unreachable", api.unreachable_kind), plan)
+
     async def _planned(self, api: Api, session: str, body: Mapping[str, Any], raw: bytes) -> Plan:
         """The plan of a chat request, once the session's previous request has settled: on the
         event loop when the turn only appends (a session new in this process opened first, in
@@ -463,6 +495,8 @@ class Proxy(Relaying):
         headers = self._request_headers(request)
         plan = Plan(api, named or "", body, raw)
         passthrough = api.passthrough_reason(body)
+        if self.settings.shadow and passthrough is None:
+            return await self._shadow(request, api, plan, named, headers, t0)
         try:
             if passthrough is not None:
                 log.debug("request forwarded unchanged: %s", passthrough)
@@ -474,6 +508,7 @@ class Proxy(Relaying):
         except Exception as exc:  # fail open: the client's request, held under the window
             self._fail_open(api, plan, "prepare", exc)
             plan = await anyio.to_thread.run_sync(self._plan_capped, api, plan.session, body, raw)
+        plan.client = _client_name(request.headers.get("user-agent"))
         # the metrics are updated once the response is out (_settle_later), off this path
         plan.stages += [("read", t_read - t0), ("parse", t_parse - t_read)]
         plan.added = time.perf_counter() - t0
@@ -487,6 +522,7 @@ class Proxy(Relaying):
                 return await self._stream(plan, url, headers, extra)
             return await self._complete(plan, url, headers, extra, raw)
         except UpstreamError as exc:
+            plan.outcome, plan.status = "upstream_unreachable", 502
             return self._after(self._error(api, 502, f"upstream unreachable: {exc}", "upstream_unreachable", api.unreachable_kind), plan)
         except BaseException:
             self._settle_later(plan)  # the deferred write still runs
@@ -525,6 +561,12 @@ class Proxy(Relaying):
 
 
 
+class _Shadow:
+    """Shadow mode (``proxy.shadow``): the request goes upstream as the client sent it; what
+    ctxengine would have sent is planned after the response, in the after-response worker
+    thread (:meth:`~ctxengine.proxy.settling.Settling._settle`), and logged with the request."""
+
+
 class _ChatFront:
     """The chat endpoints (``POST /v1/chat/completions``, ``POST /v1/messages``) straight to
     :meth:`Proxy._chat`, every other request to the router.
@@ -550,6 +592,13 @@ class _ChatFront:
 
 
 _CHAT_PATHS = {"/v1/chat/completions": OPENAI, "/v1/messages": ANTHROPIC, "/v1/responses": RESPONSES}
+
+
+def _client_name(user_agent: str | None) -> str:
+    """A client's name for the request log: its user-agent's first product (``claude-cli/2.1.3
+    (external, cli)`` → ``claude-cli``), at most 40 printable characters."""
+    first = (user_agent or "").strip().split(" ", 1)[0].split("/", 1)[0]
+    return "".join(c for c in first if c.isprintable())[:40]
 
 
 def _count_body(s: ProxySession | None, body: Mapping[str, Any]) -> dict[str, Any] | None:

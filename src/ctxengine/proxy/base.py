@@ -104,6 +104,12 @@ class Plan:
     # (stage, seconds) of the request's path, observed once the response is out (_settle_later)
     stages: list[tuple[str, float]] = field(default_factory=list)
     added: float | None = None  # the proxy's own time before the upstream call, in seconds
+    client: str = ""  # the client's name (its user-agent's first product), for the request log
+    outcome: str = ""  # how the request ended (the metrics' outcome) and the status the client got
+    status: int = 0
+    failed_open: bool = False  # context management failed somewhere and the request went on
+    billed: list[int] = field(default_factory=lambda: [0, 0, 0, 0])  # usage reported: prompt, completion, cache read, cache write
+    shadow: bool = False  # forwarded unchanged (proxy.shadow): tokens_out is what would have gone
 
     @property
     def saved(self) -> int:
@@ -245,6 +251,7 @@ class ProxyBase:
 
     def _fail_open(self, api: Api, plan: Plan, stage: str, exc: BaseException) -> None:
         self.metrics.fail_open.labels(api.name, stage).inc()
+        plan.failed_open = True
         log.warning(
             "context management failed; forwarding the request unchanged",
             extra={"fields": {"api": api.name, "session": plan.session, "stage": stage, "error": f"{type(exc).__name__}: {exc}"}},

@@ -203,7 +203,7 @@ class Windows:
             return Window(learnt, "learnt")
         known = _table_window(model)
         if known is not None:
-            return Window(known, "table")
+            return Window(*known)
         default = self.config.model.default_context_length
         with self._lock:
             first = model not in self._warned
@@ -245,9 +245,10 @@ class Windows:
         return Window(tokens, "learnt")
 
 
-def _table_window(model: str) -> int | None:
-    """The model table's window of ``model`` (``None`` for a model not in it)."""
+def _table_window(model: str) -> tuple[int, str] | None:
+    """The window of ``model`` in the model table (or in ``genai-prices`` for a model the table
+    lacks) and that source (``None`` for a model neither knows)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnknownModelWarning)
         profile = resolve_model(model)
-    return profile.context_length if profile.known else None
+    return (profile.context_length, profile.window_source) if profile.known else None

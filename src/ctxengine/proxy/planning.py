@@ -126,6 +126,18 @@ class Planning(Settling):
         self.metrics.child(self.metrics.plans, api.name, "worker").inc()
         return plan
 
+    def _shadow_plan(self, plan: Plan) -> None:
+        """Shadow mode: what ctxengine would have sent for ``plan`` (forwarded unchanged), planned
+        now, after the response (worker thread), its figures kept on ``plan`` for the request
+        log and the session's turn recorded; a failure is a fail-open, the client has its answer."""
+        try:
+            would = self._plan(plan.api, plan.session, plan.body, plan.content)
+            plan.tokens_in, plan.tokens_out, plan.compactions = would.tokens_in, would.tokens_out, would.compactions
+            if would.deferred and would.manager is not None:
+                would.manager.flush_records(plan.session)
+        except Exception as exc:
+            self._fail_open(plan.api, plan, "shadow", exc)
+
     def _open(self, api: Api, session: str, body: Mapping[str, Any]) -> None:
         """Open ``session`` for the model ``body`` names in this process (a worker thread: it
         reads the store, builds engines, counts tool lists): its proxy state, the model's

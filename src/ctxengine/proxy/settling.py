@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import anyio
 from starlette.background import BackgroundTask
@@ -18,6 +18,8 @@ from ctxengine.proxy.base import (
     Plan,
     ProxyBase,
 )
+from ctxengine.storage import RequestRecorder
+from ctxengine.store.values import RequestRecord
 
 log = logging.getLogger("ctxengine.proxy")
 
@@ -27,10 +29,14 @@ class Settling(ProxyBase):
 
     def _usage_metrics(self, plan: Plan, usage: Mapping[str, Any] | None) -> bool:
         """Count a response's usage in the metrics; True when the manager should see it too."""
-        if plan.manager is None or not usage:
+        if not usage:
+            return False
+        u = normalize_usage(usage)
+        b = plan.billed  # every response's usage of the request (tool rounds too), for the request log
+        b[0], b[1], b[2], b[3] = b[0] + u.prompt_tokens, b[1] + u.completion_tokens, b[2] + u.cache_read_tokens, b[3] + u.cache_write_tokens
+        if plan.manager is None:
             return False
         api = plan.api.name
-        u = normalize_usage(usage)
         self.metrics.child(self.metrics.prompt_tokens, api).inc(u.prompt_tokens)
         self.metrics.child(self.metrics.completion_tokens, api).inc(u.completion_tokens)
         self.metrics.child(self.metrics.cache_read, api).inc(u.cache_read_tokens)
@@ -60,9 +66,10 @@ class Settling(ProxyBase):
         plan.settled = True
         self._observe(plan)
         feed = self._usage_metrics(plan, usage)
+        logged = self._logs_requests(plan) or plan.shadow
         state = plan.state
         gate, plan.gate = plan.gate, None  # recall answered beside the client's calls (_answer_beside)
-        if not (feed or plan.deferred):
+        if not (feed or plan.deferred or logged):
             if gate is not None:
                 gate.set()
                 if state is not None and state.settling is gate:
@@ -77,7 +84,7 @@ class Settling(ProxyBase):
         async def run() -> None:
             started = time.perf_counter()
             try:
-                await anyio.to_thread.run_sync(self._settle, plan, dict(usage or {}) if feed else None)
+                await anyio.to_thread.run_sync(self._settle, plan, dict(usage or {}), feed)
             finally:
                 done.set()
                 if state is not None and state.settling is done:
@@ -97,19 +104,47 @@ class Settling(ProxyBase):
             self.metrics.child(self.metrics.added_latency, api).observe(plan.added)
             plan.added = None
 
-    def _settle(self, plan: Plan, usage: dict[str, Any] | None) -> None:
+    def _settle(self, plan: Plan, usage: dict[str, Any], feed: bool) -> None:
         """:meth:`_settle_later`'s work (worker thread)."""
         mgr = plan.manager
-        assert mgr is not None
-        if usage is not None:
+        if feed and mgr is not None:
             self._feed_usage(plan, usage)
-        if plan.deferred:
+        if plan.deferred and mgr is not None:
             started = time.perf_counter()
             try:  # store errors are the manager's to count and log; anything else is logged here
                 mgr.flush_records(plan.session)
             except Exception as exc:
                 log.warning("writing a turn to the store failed", extra={"fields": {"session": plan.session, "error": f"{type(exc).__name__}: {exc}"}})
             self.metrics.child(self.metrics.stage, plan.api.name, "record").observe(time.perf_counter() - started)
+        if plan.shadow:
+            self._shadow_plan(plan)
+        if self._logs_requests(plan):
+            self._log_request(plan)
+
+    def _shadow_plan(self, plan: Plan) -> None:
+        """Shadow mode's plan of a request forwarded unchanged (:class:`~ctxengine.proxy.planning.Planning`
+        makes it: planning is the layer above this one)."""
+
+    def _logs_requests(self, plan: Plan) -> bool:
+        """Whether the request goes into the store's request log: a chat request of a session,
+        answered or failed, with a store that keeps the log."""
+        return bool(plan.session and plan.outcome) and isinstance(self.store, RequestRecorder)
+
+    def _log_request(self, plan: Plan) -> None:
+        """The request's row in the store's request log (worker thread, after the response);
+        a failed write is logged, never raised: the client has its answer."""
+        try:
+            prompt, completion, read, write = plan.billed
+            outcome = "fail_open" if plan.failed_open and plan.outcome == "ok" else plan.outcome
+            record = RequestRecord(
+                session_id=plan.session, api=plan.api.name, model=str(plan.body.get("model") or ""), created_at=time.time(),
+                client=plan.client, outcome=outcome, status=plan.status, tokens_in=plan.tokens_in, tokens_out=plan.tokens_out,
+                prompt_tokens=prompt, completion_tokens=completion, cache_read_tokens=read, cache_write_tokens=write,
+                compactions=plan.compactions, shadow=plan.shadow,
+            )
+            cast(RequestRecorder, self.store).record_request(record)
+        except Exception as exc:
+            log.warning("writing the request log failed", extra={"fields": {"session": plan.session, "error": f"{type(exc).__name__}: {exc}"}})
 
     def _after(self, response: Response, plan: Plan) -> Response:
         """``response`` with :meth:`_settle_later` (and ``plan.usage``) to run once it has been
@@ -147,6 +182,7 @@ class Settling(ProxyBase):
         self.metrics.stage.labels(api.name, "wait_settle").observe(time.perf_counter() - started)
 
     def _account(self, plan: Plan, outcome: str, status: int, started: float) -> None:
+        plan.outcome, plan.status = outcome, status
         api = plan.api.name
         self.metrics.child(self.metrics.requests, api, outcome).inc()
         self.metrics.child(self.metrics.tokens_in, api).inc(plan.tokens_in)

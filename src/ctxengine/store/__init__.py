@@ -20,10 +20,12 @@ from ctxengine.store.base import (
     CompactionInfo,
     Event,
     NodeInfo,
+    RequestRecord,
     SearchHit,
     SessionInfo,
     SessionStore,
     SqlStore,
+    UsageRow,
 )
 from ctxengine.store.sqlite import SqliteStore, default_path
 
@@ -32,12 +34,14 @@ __all__ = [
     "CompactionInfo",
     "Event",
     "NodeInfo",
+    "RequestRecord",
     "SearchHit",
     "SessionInfo",
     "SessionStore",
     "SqlStore",
     "SqliteStore",
     "StoreSettings",
+    "UsageRow",
     "default_path",
     "open_store",
 ]

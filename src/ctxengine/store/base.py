@@ -36,6 +36,7 @@ concern over :class:`~ctxengine.store.sql.SqlCore`, the backend hooks and statem
     transfer.py      Transfer: export and import of a session document
     journal.py       AppendJournal: SQLite's append journal (the hooks of writes.py)
     sqlite_index.py  SqliteIndexes: SQLite's full-text indexes and recall's lookups through them
+    requests.py      RequestLog: the proxy's per-request log (tokens, billed usage, outcome)
 """
 
 from __future__ import annotations
@@ -47,15 +48,18 @@ from ctxengine.store.ids import blob_hash, canonical_json, message_id
 from ctxengine.store.interface import SessionStore
 from ctxengine.store.migrations import apply_migrations, current_version
 from ctxengine.store.recall_index import RecallIndex
+from ctxengine.store.requests import RequestLog
 from ctxengine.store.search import SNIPPET_CONTEXT, Search, snippet
 from ctxengine.store.transfer import Transfer
 from ctxengine.store.values import (
     CompactionInfo,
     Event,
     NodeInfo,
+    RequestRecord,
     SearchHit,
     SearchMode,
     SessionInfo,
+    UsageRow,
 )
 from ctxengine.store.writes import Writes
 
@@ -65,18 +69,20 @@ __all__ = [
     "CompactionInfo",
     "Event",
     "NodeInfo",
+    "RequestRecord",
     "SearchHit",
     "SearchMode",
     "SessionInfo",
     "SessionStore",
     "SqlStore",
+    "UsageRow",
     "blob_hash",
     "canonical_json",
     "message_id",
     "snippet",
 ]
 
-class SqlStore(Writes, Transfer, Search, RecallIndex):
+class SqlStore(Writes, Transfer, Search, RecallIndex, RequestLog):
     """The store over a DB-API database; subclasses provide connections and full-text search
     (the hooks of :class:`~ctxengine.store.sql.SqlCore`).
 

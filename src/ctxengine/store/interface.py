@@ -17,9 +17,11 @@ from ctxengine.store.values import (
     CompactionInfo,
     Event,
     NodeInfo,
+    RequestRecord,
     SearchHit,
     SearchMode,
     SessionInfo,
+    UsageRow,
 )
 
 __all__ = ["SessionStore"]
@@ -109,7 +111,34 @@ class SessionStore(ABC):
     def import_session(self, document: Mapping[str, Any], *, session_id: str | None = None) -> str:
         """Load an :meth:`export_session` document (under ``session_id`` if given); return the id."""
 
+    @abstractmethod
+    def record_request(self, record: RequestRecord) -> None:
+        """Add one proxied request to the request log (the session is created when new)."""
+
     # reads
+    @abstractmethod
+    def requests(self, session_id: str, *, limit: int = 5000) -> list[RequestRecord]:
+        """The session's last ``limit`` logged requests, oldest first."""
+
+    @abstractmethod
+    def usage(
+        self,
+        by: Sequence[str] = (),
+        *,
+        since: float | None = None,
+        bucket: float | None = None,
+        session_id: str | None = None,
+        after: int = 0,
+        upto: int | None = None,
+    ) -> list[UsageRow]:
+        """The request log added up per group: ``by`` names ``model``, ``client``, ``api``,
+        ``session``, ``outcome`` or ``bucket`` (``bucket``-second intervals); ``after`` and
+        ``upto`` bound the rows' positions (:meth:`request_log_position`)."""
+
+    @abstractmethod
+    def request_log_position(self) -> int:
+        """The position of the request log's newest row (0: empty)."""
+
     @abstractmethod
     def get_session(self, session_id: str) -> SessionInfo: ...
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["CompactionInfo", "Event", "NodeInfo", "SearchHit", "SearchMode", "SessionInfo"]
+__all__ = ["CompactionInfo", "Event", "NodeInfo", "RequestRecord", "SearchHit", "SearchMode", "SessionInfo", "UsageRow"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,3 +97,51 @@ class SearchHit:
 
 
 SearchMode = Literal["text", "regex"]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One proxied request, as the request log keeps it (``SessionStore.record_request``).
+
+    ``tokens_in``: the conversation the client sent (estimated tokens); ``tokens_out``: what went
+    upstream (with ``shadow``: what ctxengine would have sent, the request having gone out
+    unchanged). ``prompt_tokens`` … ``cache_write_tokens``: the usage the provider reported
+    (``prompt_tokens`` includes the cached parts); 0 when it reported none.
+    """
+
+    session_id: str
+    api: str
+    model: str
+    created_at: float = 0.0
+    client: str = ""
+    outcome: str = "ok"
+    status: int = 200
+    tokens_in: int = 0
+    tokens_out: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    compactions: int = 0
+    shadow: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRow:
+    """Requests added up over a group (``SessionStore.usage``): a model, a client, a session or a
+    time bucket; ``key`` names the group's values (e.g. ``{"model": …, "client": …}``)."""
+
+    key: dict[str, Any]
+    requests: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    compactions: int = 0
+    fail_opens: int = 0
+    errors: int = 0
+    shadow: int = 0
+    last_at: float = 0.0
+    first_at: float = 0.0
