@@ -38,6 +38,7 @@ from ctxengine.proxy.session import (
     SessionRouter,
 )
 from ctxengine.proxy.state import ProxySession, SessionTable
+from ctxengine.proxy.turns import Ticket, TurnLocks, turn_locks
 from ctxengine.proxy.upstream import (
     AiohttpUpstream,
     HttpxUpstream,
@@ -104,6 +105,7 @@ class Plan:
     # (stage, seconds) of the request's path, observed once the response is out (_settle_later)
     stages: list[tuple[str, float]] = field(default_factory=list)
     added: float | None = None  # the proxy's own time before the upstream call, in seconds
+    ticket: Ticket | None = None  # the session's turn across processes, released once the turn is recorded
 
     @property
     def saved(self) -> int:
@@ -143,6 +145,8 @@ class ProxyBase:
     _client: Upstream | None
     _managers: dict[tuple[str, str], ContextManager]
     _local_store: bool
+    _turns: TurnLocks | None  # the store's turn locks (opened on first use: _turns_opened)
+    _turns_opened: bool
     _tasks: set[asyncio.Task[None]]
     _lock: threading.Lock
 
@@ -186,6 +190,19 @@ class ProxyBase:
         for m in managers:
             with contextlib.suppress(Exception):
                 m.close()
+        turns, self._turns = self._turns, None
+        if turns is not None:
+            turns.close()
+
+    def turns(self) -> TurnLocks | None:
+        """The store's turn locks (:mod:`ctxengine.proxy.turns`), opened on first use; ``None``
+        without a store shared by processes (none, in memory)."""
+        if not self._turns_opened:
+            with self._lock:
+                if not self._turns_opened:
+                    self._turns = turn_locks(self.store)
+                    self._turns_opened = True
+        return self._turns
 
     def _authorized(self, request: Request) -> bool:
         if not self.auth_token:
