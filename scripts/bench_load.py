@@ -207,6 +207,7 @@ def proxy_yaml(tmp: Path, up: int, store: str, extra: str = "") -> Path:
 
 
 def start_proxy(cfg: Path, workers: int = 1, extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], int]:
+    """``ctxengine proxy`` on a free port (its log beside its config); raises when it does not come up."""
     port = free_port()
     args = ["-m", "ctxengine", "proxy", "--config", str(cfg), "--port", str(port), "--log-format", "text", "--model-window", f"*={WINDOW}"]
     if workers > 1:
@@ -216,13 +217,14 @@ def start_proxy(cfg: Path, workers: int = 1, extra_env: dict[str, str] | None = 
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if p.poll() is not None:
-            sys.exit(f"the proxy exited with {p.returncode} ({' '.join(args)})")
+            raise RuntimeError(f"the proxy exited with {p.returncode} ({' '.join(args)})")
         try:
             asyncio.run(get_latency(port, "/healthz"))
             return p, port
         except OSError:
             time.sleep(0.1)
-    sys.exit("the proxy did not come up")
+    p.kill()
+    raise RuntimeError("the proxy did not come up")
 
 
 def stop(*procs: subprocess.Popen[bytes]) -> None:
@@ -355,8 +357,10 @@ def bench_load(c: int, pace: float, turns: int, workers: int, tmp: Path) -> dict
     up, up_port = start_upstream()
     fwd_port = free_port()
     fwd = spawn([PARTS, "forwarder", str(fwd_port), str(up_port)])
-    proxy, port = start_proxy(proxy_yaml(tmp, up_port, f"store:\n  path: {tmp / f'load-{c}.db'}"), workers)
+    procs = [up, fwd]
     try:
+        proxy, port = start_proxy(proxy_yaml(tmp, up_port, f"store:\n  path: {tmp / f'load-{c}.db'}"), workers)
+        procs.append(proxy)
         out: dict[str, Any] = {"c": c, "pace_s": pace, "workers": workers, "load_before": os.getloadavg()[0]}
         direct = asyncio.run(run_phase(agents(runs, c, turns, "d"), [up_port], pace))
         forwarded = asyncio.run(run_phase(agents(runs, c, turns, "f"), [fwd_port], pace, fwd.pid))
@@ -368,7 +372,7 @@ def bench_load(c: int, pace: float, turns: int, workers: int, tmp: Path) -> dict
         out["load_after"] = os.getloadavg()[0]
         return out
     finally:
-        stop(proxy, fwd, up)
+        stop(*reversed(procs))
 
 
 # -- two processes on one store ----------------------------------------------------------------
@@ -428,8 +432,9 @@ def bench_two(c: int, turns: int, backend: str, tmp: Path) -> dict[str, Any]:
             else:
                 store_yaml = f"store:\n  path: {tmp / f'two-{mode}.db'}"
             cfg = proxy_yaml(tmp, up_port, store_yaml)
-            procs = [start_proxy(cfg, 1, extra) for _ in range(nproc)]
+            procs: list[tuple[subprocess.Popen[bytes], int]] = []
             try:
+                procs += [start_proxy(cfg, 1, extra) for _ in range(nproc)]
                 phase = asyncio.run(run_phase(agents(runs, c, turns, "s"), [p for _, p in procs], 0.0))
             finally:
                 stop(*(p for p, _ in procs), up)
@@ -480,12 +485,12 @@ def bench_soak(c: int, minutes: float, faults: float, turns: int, idle: float, t
     runs = trajectories()
     up, up_port = start_upstream(faults=faults)
     db = tmp / "soak.db"
-    proxy, port = start_proxy(proxy_yaml(tmp, up_port, f"store:\n  path: {db}", f"  session_idle_seconds: {idle}\n"))
-    phase, rss = Phase(), []
+    phase, rss, proxy = Phase(), [], None
     try:
+        proxy, port = start_proxy(proxy_yaml(tmp, up_port, f"store:\n  path: {db}", f"  session_idle_seconds: {idle}\n"))
         sessions = asyncio.run(soak_loop(runs, c, turns, port, minutes, proxy.pid, phase, rss))
     finally:
-        stop(proxy, up)
+        stop(*([proxy] if proxy is not None else []), up)
     first = [m for t, m in rss if t < 60] or [rss[0][1]]
     last = [m for t, m in rss if t >= rss[-1][0] - 60]
     out: dict[str, Any] = {"c": c, "minutes": minutes, "faults": faults, "idle_seconds": idle, "sessions": sessions}

@@ -290,6 +290,14 @@ class ProxyConfig(_Section):
         ),
     )
     timeout: float = Field(600.0, gt=0, description="Upstream timeout in seconds.")
+    workers: int = Field(
+        1,
+        ge=1,
+        description=(
+            "Processes serving the port (more cores); they share each session through the session store (a file or a database), "
+            "one turn of a session at a time. 1: a session's engine state stays in one process's memory."
+        ),
+    )
     session_idle_seconds: float = Field(
         3600.0, gt=0, description="A session idle this long is ended in memory (its record stays in the store; a returning client resumes from it)."
     )

@@ -56,6 +56,7 @@ def _model_windows(ctx: click.Context, param: click.Parameter, values: tuple[str
     help="Window of one model, or of every model a glob matches ('qwen*=32768', '*=16384'); repeatable (config models.<name>.context_length). "
     "Otherwise: the model table, or a window learnt from the provider's rejection.",
 )
+@click.option("--workers", type=click.IntRange(min=1), default=None, help="Processes serving the port (config proxy.workers; default 1); they share sessions through the store.")
 @click.option("--log-format", type=click.Choice(["json", "text"]), default="json", show_default=True, help="Log lines as JSON objects or as text.")
 def proxy(
     host: str | None,
@@ -68,6 +69,7 @@ def proxy(
     no_recall_tools: bool,
     context_length: int | None,
     model_windows: dict[str, int],
+    workers: int | None,
     log_format: str,
 ) -> None:
     """Serve an OpenAI- and Anthropic-compatible proxy that manages each session's context.
@@ -83,7 +85,7 @@ def proxy(
     config = load_config(config_path)
     overrides: dict[str, Any] = {
         k: v
-        for k, v in {"host": host, "port": port, "openai_base_url": openai_base_url, "anthropic_base_url": anthropic_base_url}.items()
+        for k, v in {"host": host, "port": port, "openai_base_url": openai_base_url, "anthropic_base_url": anthropic_base_url, "workers": workers}.items()
         if v is not None
     }
     if no_recall_tools:
@@ -105,7 +107,7 @@ def proxy(
     root.handlers[:] = [handler]
     root.setLevel(min(logging.getLogger().level or logging.INFO, logging.INFO))
     root.propagate = False
-    click.echo(f"ctxengine proxy on http://{settings.host}:{settings.port} (engine {config.context.engine}, store {config.store.backend})", err=True)
+    click.echo(f"ctxengine proxy on http://{settings.host}:{settings.port} (engine {config.context.engine}, store {config.store.backend}" + (f", {settings.workers} workers" if settings.workers > 1 else "") + ")", err=True)
     serve(config, auth_token=token)
 
 
