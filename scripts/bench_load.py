@@ -352,16 +352,16 @@ def summary(p: Phase, direct: Phase | None, fwd: Phase | None = None) -> dict[st
     return out
 
 
-def bench_load(c: int, pace: float, turns: int, workers: int, tmp: Path) -> dict[str, Any]:
+def bench_load(c: int, pace: float, turns: int, workers: int, tmp: Path, extra: str = "") -> dict[str, Any]:
     runs = trajectories()
     up, up_port = start_upstream()
     fwd_port = free_port()
     fwd = spawn([PARTS, "forwarder", str(fwd_port), str(up_port)])
     procs = [up, fwd]
     try:
-        proxy, port = start_proxy(proxy_yaml(tmp, up_port, f"store:\n  path: {tmp / f'load-{c}.db'}"), workers)
+        proxy, port = start_proxy(proxy_yaml(tmp, up_port, f"store:\n  path: {tmp / f'load-{c}.db'}", extra), workers)
         procs.append(proxy)
-        out: dict[str, Any] = {"c": c, "pace_s": pace, "workers": workers, "load_before": os.getloadavg()[0]}
+        out: dict[str, Any] = {"c": c, "pace_s": pace, "workers": workers, "proxy_settings": extra.split(), "load_before": os.getloadavg()[0]}
         direct = asyncio.run(run_phase(agents(runs, c, turns, "d"), [up_port], pace))
         forwarded = asyncio.run(run_phase(agents(runs, c, turns, "f"), [fwd_port], pace, fwd.pid))
         asyncio.run(run_phase(agents(runs, 4, 2, "warm"), [port], 0.0))  # imports, first sessions: not measured
@@ -517,6 +517,7 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=3.0)
     ap.add_argument("--faults", type=float, default=0.0, help="share of upstream requests answered with a fault (soak)")
     ap.add_argument("--idle", type=float, default=10.0, help="proxy.session_idle_seconds (soak)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a proxy: setting for the proxy under test (load), e.g. inline_compaction_tokens=0")
     ap.add_argument("--json", help="write the results here too")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="ctxengine-load-"))
@@ -524,7 +525,8 @@ def main() -> None:
     try:
         if a.mode == "load":
             for c in [int(x) for x in (a.c or "1,8,64").split(",")]:
-                results.append(bench_load(c, a.pace, a.turns, a.workers, tmp))
+                extra = "".join(f"  {k}: {v}\n" for k, _, v in (x.partition("=") for x in a.set))
+                results.append(bench_load(c, a.pace, a.turns, a.workers, tmp, extra))
                 print(json.dumps(results[-1]), flush=True)
         elif a.mode == "two":
             for b in (["sqlite", "postgres"] if a.backend == "both" else [a.backend]):
