@@ -26,7 +26,7 @@ from ctxengine.config import Config
 from ctxengine.proxy.server import ProxyServer
 from ctxengine.proxy.turns import FileTurns
 from ctxengine.store import SqliteStore
-from ctxengine.testing.stub_server import StubServer
+from ctxengine.testing.stub_server import StubReply, StubServer
 
 Msg = dict[str, Any]
 
@@ -175,3 +175,31 @@ def test_a_lock_held_by_another_process_is_waited_for(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.parametrize(
+    ("replies", "stream"),
+    [
+        ([], False),
+        ([], True),
+        (["fail"], False),
+        (["too_long"], False),  # rejected as over the window: planned again and sent once more
+        (["too_long"], True),
+    ],
+)
+def test_the_turn_is_free_for_another_process_once_the_response_is_out(stub: StubServer, tmp_path: Path, replies: list[str], stream: bool) -> None:
+    made = {"fail": StubReply.fail(500), "too_long": StubReply.context_too_long()}
+    stub.script(*(made[r] for r in replies))
+    msgs = conversation(3, 2_000)
+    db = tmp_path / "s.db"
+    other = FileTurns(str(db))
+    try:
+        with ProxyServer(config(stub, db, 1_000_000)) as p:
+            body = {"model": "gpt-4o", "messages": msgs, "stream": stream}
+            httpx.post(p.openai_base_url + "/chat/completions", json=body, headers={"x-ctxengine-session": "s1"}, timeout=60).read()
+            got = other.take("s1", wait=5)  # the turn's record is written after the response
+            assert got is not None, "the session's turn stayed held after its response"
+            assert got.before >= 1
+            got.release()
+    finally:
+        other.close()
