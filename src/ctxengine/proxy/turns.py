@@ -16,7 +16,7 @@ turn, whichever process it lands on, finds it.
   waiting; the kernel releases a dead process's locks. Two sessions whose ids hash to one slot
   only share a lock and a version: a turn of one reloads the other, which is slower, not wrong.
 * **PostgreSQL** (:class:`PgTurns`): the session's row in ``ctxengine_turns``, updated in a
-  transaction held for the turn (PostgreSQL's writes are not deferred: the turn is recorded
+  transaction held for the turn (on a pooled connection of its own) (PostgreSQL's writes are not deferred: the turn is recorded
   while it is planned): a second process's turn of the session waits on the row lock.
 """
 
@@ -160,8 +160,8 @@ class FileTurns:
 
 
 class PgTurns:
-    """PostgreSQL's turn locks (see the module docstring): one connection per thread, a
-    transaction per held turn."""
+    """PostgreSQL's turn locks (see the module docstring): a transaction per held turn, on a
+    connection taken from this object's idle ones (as many as turns held at once)."""
 
     TABLE = "ctxengine_turns"
 
@@ -170,15 +170,28 @@ class PgTurns:
 
         self._psycopg = psycopg
         self.dsn = dsn
-        self._local = threading.local()
+        self._idle: list[Any] = []
+        self._mu = threading.Lock()
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f"CREATE TABLE IF NOT EXISTS {self.TABLE} (session_id TEXT PRIMARY KEY, version BIGINT NOT NULL)")
 
     def _conn(self) -> Any:
-        conn = getattr(self._local, "conn", None)
-        if conn is None or conn.closed:
-            conn = self._local.conn = self._psycopg.connect(self.dsn, autocommit=False)
-        return conn
+        with self._mu:
+            while self._idle:
+                conn = self._idle.pop()
+                if not conn.closed:
+                    return conn
+        return self._psycopg.connect(self.dsn, autocommit=False)
+
+    def _done(self, conn: Any, commit: bool) -> None:
+        try:
+            conn.commit() if commit else conn.rollback()
+        except Exception:
+            with contextlib.suppress(Exception):
+                conn.close()
+            return
+        with self._mu:
+            self._idle.append(conn)
 
     def take(self, session: str, *, wait: float) -> Ticket | None:
         conn = self._conn()
@@ -191,17 +204,17 @@ class PgTurns:
                 (session,),
             ).fetchone()
         except self._psycopg.errors.LockNotAvailable:
-            conn.rollback()
+            self._done(conn, False)
             return None
         except Exception:
-            with contextlib.suppress(Exception):
-                conn.rollback()
+            self._done(conn, False)
             raise
-        return Ticket(int(row[0]) - 1, conn.commit)
+        return Ticket(int(row[0]) - 1, lambda: self._done(conn, True))
 
     def close(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
+        with self._mu:
+            idle, self._idle = self._idle, []
+        for conn in idle:
             with contextlib.suppress(Exception):
                 conn.close()
 
