@@ -178,8 +178,12 @@ async def get_latency(port: int, path: str) -> float:
 
 
 # -- processes ---------------------------------------------------------------------------------
-def env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+PROXY_SRC = ROOT / "src"
+"""The tree the proxy under test runs from (``--src``: another checkout's ``src``, for a before/after)."""
+
+
+def env(src: Path | None = None) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(src or ROOT / "src")}
 
 
 def spawn(args: list[str], ready: bool = True) -> subprocess.Popen[bytes]:
@@ -213,7 +217,7 @@ def start_proxy(cfg: Path, workers: int = 1, extra_env: dict[str, str] | None = 
     if workers > 1:
         args += ["--workers", str(workers)]
     log = open(cfg.with_suffix(f".{port}.log"), "wb")  # noqa: SIM115
-    p = subprocess.Popen([sys.executable, *args], stdout=subprocess.DEVNULL, stderr=log, env=env() | (extra_env or {}))
+    p = subprocess.Popen([sys.executable, *args], stdout=subprocess.DEVNULL, stderr=log, env=env(PROXY_SRC) | (extra_env or {}))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if p.poll() is not None:
@@ -518,8 +522,12 @@ def main() -> None:
     ap.add_argument("--faults", type=float, default=0.0, help="share of upstream requests answered with a fault (soak)")
     ap.add_argument("--idle", type=float, default=10.0, help="proxy.session_idle_seconds (soak)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a proxy: setting for the proxy under test (load), e.g. inline_compaction_tokens=0")
+    ap.add_argument("--src", type=Path, help="run the proxy from this src/ folder (another checkout: a before/after)")
     ap.add_argument("--json", help="write the results here too")
     a = ap.parse_args()
+    if a.src is not None:
+        global PROXY_SRC
+        PROXY_SRC = a.src.resolve()
     tmp = Path(tempfile.mkdtemp(prefix="ctxengine-load-"))
     results: list[dict[str, Any]] = []
     try:
