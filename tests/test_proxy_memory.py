@@ -51,6 +51,8 @@ def end_all(p: ProxyServer) -> int:
 
 
 def test_ended_sessions_leave_no_state_in_any_owner(proxy: ProxyServer) -> None:
+    store_ids._by_text.clear()  # process-wide: other tests' stores may have left entries
+    store_ids._by_text_chars[0] = 0
     serve(proxy, range(12))
     assert end_all(proxy) == 12
     px = proxy.proxy
