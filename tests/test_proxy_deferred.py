@@ -185,7 +185,7 @@ def test_where_a_turn_that_compacts_is_planned(stub: StubServer, tmp_path: Path,
     llm = {"compression": {"model": "gpt-4o-mini", "base_url": stub.openai_base_url, "api_key_env": "CTXENGINE_TEST_SUMMARY_KEY"}}
     cfg = make_config(
         stub, tmp_path, context={"engine": "compressor"}, compression={"mode": "summary"}, model={"context_length": 6000}, **({"auxiliary": llm} if summarizer == "llm" else {}),
-        **({"proxy": {"inline_compaction_tokens": 0}} if summarizer.endswith("bound") else {}),
+        proxy={"inline_compaction_tokens": 0 if summarizer.endswith("bound") else 32_000},
     )
     with pytest.MonkeyPatch.context() as mp, caplog.at_level(logging.DEBUG, logger="ctxengine.proxy"):
         mp.setenv("CTXENGINE_TEST_SUMMARY_KEY", KEY)

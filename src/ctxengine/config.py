@@ -287,12 +287,13 @@ class ProxyConfig(_Section):
     recall_tools: bool = Field(True, description="Offer the engine's recall tools and answer them in the proxy (only when the client sends tools of its own).")
     max_tool_rounds: int = Field(3, ge=1, description="Extra upstream round trips per request for the engine's own tools.")
     inline_compaction_tokens: int = Field(
-        32_000,
+        0,
         ge=0,
         description=(
             "A turn whose compaction is local work (an engine that calls no model: digests, the extractive summary, rules) on at most this many "
             "tokens of messages is planned on the event loop with a local store, like a turn that only appends; larger ones, and every "
-            "compaction that may call a model, go to a worker thread. 0: every compaction goes to a worker thread."
+            "compaction that may call a model, go to a worker thread. 0 (the default): every compaction goes to a worker thread, so that "
+            "one session's compaction never holds the other sessions' requests (a single session gains a little from e.g. 32000)."
         ),
     )
     timeout: float = Field(600.0, gt=0, description="Upstream timeout in seconds.")
@@ -301,6 +302,14 @@ class ProxyConfig(_Section):
         description=(
             "Forward every request unchanged and record what ctxengine would have sent (tokens, compactions) in the request log, "
             "planned after the response is out: the dashboard shows the savings before a team switches."
+        ),
+    )
+    workers: int = Field(
+        1,
+        ge=1,
+        description=(
+            "Processes serving the port (more cores); they share each session through the session store (a file or a database), "
+            "one turn of a session at a time. 1: a session's engine state stays in one process's memory."
         ),
     )
     session_idle_seconds: float = Field(

@@ -58,6 +58,7 @@ def _model_windows(ctx: click.Context, param: click.Parameter, values: tuple[str
     "Otherwise: the model table, or a window learnt from the provider's rejection.",
 )
 @click.option("--shadow", is_flag=True, default=False, help="Forward every request unchanged and record what ctxengine would have sent (config proxy.shadow): the dashboard shows the savings before you switch.")
+@click.option("--workers", type=click.IntRange(min=1), default=None, help="Processes serving the port (config proxy.workers; default 1); they share sessions through the store.")
 @click.option("--log-format", type=click.Choice(["json", "text"]), default="json", show_default=True, help="Log lines as JSON objects or as text.")
 def proxy(
     host: str | None,
@@ -72,6 +73,7 @@ def proxy(
     context_length: int | None,
     model_windows: dict[str, int],
     shadow: bool,
+    workers: int | None,
     log_format: str,
 ) -> None:
     """Serve an OpenAI- and Anthropic-compatible proxy that manages each session's context.
@@ -87,7 +89,7 @@ def proxy(
     config = load_config(config_path)
     overrides: dict[str, Any] = {
         k: v
-        for k, v in {"host": host, "port": port, "openai_base_url": openai_base_url, "anthropic_base_url": anthropic_base_url, "gemini_base_url": gemini_base_url}.items()
+        for k, v in {"host": host, "port": port, "openai_base_url": openai_base_url, "anthropic_base_url": anthropic_base_url, "gemini_base_url": gemini_base_url, "workers": workers}.items()
         if v is not None
     }
     if no_recall_tools:
@@ -112,7 +114,8 @@ def proxy(
     root.setLevel(min(logging.getLogger().level or logging.INFO, logging.INFO))
     root.propagate = False
     mode = ", shadow mode: requests go upstream unchanged" if settings.shadow else ""
-    click.echo(f"ctxengine proxy on http://{settings.host}:{settings.port} (engine {config.context.engine}, store {config.store.backend}{mode}); dashboard at /ui/", err=True)
+    workers = f", {settings.workers} workers" if settings.workers > 1 else ""
+    click.echo(f"ctxengine proxy on http://{settings.host}:{settings.port} (engine {config.context.engine}, store {config.store.backend}{workers}{mode}); dashboard at /ui/", err=True)
     serve(config, auth_token=token)
 
 

@@ -94,6 +94,19 @@ class SessionTable:
             Recorder.flush(s)
             if s.started:
                 s.engine.on_session_end(sid, list(messages) if messages is not None else list(s.last_sent))
+            self._forget(s)
+
+    def _forget(self, s: SessionState) -> None:
+        """What the manager's shared memos (the window counter's, the store object's) remember
+        of an ended session's messages is dropped with it: memory follows the live sessions."""
+        held = [*s.history.raw, *s.history.working, *s.last_sent, *(s.last_request or ())]
+        self.counting.window.forget(held)
+        forget = getattr(self.recorder.store, "forget_session", None)
+        if callable(forget):
+            try:
+                forget(s.id, held)
+            except Exception as exc:  # a memo: never worth failing the session's end
+                log.debug("session %s: the store's memos not dropped: %s", s.id, exc)
 
     def resume(self, session_id: str) -> bool:
         """The session started from its record in the store (``ContextManager.resume_session``)."""

@@ -155,6 +155,7 @@ class Proxy(Relaying):
         # a quick turn is planned on the event loop (a shared store is written before the
         # request goes upstream, so another process serving the session's next turn sees it)
         self._local_store = is_local(self.store)
+        self._turns, self._turns_opened = None, False
         self._tasks: set[asyncio.Task[None]] = set()
         self._lock = threading.Lock()
         self.dashboard = Dashboard(self.store if isinstance(self.store, SessionStore) else None, auth_token=self.auth_token)
@@ -321,9 +322,14 @@ class Proxy(Relaying):
         """The reply to a compaction request (worker thread): the session's context compacted now."""
         s = self.sessions.open(api.name, session)
         with s.lock:
-            mgr = self._open_manager(api, s, str(body["model"]))
-            before = mgr.counters(session)["compactions"]
-            out = mgr.prepare(msgs, session_id=session, compact=True)
+            ticket = self._take_turn(api, s, wait=self.settings.timeout)
+            try:
+                mgr = self._open_manager(api, s, str(body["model"]))
+                before = mgr.counters(session)["compactions"]
+                out = mgr.prepare(msgs, session_id=session, compact=True)
+            finally:
+                if ticket is not None:
+                    ticket.release()
             tokens = mgr.counters(session)["last_tokens"]
             self.metrics.child(self.metrics.compactions, api.name).inc(mgr.counters(session)["compactions"] - before)
         return compact_reply(body, out, {"input_tokens": tokens, "output_tokens": 0})

@@ -38,6 +38,7 @@ from ctxengine.proxy.session import (
     SessionRouter,
 )
 from ctxengine.proxy.state import ProxySession, SessionTable
+from ctxengine.proxy.turns import Ticket, TurnLocks, turn_locks
 from ctxengine.proxy.upstream import (
     AiohttpUpstream,
     HttpxUpstream,
@@ -110,6 +111,7 @@ class Plan:
     failed_open: bool = False  # context management failed somewhere and the request went on
     billed: list[int] = field(default_factory=lambda: [0, 0, 0, 0])  # usage reported: prompt, completion, cache read, cache write
     shadow: bool = False  # forwarded unchanged (proxy.shadow): tokens_out is what would have gone
+    ticket: Ticket | None = None  # the session's turn across processes, released once the turn is recorded
 
     @property
     def saved(self) -> int:
@@ -149,6 +151,8 @@ class ProxyBase:
     _client: Upstream | None
     _managers: dict[tuple[str, str], ContextManager]
     _local_store: bool
+    _turns: TurnLocks | None  # the store's turn locks (opened on first use: _turns_opened)
+    _turns_opened: bool
     _tasks: set[asyncio.Task[None]]
     _lock: threading.Lock
 
@@ -192,6 +196,19 @@ class ProxyBase:
         for m in managers:
             with contextlib.suppress(Exception):
                 m.close()
+        turns, self._turns = self._turns, None
+        if turns is not None:
+            turns.close()
+
+    def turns(self) -> TurnLocks | None:
+        """The store's turn locks (:mod:`ctxengine.proxy.turns`), opened on first use; ``None``
+        without a store shared by processes (none, in memory)."""
+        if not self._turns_opened:
+            with self._lock:
+                if not self._turns_opened:
+                    self._turns = turn_locks(self.store)
+                    self._turns_opened = True
+        return self._turns
 
     def _authorized(self, request: Request) -> bool:
         if not self.auth_token:

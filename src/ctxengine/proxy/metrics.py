@@ -64,7 +64,7 @@ class ProxyMetrics:
         )
         self.plans = Counter(
             "ctxengine_proxy_plans",
-            "Chat requests planned, by where: inline (on the event loop, a quick turn) or worker (a worker thread).",
+            "Chat requests planned, by where: inline (on the event loop, a quick turn) or worker (a worker thread); reloaded: sessions reloaded from the store first (another process served them).",
             ["api", "where"],
             registry=r,
         )

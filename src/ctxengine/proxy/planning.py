@@ -25,6 +25,7 @@ from ctxengine.proxy.session import (
 )
 from ctxengine.proxy.settling import Settling
 from ctxengine.proxy.state import ProxySession
+from ctxengine.proxy.turns import Ticket
 from ctxengine.proxy.writer import outgoing
 
 log = logging.getLogger("ctxengine.proxy")
@@ -37,6 +38,10 @@ restart looks through for the key's other conversations."""
 OPENING = "a session to open"
 """Why :meth:`Planning._plan_inline` cannot plan a request: its session is not open in this
 process (on the model it names); :meth:`Planning._open` opens it in a worker thread."""
+
+
+class TurnElsewhere(Exception):
+    """A turn the event loop cannot plan because of another process (:meth:`Planning._take_turn`)."""
 
 
 class Planning(Settling):
@@ -121,7 +126,14 @@ class Planning(Settling):
         if self.sessions.sweep_due(now, claim=True):
             self.end_idle_sessions(now)
         with s.lock:
-            plan = self._plan_locked(api, s, body, raw)
+            ticket = self._take_turn(api, s, wait=self.settings.timeout)
+            try:
+                plan = self._plan_locked(api, s, body, raw)
+            except BaseException:
+                if ticket is not None:
+                    ticket.release()
+                raise
+            self._hold(plan, ticket)
         plan.started, plan.finished, plan.planned = started, time.perf_counter(), "worker"
         self.metrics.child(self.metrics.plans, api.name, "worker").inc()
         return plan
@@ -150,7 +162,12 @@ class Planning(Settling):
             self.end_idle_sessions(now)
         tools = body.get("tools")
         with s.lock:
-            mgr = self._open_manager(api, s, str(body["model"]))
+            ticket = self._take_turn(api, s, wait=self.settings.timeout)
+            try:
+                mgr = self._open_manager(api, s, str(body["model"]))
+            finally:
+                if ticket is not None:
+                    ticket.release()
             mgr.count_tools(tools if isinstance(tools, list) else None, session_id=session)
             s.fresh = max(time.perf_counter() - started, 1e-9)
 
@@ -175,15 +192,23 @@ class Planning(Settling):
         s.seen = now
         if not s.lock.acquire(blocking=False):
             return "the session is busy"
+        ticket = None
         try:
             started = time.perf_counter()
+            ticket = self._take_turn(api, s, wait=0.0)
             try:
                 plan = self._plan_locked(api, s, body, raw, quick=True)
             except CompactionDue as exc:
                 if not self._compacts_inline(api, s, exc):
                     return exc.reason
                 plan = self._plan_locked(api, s, body, raw)
+            self._hold(plan, ticket)
+            ticket = None
+        except TurnElsewhere as exc:
+            return str(exc)
         finally:
+            if ticket is not None:
+                ticket.release()
             s.lock.release()
         plan.started, plan.finished, plan.planned = started, time.perf_counter(), "inline"
         self.metrics.child(self.metrics.plans, api.name, "inline").inc()
@@ -202,6 +227,52 @@ class Planning(Settling):
             return False
         mgr = self._managers.get((api.name, s.model))
         return mgr is not None and getattr(mgr.engine(s.id), "calls_model", True) is False
+
+    def _take_turn(self, api: Api, s: ProxySession, *, wait: float) -> Ticket | None:
+        """The session's turn across processes sharing the store (under ``s.lock``;
+        :mod:`ctxengine.proxy.turns`): when another process served the session since this one
+        did, its working context here is dropped and the plan resumes it from the store.
+        ``None``: one process only (no store, or one in memory). On the event loop (``wait``
+        0) a turn held elsewhere, or a session to reload, raises :class:`TurnElsewhere` (the
+        plan goes to a worker thread, which waits for the turn and reloads); in a worker
+        thread a turn still held after ``wait`` seconds is planned without it, logged."""
+        turns = self.turns()
+        if turns is None:
+            return None
+        ticket = turns.take(s.id, wait=wait)
+        if ticket is None:
+            if not wait:
+                raise TurnElsewhere("the session's turn is held by another process")
+            log.warning("a session's turn was held by another process too long; planned without it", extra={"fields": {"session": s.id, "waited_s": wait}})
+            return None
+        if s.version is not None and ticket.before != s.version and s.opened:
+            if not wait:
+                ticket.release()
+                raise TurnElsewhere("another process served the session")
+            self._reload(api, s)
+        s.version = ticket.after
+        return ticket
+
+    def _reload(self, api: Api, s: ProxySession) -> None:
+        """Drop the session's working context here (another process moved it in the store): the
+        plan resumes it from the store (:meth:`_open_manager`)."""
+        mgr = self._managers.get((api.name, s.model)) if s.model is not None else None
+        if mgr is not None:
+            mgr.end_session(s.id)
+        s.model = None
+        self.metrics.child(self.metrics.plans, api.name, "reloaded").inc()
+        log.debug("session %s reloaded from the store: another process served it", s.id)
+
+    @staticmethod
+    def _hold(plan: Plan, ticket: Ticket | None) -> None:
+        """Keep the turn until the plan's record is written (:meth:`Settling._settle_later`),
+        or release it now when the record is already written."""
+        if ticket is None:
+            return
+        if plan.deferred:
+            plan.ticket = ticket
+        else:
+            ticket.release()
 
     def end_idle_sessions(self, now: float | None = None) -> int:
         """End the sessions idle longer than ``proxy.session_idle_seconds`` (``on_session_end``,

@@ -83,6 +83,8 @@ class RecallRounds(Planning):
             self._fail_open(api, plan, "retry", exc)
             return False
         plan.retried = True
+        if again.ticket is not None:  # the session's turn stays held by ``plan``'s ticket
+            again.ticket.release()
         plan.body, plan.content, plan.context, plan.engine_tools = again.body, again.content, again.context, again.engine_tools
         plan.tokens_out, plan.compactions = again.tokens_out, plan.compactions + again.compactions
         self.metrics.child(self.metrics.context_retries, api.name).inc()

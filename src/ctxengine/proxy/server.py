@@ -7,8 +7,10 @@ interface would let anyone spend the keys its clients send, or read its sessions
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
+import signal
 import socket
 import threading
 import time
@@ -49,12 +51,70 @@ def _uvicorn_config(proxy: Proxy, host: str, port: int, **kwargs: Any) -> uvicor
 
 
 def serve(config: Config, *, auth_token: str | None = None) -> None:
-    """Serve until interrupted (the CLI's entry point)."""
+    """Serve until interrupted (the CLI's entry point); ``proxy.workers`` processes on one port."""
     settings = config.proxy
     token = auth_token or os.environ.get(settings.auth_token_env) or None
     check_bind(settings.host, token, settings.auth_token_env)
+    if settings.workers > 1:
+        _serve_workers(config, token, settings.workers)
+        return
     proxy = Proxy(config, auth_token=token, freeze_gc=True)  # a process of its own: see Proxy
     uvicorn.Server(_uvicorn_config(proxy, settings.host, settings.port)).run()
+
+
+def check_workers(config: Config) -> None:
+    """Several workers share sessions through the store (:mod:`ctxengine.proxy.turns`): one must
+    be configured, on a file or a database every worker opens."""
+    store = config.store
+    if not store.enabled or (store.backend == "sqlite" and store.path == ":memory:"):
+        raise ConfigError(
+            f"proxy.workers is {config.proxy.workers}, but the workers share each session through the session store, and "
+            "none is configured (store.enabled: false or an in-memory SQLite): set store.path to a file (or use PostgreSQL), or run one worker"
+        )
+
+
+def _serve_workers(config: Config, token: str | None, workers: int) -> None:
+    """``workers`` processes forked after the listening socket is bound: the kernel hands each
+    connection to one of them; each has its own proxy (store connections, threads, event loop).
+    A session's turns may land on any worker: its turn lock and version keep it one session.
+    SIGTERM or SIGINT stops them all; a worker that dies stops the others too."""
+    check_workers(config)
+    settings = config.proxy
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((settings.host, settings.port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    children: list[int] = []
+    for _ in range(workers):
+        pid = os.fork()
+        if pid == 0:  # a worker: its own proxy, served on the shared socket
+            code = 0
+            try:
+                proxy = Proxy(config, auth_token=token, freeze_gc=True)
+                uvicorn.Server(_uvicorn_config(proxy, settings.host, settings.port)).run(sockets=[sock])
+            except BaseException:
+                code = 1
+            os._exit(code)
+        children.append(pid)
+    sock.close()
+
+    def stop(signum: int, frame: object) -> None:
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    live = set(children)
+    while live:
+        try:
+            pid, _ = os.wait()
+        except ChildProcessError:
+            break
+        live.discard(pid)
+        stop(signal.SIGTERM, None)
 
 
 class ProxyServer:

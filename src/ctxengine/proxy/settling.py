@@ -70,6 +70,7 @@ class Settling(ProxyBase):
         state = plan.state
         gate, plan.gate = plan.gate, None  # recall answered beside the client's calls (_answer_beside)
         if not (feed or plan.deferred or logged):
+            self._release(plan)
             if gate is not None:
                 gate.set()
                 if state is not None and state.settling is gate:
@@ -86,6 +87,7 @@ class Settling(ProxyBase):
             try:
                 await anyio.to_thread.run_sync(self._settle, plan, dict(usage or {}), feed)
             finally:
+                self._release(plan)  # after the turn's record: another process may take the session
                 done.set()
                 if state is not None and state.settling is done:
                     state.settling = None
@@ -94,6 +96,12 @@ class Settling(ProxyBase):
         task = asyncio.get_running_loop().create_task(run())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    @staticmethod
+    def _release(plan: Plan) -> None:
+        ticket, plan.ticket = plan.ticket, None
+        if ticket is not None:
+            ticket.release()
 
     def _observe(self, plan: Plan) -> None:
         """The request's stage timings and added latency to the metrics (once the response is out)."""

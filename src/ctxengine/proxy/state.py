@@ -64,6 +64,11 @@ class ProxySession:
     """Seconds :meth:`~ctxengine.proxy.planning.Planning._open` took to open the session in a
     worker thread, while not planned since (0.0: planned since): the next plan says so (its
     log line's ``opened``, the ``open`` stage)."""
+    version: int | None = None
+    """The session's version (:mod:`ctxengine.proxy.turns`) this process last left or found when
+    it opened the session: another one found at a turn's start means another process served the
+    session since, and the working context here is reloaded from the store (``None``: not
+    served here yet)."""
     pending_recall: PendingRecall = field(default_factory=PendingRecall)
     """Recall calls the model made beside the client's own calls, answered here, put back into
     every history the client sends from then on (:mod:`ctxengine.proxy.pending`)."""

@@ -12,7 +12,7 @@ from typing import Any
 from ctxengine.errors import StoreError
 from ctxengine.messages import Message
 from ctxengine.redact import redact_messages
-from ctxengine.store.ids import Prepared, prepare, same_prefix
+from ctxengine.store.ids import Prepared, forget, prepare, same_prefix
 from ctxengine.store.sql import Chain, SqlCore, chunks
 
 __all__ = ["ChainWriter"]
@@ -192,12 +192,12 @@ class ChainWriter(SqlCore):
         have = self._ids_to_pks(cur, "blobs", list(added), column="hash")
         return {h: pk for h, pk in have.items() if added[h] == pk}, have
 
-    def _prepare_chain(self, messages: Sequence[Message], parent_id: str | None) -> list[Prepared]:
+    def _prepare_chain(self, messages: Sequence[Message], parent_id: str | None, *, remember: bool = True) -> list[Prepared]:
         # opt-in (redaction.content): key shapes and registered secrets never reach the store
         # redacted copies are new objects each time: nothing to remember
         if self.redact_content:
             return prepare(redact_messages(messages), parent_id)
-        return prepare(messages, parent_id, self._prepared)
+        return prepare(messages, parent_id, self._prepared if remember else None)
 
     def _store_chain(
         self,
@@ -278,6 +278,15 @@ class ChainWriter(SqlCore):
                 if self._chains.get(session_id) is hit:
                     self._chains[session_id] = (objs, chain)
         return [(pk, mid) for pk, mid in chain[:k] if pk is not None]
+
+    def forget_session(self, session_id: str, messages: Sequence[Message] = ()) -> None:
+        """Forget what this object remembers of ``session_id`` in memory (the chain it wrote
+        last, the serialisations of its messages and of ``messages``): the session ended in its
+        caller's memory, and the store's memos follow the live sessions. Its record stays; a
+        session recorded again is recognised from the store."""
+        with self._chains_lock:
+            hit = self._chains.pop(session_id, None)
+            forget([*(hit[0] if hit is not None else ()), *messages], self._prepared)
 
     def _remember_chain(self, session_id: str, messages: list[Message], chain: Chain) -> None:
         """Remember a committed history of ``session_id`` (see :meth:`_known_chain`)."""

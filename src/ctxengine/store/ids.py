@@ -196,6 +196,22 @@ def _remember(m: Message, p: Prepared, memo: Memo | None) -> None:
         _by_text_chars[0] += len(content)
 
 
+def forget(messages: Sequence[Message], memo: Memo | None) -> None:
+    """Drop what :func:`prepare` remembers of ``messages`` (a session that ended): the memo
+    keeps each message and its text alive, and must follow the sessions that are live."""
+    for m in messages:
+        if memo is not None:
+            hit = memo.get(id(m))
+            if hit is not None and hit[0] is m:
+                del memo[id(m)]
+        content = m.get("content") if type(m) is dict else None
+        if type(content) is str and len(content) >= _BY_TEXT_MIN:
+            seen = _by_text.get(id(content))
+            if seen is not None and seen[0] is content:
+                del _by_text[id(content)]
+                _by_text_chars[0] -= len(content)
+
+
 def prepare(messages: Sequence[Message], parent_id: str | None, memo: Memo | None = None) -> list[Prepared]:
     """Canonical JSON, hashes and search text of each message, chained from ``parent_id``.
 

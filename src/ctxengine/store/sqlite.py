@@ -164,8 +164,13 @@ class SqliteStore(AppendJournal, SqliteIndexes, SqlStore):
                     raise StoreError(f"{self.path}: cannot switch the store to WAL mode (got {mode})")
             conn.execute(f"PRAGMA synchronous = {'FULL' if self.durable else 'NORMAL'}")
             conn.execute("PRAGMA foreign_keys = OFF")
-            # 64 MiB of page cache: the hash indexes of a million-message store stay in memory
-            conn.execute("PRAGMA cache_size = -65536")
+            # 64 MiB of page cache for the first connection: the hash indexes of a
+            # million-message store stay in memory; 8 MiB for each further one (a thread of
+            # its own each: a proxy under load opens dozens, whose caches would otherwise
+            # grow with the file to 64 MiB each)
+            with self._lock:
+                first = not self._all_conns
+            conn.execute(f"PRAGMA cache_size = {-65536 if first else -8192}")
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open the session store {self.path}: {exc}") from exc
         with self._lock:

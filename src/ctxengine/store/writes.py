@@ -192,8 +192,10 @@ class Writes(ChainWriter):
 
     def message_ids(self, messages: Sequence[Message]) -> list[str]:
         """The ids ``messages`` (a history from the root) have or will have here: content
-        addresses, computed without writing."""
-        return [p.id for p in self._prepare_chain(list(messages), None)]
+        addresses, computed without writing. The messages are not remembered by object (an
+        engine asks for the deep copy it compacts, which nothing holds afterwards; a long
+        message is still recognised by its text, :func:`~ctxengine.store.ids.prepare`)."""
+        return [p.id for p in self._prepare_chain(list(messages), None, remember=False)]
 
     def add_nodes(self, session_id: str, nodes: Sequence[NodeSpec], *, messages: Sequence[Message] = ()) -> list[bool]:
         """Store ``nodes`` (each left unchanged when it exists; True for each one written) in one

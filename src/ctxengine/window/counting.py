@@ -179,6 +179,26 @@ class WindowCounter:
                 self._by_message.clear()
             self._by_message[id(message)] = (message, n, exact)
 
+    def forget(self, messages: Sequence[Mapping[str, Any]]) -> None:
+        """Drop what is remembered of ``messages`` (a session that ended): their sizes, and
+        the exact counts of their long texts."""
+        texts: list[str] = []
+
+        def collect(text: str) -> int:
+            if len(text) >= self.exact_chars:
+                texts.append(text)
+            return 0
+
+        for m in messages:
+            message_tokens(m, collect)
+        with self._lock:
+            for m in messages:
+                hit = self._by_message.get(id(m))
+                if hit is not None and hit[0] is m:
+                    del self._by_message[id(m)]
+            for t in texts:
+                self._memo.pop(t, None)
+
     def exact_message(self, message: Mapping[str, Any]) -> int:
         hit = self._by_message.get(id(message))
         if hit is not None and hit[0] is message and hit[2]:
