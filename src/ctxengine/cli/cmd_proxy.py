@@ -114,8 +114,8 @@ def proxy(
     root.setLevel(min(logging.getLogger().level or logging.INFO, logging.INFO))
     root.propagate = False
     mode = ", shadow mode: requests go upstream unchanged" if settings.shadow else ""
-    workers = f", {settings.workers} workers" if settings.workers > 1 else ""
-    click.echo(f"ctxengine proxy on http://{settings.host}:{settings.port} (engine {config.context.engine}, store {config.store.backend}{workers}{mode}); dashboard at /ui/", err=True)
+    many = f", {settings.workers} workers" if settings.workers > 1 else ""
+    click.echo(f"ctxengine proxy on http://{settings.host}:{settings.port} (engine {config.context.engine}, store {config.store.backend}{many}{mode}); dashboard at /ui/", err=True)
     serve(config, auth_token=token)
 
 

@@ -84,7 +84,8 @@ from ctxengine.proxy.base import (
     TooLarge,
     is_local,
 )
-from ctxengine.proxy.gemini import GEMINI, count_body, key_into_scope, split_target
+from ctxengine.proxy.count_tokens import TokenCounts
+from ctxengine.proxy.gemini import GEMINI, key_into_scope, split_target
 from ctxengine.proxy.limits import Windows
 from ctxengine.proxy.metrics import CONTENT_TYPE, ProxyMetrics
 from ctxengine.proxy.planning import OPENING
@@ -94,17 +95,14 @@ from ctxengine.proxy.session import (
     SESSION_HEADER,
     SessionIdError,
     SessionRouter,
-    client_session_id,
-    derive_session_id,
     session_for,
     session_from_header,
 )
-from ctxengine.proxy.state import ProxySession, SessionTable
+from ctxengine.proxy.state import SessionTable
 from ctxengine.proxy.upstream import (
     Upstream,
     UpstreamError,
 )
-from ctxengine.proxy.writer import encode
 from ctxengine.storage import SessionRecorder
 from ctxengine.store import SessionStore
 from ctxengine.ui.app import BASE, Dashboard
@@ -113,7 +111,7 @@ __all__ = ["TOKENS_SAVED_HEADER", "TOKEN_HEADER", "Proxy", "create_app"]
 
 log = logging.getLogger("ctxengine.proxy")
 
-class Proxy(Relaying):
+class Proxy(TokenCounts, Relaying):
     """The proxy's state: config, store, managers (one per API and model), HTTP client, metrics.
 
     ``store="default"`` opens the configured store (SQLite unless configured otherwise);
@@ -217,14 +215,6 @@ class Proxy(Relaying):
         while self._gc_pauses:
             generation, seconds = self._gc_pauses.popleft()
             self.metrics.gc_pause.labels(str(generation)).observe(seconds)
-
-
-
-
-
-
-
-
 
 
     # -- endpoints ----------------------------------------------------------------------------
@@ -347,75 +337,6 @@ class Proxy(Relaying):
         out.raw_headers.extend(self._response_headers(resp, keep_encoding=True))
         return out
 
-    async def count_tokens(self, request: Request) -> Response:
-        """``POST /v1/messages/count_tokens``: the count of what the proxy would send. A body
-        that continues a session's last request is counted with that request's working context
-        (as it went upstream) plus the messages new since; any other body goes as it came."""
-        api = ANTHROPIC
-        if not self._authorized(request):
-            return self._error(api, 401, f"missing or wrong {TOKEN_HEADER} (this proxy requires a token)", "unauthorized", "authentication_error")
-        try:
-            raw = await self._read_body(request)
-        except TooLarge:
-            return self._error(api, 413, f"request body larger than {self.settings.max_body_bytes} bytes", "too_large", "request_too_large")
-        content = raw
-        try:
-            body = orjson.loads(raw)
-            if api.problem(body) is None:
-                named = session_from_header(request.headers.get(SESSION_HEADER))
-                key = named or client_session_id(api.name, request.headers, body) or derive_session_id(api.name, request.headers, api.system(body), api.history(body))
-                # the key's conversations (the router may have told several apart): the one this body continues
-                for s in self.sessions:
-                    if s.api == api.name and (s.id == key or (not named and s.id.startswith(key + "."))):
-                        counted = _count_body(s, body)
-                        if counted is not None:
-                            content = encode(counted)
-                            break
-        except (orjson.JSONDecodeError, SessionIdError):
-            pass  # the upstream answers a body it cannot count
-        url = self._upstream(api, request.scope["path"], request.scope.get("query_string", b"").decode())
-        try:
-            resp = await self.client.send("POST", url, self._request_headers(request), content)
-            data = await resp.read()
-        except UpstreamError as exc:
-            return self._error(api, 502, f"upstream unreachable: {exc}", "upstream_unreachable", api.unreachable_kind)
-        self.metrics.requests.labels("passthrough", "ok" if resp.status < 400 else "upstream_error").inc()
-        return self._relayed(resp, data, [])
-
-    async def gemini_count_tokens(self, request: Request) -> Response:
-        """``POST …/models/{model}:countTokens``: the count of what the proxy would send. A body
-        that continues a Gemini session's last request (its ``contents``, or those of its
-        ``generateContentRequest``) is counted with that request's working context plus the
-        contents new since; any other body goes as it came."""
-        api = GEMINI
-        if not self._authorized(request):
-            return self._error(api, 401, f"missing or wrong {TOKEN_HEADER} (this proxy requires a token)", "unauthorized")
-        try:
-            raw = await self._read_body(request)
-        except TooLarge:
-            return self._error(api, 413, f"request body larger than {self.settings.max_body_bytes} bytes", "too_large")
-        content = raw
-        try:
-            body = orjson.loads(raw)
-            named = session_from_header(request.headers.get(SESSION_HEADER))
-            if isinstance(body, dict):
-                for s in self.sessions:
-                    if s.api == api.name and s.last_out is not None and (named is None or s.id == named):
-                        counted = count_body(body, s.last_out[2], s.last_out[0], s.last_out[1])
-                        if counted is not None:
-                            content = encode(counted)
-                            break
-        except (orjson.JSONDecodeError, SessionIdError):
-            pass  # the upstream answers a body it cannot count
-        query = request.scope.get("query_string", b"").decode()
-        try:
-            resp = await self.client.send("POST", self._upstream(api, request.scope["path"], query), self._request_headers(request), content)
-            data = await resp.read()
-        except UpstreamError as exc:
-            return self._error(api, 502, f"upstream unreachable: {exc}", "upstream_unreachable", api.unreachable_kind)
-        self.metrics.requests.labels("passthrough", "ok" if resp.status < 400 else "upstream_error").inc()
-        return self._relayed(resp, data, [])
-
     async def forward(self, request: Request) -> Response:
         """Any other ``/v1/`` path, unchanged both ways."""
         anthropic = "x-api-key" in request.headers or "anthropic-version" in request.headers
@@ -493,11 +414,9 @@ class Proxy(Relaying):
             return self._error(api, 400, f"the request body is not valid JSON: {exc}", "bad_request")
         body = api.routed(body, request.scope["path"], request.scope.get("query_string", b""))
         t_parse = time.perf_counter()
-        problem = api.problem(body)
+        problem = api.problem(body) or bad_session
         if problem:
             return self._error(api, 400, problem, "bad_request")
-        if bad_session is not None:
-            return self._error(api, 400, bad_session, "bad_request")
         headers = self._request_headers(request)
         plan = Plan(api, named or "", body, raw)
         passthrough = api.passthrough_reason(body)
@@ -533,38 +452,6 @@ class Proxy(Relaying):
         except BaseException:
             self._settle_later(plan)  # the deferred write still runs
             raise
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 class _Shadow:
@@ -605,31 +492,6 @@ def _client_name(user_agent: str | None) -> str:
     (external, cli)`` → ``claude-cli``), at most 40 printable characters."""
     first = (user_agent or "").strip().split(" ", 1)[0].split("/", 1)[0]
     return "".join(c for c in first if c.isprintable())[:40]
-
-
-def _count_body(s: ProxySession | None, body: Mapping[str, Any]) -> dict[str, Any] | None:
-    """``body`` (a token count's) with the session's last outgoing context in place of the
-    history it shares with the session's last request, or None when it does not continue it."""
-    if s is None or s.last_out is None:
-        return None
-    n, last, sent = s.last_out
-    messages = body["messages"]
-    if n == 0 or len(messages) < n or _without_markers(messages[n - 1]) != _without_markers(last):
-        return None
-    out = dict(body)
-    out["messages"] = [*sent["messages"], *messages[n:]]
-    if "system" in sent:
-        out["system"] = sent["system"]
-    return out
-
-
-def _without_markers(value: Any) -> Any:
-    """``value`` without its ``cache_control`` keys (clients move their markers every turn)."""
-    if isinstance(value, Mapping):
-        return {k: _without_markers(v) for k, v in value.items() if k != "cache_control"}
-    if isinstance(value, list):
-        return [_without_markers(v) for v in value]
-    return value
 
 
 def create_app(
