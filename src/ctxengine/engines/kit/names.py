@@ -34,7 +34,7 @@ SHORT_LISTING_LINES = 24
 """An output of at most this many non-empty lines, each short, is a listing whose every entry
 the agent may pick next."""
 
-SCAN_CHARS = 12_000
+SCAN_CHARS = 8_000
 """Characters of one output scanned for names (its head and tail)."""
 
 MEMO_TEXTS = 1024
@@ -65,10 +65,11 @@ def _clip(text: str) -> str:
 
 @lru_cache(maxsize=MEMO_TEXTS)
 def _names(text: str) -> tuple[str, ...]:
-    """The name-like tokens of ``text``: paths, dotted, ``snake_case`` and ``camelCase`` names,
-    tokens mixing letters and digits (ids), dates, amounts, long numbers; not plain words."""
+    """The name-like tokens of ``text``, each once, in order of first appearance: paths, dotted,
+    ``snake_case`` and ``camelCase`` names, tokens mixing letters and digits (ids), dates,
+    amounts, long numbers; not plain words."""
     out: list[str] = []
-    for tok in _TOKEN.findall(text):
+    for tok in dict.fromkeys(_TOKEN.findall(text)):  # a file view repeats most of its tokens
         tok = tok.rstrip(_TRAIL)
         if not _MIN_NAME <= len(tok) <= _MAX_NAME or tok in _KEYWORDS:
             continue
@@ -80,7 +81,7 @@ def _names(text: str) -> tuple[str, ...]:
                 out.append(tok)
         elif not (tok.isalpha() and (tok.islower() or tok.isupper() or tok[1:].islower())):
             out.append(tok)  # camelCase, PascalCase with an inner capital, letters with digits
-    return tuple(out)
+    return tuple(dict.fromkeys(out))
 
 
 def _listing(text: str) -> list[str] | None:
