@@ -8,14 +8,15 @@ module picks those *names* out of the outputs a digest folds and ranks them:
 
 1. **used before**: the agent already wrote it in a call or a message of the span (what it used
    once, it tends to use again);
-2. **named by the user** (a user message of the span);
+2. **named by the user** in a message the digest folds;
 3. **in a short listing** (an output of a few short lines: every hit is a candidate the agent
    picks from) or **defined by a file view** (``class Foo``, ``def bar``, ``void baz(``);
 4. **an id**: letters with digits (``HAT170``, ``sofia_kim_7287``), a date, an amount;
 5. **recent**: the later outputs of the span first, then the more frequent.
 
 :func:`ranked_names` returns them best first; the digest lists as many as its ``name_tokens``
-budget allows (the originals stay one ``ctx_grep`` away).
+budget allows (the originals stay one ``ctx_grep`` away). A name the rest of the conversation
+still shows (an open user message, a later output, another digest) takes no room.
 """
 
 from __future__ import annotations
@@ -154,13 +155,12 @@ def _all_tokens(texts: Iterable[str]) -> set[str]:
 
 def ranked_names(span: Sequence[Message], *, shown: str = "", context: Sequence[Message] = ()) -> list[str]:
     """The names of ``span``'s outputs (tool results) best first (see the module docstring),
-    each once, leaving out those already in ``shown`` (the digest's other lines). ``context``:
-    the conversation around the span (what the agent wrote and the user said there counts as
-    used before and named by the user too)."""
-    around = [*span, *context] if context else span
-    written = _all_tokens(_written(around))
-    users = _all_tokens(content_text(m.get("content")) for m in around if m.get("role") == "user" and not is_summary(m))
-    seen = _tokens(shown)
+    each once, leaving out those already in ``shown`` (the digest's other lines) or in
+    ``context`` (the conversation around the span, which stays in view: a name there needs no
+    room in the digest)."""
+    written = _all_tokens(_written(span))
+    users = _all_tokens(content_text(m.get("content")) for m in span if m.get("role") == "user" and not is_summary(m))
+    visible = _tokens(shown) | _all_tokens([*(content_text(m.get("content")) for m in context), *_written(context)])
     score: dict[str, tuple[int, int, int]] = {}  # name -> (class, recency, count)
     outputs = [_clip(content_text(m.get("content"))) for m in span if m.get("role") == "tool" and not is_summary(m)]
     for age, text in enumerate(outputs):
@@ -168,7 +168,7 @@ def ranked_names(span: Sequence[Message], *, shown: str = "", context: Sequence[
         defined = _defined(text)
         picked = {*(listing or ()), *defined}
         for name in dict.fromkeys([*(listing or ()), *defined, *_names(text)]):
-            if name in seen:
+            if name in visible:
                 continue
             cls = 1 if name in written else 2 if name in users else 3 if name in picked else 4 if _ID.search(name) else 5
             prev = score.get(name)
