@@ -16,7 +16,7 @@ module picks those *names* out of the outputs a digest folds and ranks them:
 
 :func:`ranked_names` returns them best first; the digest lists as many as its ``name_tokens``
 budget allows (the originals stay one ``ctx_grep`` away). A name the rest of the conversation
-still shows (an open user message, a later output, another digest) takes no room.
+still shows (a user message, the agent's own words, another digest) takes no room.
 """
 
 from __future__ import annotations
@@ -156,11 +156,13 @@ def _all_tokens(texts: Iterable[str]) -> set[str]:
 def ranked_names(span: Sequence[Message], *, shown: str = "", context: Sequence[Message] = ()) -> list[str]:
     """The names of ``span``'s outputs (tool results) best first (see the module docstring),
     each once, leaving out those already in ``shown`` (the digest's other lines) or in
-    ``context`` (the conversation around the span, which stays in view: a name there needs no
-    room in the digest)."""
+    the text around the span that stays in view (``context``'s system prompt, user and assistant
+    messages and digests: a name there needs no room in the digest)."""
     written = _all_tokens(_written(span))
     users = _all_tokens(content_text(m.get("content")) for m in span if m.get("role") == "user" and not is_summary(m))
-    visible = _tokens(shown) | _all_tokens([*(content_text(m.get("content")) for m in context), *_written(context)])
+    # what stays in view around the span: the system prompt, user messages, the agent's own
+    # messages and other digests (tool outputs are left out: they are folded in their turn)
+    visible = _tokens(shown) | _all_tokens([*(content_text(m.get("content")) for m in context if m.get("role") != "tool"), *_written(context)])
     score: dict[str, tuple[int, int, int]] = {}  # name -> (class, recency, count)
     outputs = [_clip(content_text(m.get("content"))) for m in span if m.get("role") == "tool" and not is_summary(m)]
     for age, text in enumerate(outputs):
