@@ -14,6 +14,9 @@ module picks those *names* out of the outputs a digest folds and ranks them:
 4. **an id**: letters with digits (``HAT170``, ``sofia_kim_7287``), a date, an amount;
 5. **recent**: the later outputs of the span first, then the more frequent.
 
+A digest folded again (a finished task's digests folded into one) passes its names on: they
+compete with the new ones, behind those the agent used.
+
 :func:`ranked_names` returns them best first; the digest lists as many as its ``name_tokens``
 budget allows (the originals stay one ``ctx_grep`` away). A name the rest of the conversation
 still shows (a user message, the agent's own words, another digest) takes no room.
@@ -29,7 +32,7 @@ from typing import Any
 
 from ctxengine.messages import Message, content_text, is_summary, tool_calls
 
-__all__ = ["SHORT_LISTING_LINES", "fit_names", "ranked_names"]
+__all__ = ["NAMES_PREFIX", "SHORT_LISTING_LINES", "fit_names", "ranked_names"]
 
 SHORT_LISTING_LINES = 24
 """An output of at most this many non-empty lines, each short, is a listing whose every entry
@@ -164,6 +167,14 @@ def ranked_names(span: Sequence[Message], *, shown: str = "", context: Sequence[
     # messages and other digests (tool outputs are left out: they are folded in their turn)
     visible = _tokens(shown) | _all_tokens([*(content_text(m.get("content")) for m in context if m.get("role") != "tool"), *_written(context)])
     score: dict[str, tuple[int, int, int]] = {}  # name -> (class, recency, count)
+    # the names earlier digests of the span listed: a digest folded again keeps them in the race
+    for m in span:
+        if is_summary(m):
+            for line in content_text(m.get("content")).splitlines():
+                if line.startswith(NAMES_PREFIX):
+                    for name in line[len(NAMES_PREFIX) :].split(", "):
+                        if name and name not in visible and name not in score:
+                            score[name] = (1 if name in written else 3, 1, 1)
     outputs = [_clip(content_text(m.get("content"))) for m in span if m.get("role") == "tool" and not is_summary(m)]
     for age, text in enumerate(outputs):
         listing = _listing(text)
@@ -181,11 +192,15 @@ def ranked_names(span: Sequence[Message], *, shown: str = "", context: Sequence[
     return sorted(score, key=lambda n: (score[n][0], score[n][1], -score[n][2]))
 
 
+NAMES_PREFIX = "Names: "
+"""How a digest's line of names begins."""
+
+
 def fit_names(names: Sequence[str], budget_tokens: int, count: Callable[[str], int]) -> list[str]:
     """The best ``names`` whose ``, ``-joined line fits ``budget_tokens`` (``count`` measures a
     text); a name inside one already chosen adds nothing and is skipped."""
     chosen: list[str] = []
-    used = count("Names: ")
+    used = count(NAMES_PREFIX)
     for n in names:
         if used >= budget_tokens:
             break
