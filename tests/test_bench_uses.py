@@ -94,3 +94,13 @@ def test_a_digest_keeps_the_names_an_agent_picks_up_again() -> None:
     assert "credit_card_2198526" in names_line and "constructType" in names_line
     assert all(f"/repo/src/{c}.java" in text for c in "ABCDE"), "every hit of a short listing"
     assert "Names:" not in digest(span, budget_tokens=300, fact_tokens=60, name_tokens=0)
+
+
+def test_a_digest_folded_again_passes_its_names_on() -> None:
+    first = digest(_airline()[2:6], budget_tokens=300, fact_tokens=60, name_tokens=80)
+    assert "credit_card_2198526" in first
+    earlier: Message = {"role": "assistant", "content": "[ctxengine:digest ref=abc: 4 earlier messages folded]\n" + first}
+    later = [_call(7, "bash", {"command": "ls"}), {"role": "tool", "tool_call_id": "c7", "content": "README.md\nsetup.py"}]
+    again = digest([earlier, *later], budget_tokens=300, fact_tokens=60, name_tokens=80)
+    names_line = next(line for line in again.splitlines() if line.startswith("Names: "))
+    assert "credit_card_2198526" in names_line and "setup.py" in names_line

@@ -16,7 +16,7 @@ import json
 from collections.abc import Sequence
 
 from ctxengine.engines.kit.blocks import fit_facts, render_facts, search_names, unseen
-from ctxengine.engines.kit.names import fit_names, ranked_names
+from ctxengine.engines.kit.names import NAMES_PREFIX, fit_names, ranked_names
 from ctxengine.facts import FactMemo, Facts, extract_facts
 from ctxengine.messages import Message, content_text, is_summary, tool_call_name, tool_calls
 from ctxengine.tokens import estimate
@@ -130,7 +130,7 @@ def digest(
     if name_tokens > 0:
         picked = fit_names(ranked_names(span, shown="\n".join([*lines, *block]), context=context), name_tokens, estimate)
         if picked:
-            lines.append("Names: " + ", ".join(picked))
+            lines.append(NAMES_PREFIX + ", ".join(picked))
     used = sum(estimate(x) + 1 for x in [*lines, *block])
     notes, skipped = _assistant_notes(span, budget_tokens - reserve - used)
     if notes:

@@ -8,14 +8,18 @@ module picks those *names* out of the outputs a digest folds and ranks them:
 
 1. **used before**: the agent already wrote it in a call or a message of the span (what it used
    once, it tends to use again);
-2. **named by the user** (a user message of the span);
+2. **named by the user** in a message the digest folds;
 3. **in a short listing** (an output of a few short lines: every hit is a candidate the agent
    picks from) or **defined by a file view** (``class Foo``, ``def bar``, ``void baz(``);
 4. **an id**: letters with digits (``HAT170``, ``sofia_kim_7287``), a date, an amount;
 5. **recent**: the later outputs of the span first, then the more frequent.
 
+A digest folded again (a finished task's digests folded into one) passes its names on: they
+compete with the new ones, behind those the agent used.
+
 :func:`ranked_names` returns them best first; the digest lists as many as its ``name_tokens``
-budget allows (the originals stay one ``ctx_grep`` away).
+budget allows (the originals stay one ``ctx_grep`` away). A name the rest of the conversation
+still shows (a user message, the agent's own words, another digest) takes no room.
 """
 
 from __future__ import annotations
@@ -28,13 +32,13 @@ from typing import Any
 
 from ctxengine.messages import Message, content_text, is_summary, tool_calls
 
-__all__ = ["SHORT_LISTING_LINES", "fit_names", "ranked_names"]
+__all__ = ["NAMES_PREFIX", "SHORT_LISTING_LINES", "fit_names", "ranked_names"]
 
 SHORT_LISTING_LINES = 24
 """An output of at most this many non-empty lines, each short, is a listing whose every entry
 the agent may pick next."""
 
-SCAN_CHARS = 12_000
+SCAN_CHARS = 8_000
 """Characters of one output scanned for names (its head and tail)."""
 
 MEMO_TEXTS = 1024
@@ -65,10 +69,11 @@ def _clip(text: str) -> str:
 
 @lru_cache(maxsize=MEMO_TEXTS)
 def _names(text: str) -> tuple[str, ...]:
-    """The name-like tokens of ``text``: paths, dotted, ``snake_case`` and ``camelCase`` names,
-    tokens mixing letters and digits (ids), dates, amounts, long numbers; not plain words."""
+    """The name-like tokens of ``text``, each once, in order of first appearance: paths, dotted,
+    ``snake_case`` and ``camelCase`` names, tokens mixing letters and digits (ids), dates,
+    amounts, long numbers; not plain words."""
     out: list[str] = []
-    for tok in _TOKEN.findall(text):
+    for tok in dict.fromkeys(_TOKEN.findall(text)):  # a file view repeats most of its tokens
         tok = tok.rstrip(_TRAIL)
         if not _MIN_NAME <= len(tok) <= _MAX_NAME or tok in _KEYWORDS:
             continue
@@ -80,7 +85,7 @@ def _names(text: str) -> tuple[str, ...]:
                 out.append(tok)
         elif not (tok.isalpha() and (tok.islower() or tok.isupper() or tok[1:].islower())):
             out.append(tok)  # camelCase, PascalCase with an inner capital, letters with digits
-    return tuple(out)
+    return tuple(dict.fromkeys(out))
 
 
 def _listing(text: str) -> list[str] | None:
@@ -153,21 +158,30 @@ def _all_tokens(texts: Iterable[str]) -> set[str]:
 
 def ranked_names(span: Sequence[Message], *, shown: str = "", context: Sequence[Message] = ()) -> list[str]:
     """The names of ``span``'s outputs (tool results) best first (see the module docstring),
-    each once, leaving out those already in ``shown`` (the digest's other lines). ``context``:
-    the conversation around the span (what the agent wrote and the user said there counts as
-    used before and named by the user too)."""
-    around = [*span, *context] if context else span
-    written = _all_tokens(_written(around))
-    users = _all_tokens(content_text(m.get("content")) for m in around if m.get("role") == "user" and not is_summary(m))
-    seen = _tokens(shown)
+    each once, leaving out those already in ``shown`` (the digest's other lines) or in
+    the text around the span that stays in view (``context``'s system prompt, user and assistant
+    messages and digests: a name there needs no room in the digest)."""
+    written = _all_tokens(_written(span))
+    users = _all_tokens(content_text(m.get("content")) for m in span if m.get("role") == "user" and not is_summary(m))
+    # what stays in view around the span: the system prompt, user messages, the agent's own
+    # messages and other digests (tool outputs are left out: they are folded in their turn)
+    visible = _tokens(shown) | _all_tokens([*(content_text(m.get("content")) for m in context if m.get("role") != "tool"), *_written(context)])
     score: dict[str, tuple[int, int, int]] = {}  # name -> (class, recency, count)
+    # the names earlier digests of the span listed: a digest folded again keeps them in the race
+    for m in span:
+        if is_summary(m):
+            for line in content_text(m.get("content")).splitlines():
+                if line.startswith(NAMES_PREFIX):
+                    for name in line[len(NAMES_PREFIX) :].split(", "):
+                        if name and name not in visible and name not in score:
+                            score[name] = (1 if name in written else 3, 1, 1)
     outputs = [_clip(content_text(m.get("content"))) for m in span if m.get("role") == "tool" and not is_summary(m)]
     for age, text in enumerate(outputs):
         listing = _listing(text)
         defined = _defined(text)
         picked = {*(listing or ()), *defined}
         for name in dict.fromkeys([*(listing or ()), *defined, *_names(text)]):
-            if name in seen:
+            if name in visible:
                 continue
             cls = 1 if name in written else 2 if name in users else 3 if name in picked else 4 if _ID.search(name) else 5
             prev = score.get(name)
@@ -178,11 +192,15 @@ def ranked_names(span: Sequence[Message], *, shown: str = "", context: Sequence[
     return sorted(score, key=lambda n: (score[n][0], score[n][1], -score[n][2]))
 
 
+NAMES_PREFIX = "Names: "
+"""How a digest's line of names begins."""
+
+
 def fit_names(names: Sequence[str], budget_tokens: int, count: Callable[[str], int]) -> list[str]:
     """The best ``names`` whose ``, ``-joined line fits ``budget_tokens`` (``count`` measures a
     text); a name inside one already chosen adds nothing and is skipped."""
     chosen: list[str] = []
-    used = count("Names: ")
+    used = count(NAMES_PREFIX)
     for n in names:
         if used >= budget_tokens:
             break
