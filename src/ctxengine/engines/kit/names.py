@@ -38,7 +38,7 @@ SHORT_LISTING_LINES = 24
 """An output of at most this many non-empty lines, each short, is a listing whose every entry
 the agent may pick next."""
 
-SCAN_CHARS = 8_000
+SCAN_CHARS = 4_000
 """Characters of one output scanned for names (its head and tail)."""
 
 MEMO_TEXTS = 1024
