@@ -8,12 +8,15 @@ LiteLLM SDK with one line (``litellm.callbacks = [hook]``), and the hook failing
 2. ``capped``: a hook whose planning raises, given a history over the window: the call still
    succeeds, what reaches the upstream is held under the window by the window cap alone;
 3. ``naming``, ``retry``: how sessions are named; a call LiteLLM sends twice;
-4. ``unchanged``: planning and the window cap both raise: the call goes as it came.
+4. ``unchanged``: planning and the window cap both raise: the call goes as it came;
+5. ``shadow`` (``python sdk_check.py WORKDIR shadow``, a process of its own): a hook in shadow mode (``proxy.shadow``) sends the over-window history unchanged
+   and logs, per call, what it would have sent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -32,9 +35,33 @@ MODEL = "openai/agent-model"
 WINDOW = 20_000
 
 
-def _hook(work: Path, name: str) -> CtxEngineHook:
-    config = Config.from_dict({"models": {MODEL: {"context_length": WINDOW}}})
+def _hook(work: Path, name: str, *, shadow: bool = False) -> CtxEngineHook:
+    config = Config.from_dict({"models": {MODEL: {"context_length": WINDOW}}, "proxy": {"shadow": shadow}})
     return CtxEngineHook(config, store=SqliteStore(work / f"{name}.db"))
+
+
+async def _shadow(up: StrictUpstream, work: Path, history: list[dict[str, Any]]) -> dict[str, Any]:
+    """Shadow mode: the history grows past the window one turn at a time; every call reaches
+    the upstream unchanged, and the request log says what ctxengine would have sent."""
+    up.reset()
+    hook = _hook(work, "shadow", shadow=True)
+    litellm.callbacks = [hook]
+    ends = list(range(3, len(history), 2))
+    for end in ends:
+        with contextlib.suppress(Exception):  # the upstream rejects the unchanged calls over the window
+            await litellm.acompletion(model=MODEL, api_base=up.openai_base_url, api_key="sk-upstream", messages=history[:end], tools=[READ])
+    await asyncio.sleep(1.0)  # the shadow plans run after the responses
+    hook.close()
+    store = SqliteStore(work / "shadow.db")
+    rows = [r for s in store.list_sessions() for r in store.requests(s.id)]
+    return {
+        "calls": len(ends),
+        "over_window": up.stats["over_window"],
+        "rows": len(rows),
+        "shadow_rows": sum(1 for r in rows if r.shadow),
+        "would_save": sum(max(0, r.tokens_in - r.tokens_out) for r in rows),
+        "compactions": sum(r.compactions for r in rows),
+    }
 
 
 async def _task(up: StrictUpstream, task: Task) -> list[dict[str, Any]]:
@@ -129,5 +156,19 @@ async def main(work: Path) -> dict[str, Any]:
     return out
 
 
+async def shadow_main(work: Path) -> dict[str, Any]:
+    """The shadow check alone, in a process of its own (LiteLLM keeps the log callbacks of the
+    hooks registered before, so a hook swapped in later does not get its calls' log events)."""
+    task = Task(work / "ws", steps=8)
+    task.write()
+    history: list[dict[str, Any]] = [{"role": "user", "content": task.prompt}]
+    for i in range(1, task.steps + 1):
+        call = {"id": f"c{i}", "type": "function", "function": {"name": "read_file", "arguments": json.dumps({"path": str(task.path(i))})}}
+        history += [{"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "tool", "tool_call_id": f"c{i}", "content": task.path(i).read_text()}]
+    with StrictUpstream(task, window=WINDOW) as up:
+        return {"shadow": await _shadow(up, work, history)}
+
+
 if __name__ == "__main__":
-    print(json.dumps(asyncio.run(main(Path(sys.argv[1])))))
+    run = shadow_main if sys.argv[2:] == ["shadow"] else main
+    print(json.dumps(asyncio.run(run(Path(sys.argv[1])))))

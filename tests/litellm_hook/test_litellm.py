@@ -137,3 +137,17 @@ def test_the_sdk_line_and_failing_open(tmp_path: Path, litellm_py: Path) -> None
     unchanged = out["unchanged"]
     assert unchanged["requests"] == 1 and unchanged["rejected"] == {"over_window": 1}, unchanged
     assert unchanged["failed"] == 1 and unchanged["ok"] == "ContextWindowExceededError", unchanged
+    # shadow mode: every call went as it came (the upstream saw the over-window ones) and the
+    # request log holds, per call, what ctxengine would have sent
+    proc = subprocess.run(
+        [str(litellm_py), str(Path(__file__).with_name("sdk_check.py")), str(tmp_path / "shadow"), "shadow"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LITELLM_LOCAL_MODEL_COST_MAP": "True", "PYTHONPATH": str(REPO / "src")},
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shadow = json.loads(proc.stdout.strip().splitlines()[-1])["shadow"]
+    assert shadow["over_window"] > 0 and shadow["rows"] == shadow["calls"] == shadow["shadow_rows"], shadow
+    assert shadow["would_save"] > 0 and shadow["compactions"] > 0, shadow

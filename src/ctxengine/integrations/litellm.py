@@ -32,6 +32,11 @@ used without its HTTP server, so every rule is the proxy's):
   usage goes to the session's manager and the turn is written to ctxengine's store; the
   session's next call waits for that.
 
+**Shadow mode** (``proxy.shadow: true`` in ctxengine's config): every call goes as it came, and
+what ctxengine would have sent is planned after the response and logged with the request in the
+store's request log (``ctxengine stats``, the dashboard), as ``ctxengine proxy --shadow`` does.
+Every call is logged there, shadow or not.
+
 **Recall**: LiteLLM gives a hook no round trip of its own, so the engine's recall tools are never
 offered: the hook runs the proxy's no-tools mode (``prepare(..., recall=False)``), in which no
 marker or summary points to a tool the model cannot call; originals stay in the store
@@ -176,6 +181,12 @@ class CtxEngineHook(CustomLogger):  # type: ignore[misc]  # LiteLLM is untyped
         try:
             self.windows.note(body["model"], kwargs)
             plan.session = await self._session(api, _headers(kwargs), body)
+            if self.proxy.settings.shadow:
+                # shadow mode (proxy.shadow): the call goes as it came; what ctxengine would have
+                # sent is planned after the response and logged with the request
+                plan.shadow, plan.client, plan.added = True, "litellm", time.perf_counter() - started
+                self._hold(call_id, plan)
+                return None
             plan = await self.proxy._planned(api, plan.session, body, raw)
         except Exception as exc:  # fail open: the request held under the window by the cap alone
             self.failed += 1
@@ -196,7 +207,7 @@ class CtxEngineHook(CustomLogger):  # type: ignore[misc]  # LiteLLM is untyped
     def _hold(self, call_id: str, plan: Plan) -> None:
         """Keep ``plan`` until LiteLLM's log event brings the call's usage; until then the
         session's next call waits (the proxy's gate, at most :data:`SETTLE_WAIT` seconds)."""
-        if plan.manager is None or not call_id:
+        if (plan.manager is None and not plan.shadow) or not call_id:
             self.proxy._settle_later(plan)
             return
         gate = anyio.Event()
@@ -207,10 +218,13 @@ class CtxEngineHook(CustomLogger):  # type: ignore[misc]  # LiteLLM is untyped
         while len(self._held) > MAX_HELD:
             self.proxy._settle_later(self._held.pop(next(iter(self._held))))
 
-    def _release(self, kwargs: Mapping[str, Any], response: Any) -> None:
+    def _release(self, kwargs: Mapping[str, Any], response: Any, *, ok: bool = True) -> None:
         plan = self._held.pop(str(kwargs.get("litellm_call_id") or ""), None)
         if plan is None:
             return
+        # how the call ended, for the store's request log (the dashboard), as the proxy logs it
+        plan.outcome, plan.status = ("ok", 200) if ok else ("upstream_error", 0)
+        plan.client = plan.client or "litellm"
         try:
             usage = _usage(response)
         except Exception as exc:  # the turn is still written; only its usage is lost
@@ -224,7 +238,7 @@ class CtxEngineHook(CustomLogger):  # type: ignore[misc]  # LiteLLM is untyped
 
     async def async_log_failure_event(self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any) -> None:
         """A failed call: the turn is still written (no usage)."""
-        self._release(kwargs, None)
+        self._release(kwargs, None, ok=False)
 
     def close(self) -> None:
         """End every session (what is pending is written first)."""
