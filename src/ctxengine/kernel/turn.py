@@ -64,7 +64,8 @@ class TurnPlanner:
     def _plan(self, s: SessionState, turn: TurnInput, msgs: list[Message], tools: Sequence[Mapping[str, Any]] | None, opts: TurnOptions) -> list[Message]:
         """The turn under the session's lock, once the recall calls are answered."""
         focus_topic, defer_record, may_compact, compact = opts.focus_topic, opts.defer_record, opts.may_compact, opts.compact
-        if not may_compact and any(is_pointer(m) for m in turn.new):
+        pointed = any(is_pointer(m) for m in turn.new)  # a re-read answered "unchanged since last read"
+        if pointed and not may_compact:
             raise CompactionDue("a new tool result points back to an earlier output")
         extra, extra_window = self.tools.cost(s, tools, quiet=not may_compact)
         self.host.fit(s, extra_window)
@@ -74,8 +75,8 @@ class TurnPlanner:
         msgs = self.tools.dispatch_engine_tools(s, msgs)
         history = msgs
         ids = self.recorder.record(s, turn, history, defer=defer_record)
-        # a re-read answered "unchanged since last read": its earlier output back in view
-        msgs = restore_pointed(msgs, turn.base, s.history.raw, s.recall.originals if s.recall is not None else None)
+        if pointed:  # its earlier output back in view
+            msgs = restore_pointed(msgs, turn.base, s.history.raw, s.recall.originals if s.recall is not None else None)
         # the quiet check counted this very list (no tool answer was added since)
         tokens = counted if counted is not None and msgs is turn.messages else s.counter.count(msgs) + extra
         msgs, tokens, compacted = self.compaction.run(s, msgs, tokens, extra, extra_window, focus_topic=focus_topic, may_compact=may_compact, compact=compact)

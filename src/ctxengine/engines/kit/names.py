@@ -41,8 +41,12 @@ the agent may pick next."""
 SCAN_CHARS = 4_000
 """Characters of one output scanned for names (its head and tail)."""
 
-MEMO_TEXTS = 1024
+MEMO_TEXTS = 512
 """Texts whose tokens and names are remembered (a bounded memo, for the whole process)."""
+
+MEMO_CHARS = 32_000
+"""The longest text whose tokens are remembered (with :data:`MEMO_TEXTS`, at most ~16M characters
+kept alive; an output's names are taken from its first and last :data:`SCAN_CHARS`)."""
 
 _LISTING_LINE_CHARS = 120
 _MAX_NAME = 80
@@ -140,11 +144,20 @@ def _written(span: Sequence[Message]) -> list[str]:
     return parts
 
 
-@lru_cache(maxsize=MEMO_TEXTS)
 def _tokens(text: str) -> frozenset[str]:
     """The candidate tokens of ``text`` and its whitespace-separated words (what a name is
-    looked up in: a set, not a substring search per name). Memoised: the user messages and the
-    agent's messages are read again by every digest of a session."""
+    looked up in: a set, not a substring search per name). Memoised for texts up to
+    :data:`MEMO_CHARS` (the user messages and the agent's messages are read again by every
+    digest of a session; the memo never keeps a pasted file alive)."""
+    return _token_set(text) if len(text) > MEMO_CHARS else _memo_tokens(text)
+
+
+@lru_cache(maxsize=MEMO_TEXTS)
+def _memo_tokens(text: str) -> frozenset[str]:
+    return _token_set(text)
+
+
+def _token_set(text: str) -> frozenset[str]:
     return frozenset({t.rstrip(_TRAIL) for t in _TOKEN.findall(text)} | {w.strip(_TRAIL + "(['\"") for w in text.split()})
 
 
